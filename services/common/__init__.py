@@ -1,0 +1,1 @@
+"""What every service shares: config, sampling params, proto stubs, prefix hashing, telemetry."""

@@ -1,0 +1,1 @@
+"""Incremental detokenization, stop strings, fan-out to gateways (services issue)."""

@@ -1,0 +1,219 @@
+"""BatchScheduler: picks each engine step's batch and folds its sampled tokens back in.
+
+The model-free heart of the scheduler pod. An event loop calls
+
+    batch = scheduler.schedule()            # prefill if it can, else decode
+    tokens = runner.forward(batch)          # the model (or a cost model in benchmarks)
+    finished = scheduler.process(batch, tokens)
+
+Prefill goes first (new requests join the running batch soon), except that after
+``max_consecutive_prefills`` prefill steps in a row one decode step runs, so a
+sustained stream of (chunked) prefills never starves running decodes. When the pool
+cannot hold the next token of every running request, the requests with the least
+progress are retracted to the waiting queue (their written KV stays in the cache,
+where it may still hit) and ``new_token_ratio`` rises; it decays back step by step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from radixserve.scheduler.config import SchedulerConfig
+from radixserve.scheduler.memory.manager import KVCacheManager
+from radixserve.scheduler.policy.batch import ForwardMode, ScheduleBatch
+from radixserve.scheduler.policy.prefill_adder import AddResult, PrefillAdder
+from radixserve.scheduler.policy.req import FinishReason, Req
+from radixserve.scheduler.policy.schedule_policy import SchedulePolicy
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its bound; the caller should answer 'overloaded'."""
+
+
+class BatchScheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        eos_token_ids: Sequence[int] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.kv = KVCacheManager(config.memory)
+        self.policy = SchedulePolicy(config, self.kv)
+        self.waiting: list[Req] = []  # arrival order
+        self.running: list[Req] = []  # decoding
+        self.chunked: Req | None = None  # prefill cut into chunks, continues next prefill step
+        self.new_token_ratio = config.init_new_token_ratio
+        self._ratio_decay = (config.init_new_token_ratio - config.min_new_token_ratio) / max(
+            1, config.new_token_ratio_decay_steps
+        )
+        self.consecutive_prefills = 0
+        self.num_retractions = 0
+        self.in_flight: list[ScheduleBatch] = []  # scheduled, results not processed yet
+
+    # ----------------------------------------------------------------- intake
+    def add(self, req: Req) -> None:
+        """Queue a request; raises ValueError for one that can never run, QueueFullError when full."""
+        mem = self.config.memory
+        if req.prompt_len == 0:
+            raise ValueError("the prompt is empty")
+        if req.prompt_len + req.sampling.max_new_tokens > mem.max_context_len:
+            raise ValueError(
+                f"prompt ({req.prompt_len} tokens) + max_new_tokens ({req.sampling.max_new_tokens}) "
+                f"exceeds the context length {mem.max_context_len}"
+            )
+        if req.prompt_len + req.sampling.max_new_tokens > self.kv.capacity:
+            # A request alone must always fit, or retraction could not guarantee progress.
+            raise ValueError(
+                f"prompt ({req.prompt_len} tokens) + max_new_tokens ({req.sampling.max_new_tokens}) "
+                f"exceeds the KV capacity {self.kv.capacity}"
+            )
+        if len(self.waiting) >= self.config.max_waiting_requests:
+            raise QueueFullError(f"waiting queue is full ({len(self.waiting)} requests)")
+        self._enqueue(req)
+
+    def _enqueue(self, req: Req) -> None:
+        if not self.waiting or self.waiting[-1].arrival_time <= req.arrival_time:
+            self.waiting.append(req)
+        else:  # a retracted request goes back to its place in arrival order
+            keys = [r.arrival_time for r in self.waiting]
+            self.waiting.insert(bisect.bisect_right(keys, req.arrival_time), req)
+
+    def abort(self, rid: str) -> Req | None:
+        """Drop a request wherever it is and free its KV at once."""
+        for queue in (self.waiting, self.running):
+            for i, r in enumerate(queue):
+                if r.rid == rid:
+                    del queue[i]
+                    return self._finish(r, FinishReason.ABORT)
+        if self.chunked is not None and self.chunked.rid == rid:
+            r, self.chunked = self.chunked, None
+            return self._finish(r, FinishReason.ABORT)
+        return None
+
+    def _finish(self, req: Req, reason: FinishReason) -> Req:
+        req.finish_reason = req.finish_reason or reason
+        self.kv.release(req)
+        return req
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running and self.chunked is None and not self.in_flight
+
+    def live_requests(self) -> list[Req]:
+        """Every request that may hold KV or wait for it (for accounting checks)."""
+        live = {id(r): r for r in self.waiting + self.running}
+        if self.chunked is not None:
+            live[id(self.chunked)] = self.chunked
+        for b in self.in_flight:
+            live.update((id(r), r) for r in b.reqs if not r.finished)
+        return list(live.values())
+
+    # --------------------------------------------------------------- schedule
+    def schedule(self) -> ScheduleBatch | None:
+        """The next batch to run, or None when there is nothing to do."""
+        batch = self._schedule()
+        if batch is not None:
+            self.in_flight.append(batch)
+        return batch
+
+    def _schedule(self) -> ScheduleBatch | None:
+        decode_due = self.running and self.consecutive_prefills >= self.config.max_consecutive_prefills
+        if not decode_due:
+            batch = self._schedule_prefill()
+            if batch is not None:
+                self.consecutive_prefills += 1
+                return batch
+        self.consecutive_prefills = 0
+        return self._schedule_decode()
+
+    def _schedule_prefill(self) -> ScheduleBatch | None:
+        if not self.waiting and self.chunked is None:
+            return None
+        adder = PrefillAdder(self.config, self.kv, self.running, self.new_token_ratio)
+        chunked, self.chunked = self.chunked, None
+        if chunked is not None and adder.add_chunked(chunked) is not AddResult.ADDED:
+            self.chunked = chunked  # no room this step; it keeps its KV and lock
+        if self.chunked is None:
+            now = self.clock()
+            in_prefill = [chunked] if chunked is not None else []
+            for req in self.policy.order(self.waiting, now, in_prefill):
+                if adder.add(req) is not AddResult.ADDED:
+                    break
+                if req.admit_time is None:
+                    req.admit_time = now
+                    req.num_cached_tokens = req.cached_len
+        if not adder.reqs:
+            return None
+        admitted = {id(r) for r in adder.reqs}
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        self.chunked = adder.chunked
+        return ScheduleBatch.extend(adder.reqs, adder.extend_lens, np.concatenate(adder.out_slots))
+
+    def _schedule_decode(self) -> ScheduleBatch | None:
+        if not self.running:
+            return None
+        self._retract_until_fits()
+        self.new_token_ratio = max(self.config.min_new_token_ratio, self.new_token_ratio - self._ratio_decay)
+        slots = self.kv.alloc_decode(self.running)
+        return ScheduleBatch.decode(list(self.running), slots)
+
+    def _retract_until_fits(self) -> None:
+        retracted = False
+        while not self._decode_fits():
+            if len(self.running) > 1:
+                # Least progress first; among equals the longest prompt frees the most.
+                victim = min(self.running, key=lambda r: (len(r.output_ids), -r.prompt_len))
+                self.running.remove(victim)
+            elif self.chunked is not None:
+                victim, self.chunked = self.chunked, None
+            else:
+                raise AssertionError("a lone request cannot grow: add() admits only requests that fit alone")
+            self.kv.release(victim)
+            victim.retractions += 1
+            self.num_retractions += 1
+            self._enqueue(victim)
+            retracted = True
+        if retracted:
+            self.new_token_ratio = min(1.0, self.new_token_ratio + self.config.retract_ratio_step)
+
+    def _decode_fits(self) -> bool:
+        return self.kv.decode_pages_needed(self.running) * self.kv.page_size <= self.kv.available()
+
+    # ---------------------------------------------------------------- results
+    def process(self, batch: ScheduleBatch, next_token_ids: Sequence[int] | np.ndarray) -> list[Req]:
+        """Fold one step's sampled tokens (one per request) back in; returns finished requests."""
+        self.in_flight.remove(batch)
+        finished = []
+        if batch.mode is ForwardMode.EXTEND:
+            for req, n, tok in zip(batch.reqs, batch.extend_lens, next_token_ids, strict=True):
+                if req.finished:  # aborted while in flight
+                    continue
+                req.kv_len += int(n)
+                if req.remaining_prefill > 0:  # a chunk: its token is discarded
+                    self.kv.cache_written(req)
+                    continue
+                req.output_ids.append(int(tok))
+                if req.check_finished(self.eos_token_ids):
+                    finished.append(self._finish(req, req.finish_reason))  # type: ignore[arg-type]
+                else:
+                    self.kv.cache_written(req)
+                    self.running.append(req)
+        else:
+            keep = []
+            for req, tok in zip(batch.reqs, next_token_ids, strict=True):
+                if req.finished:
+                    continue
+                req.kv_len += 1
+                req.output_ids.append(int(tok))
+                if req.check_finished(self.eos_token_ids):
+                    finished.append(self._finish(req, req.finish_reason))  # type: ignore[arg-type]
+                else:
+                    keep.append(req)
+            self.running = keep
+        return finished

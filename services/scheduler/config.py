@@ -1,0 +1,51 @@
+"""Configuration of the scheduler pod's engine core. One loader: build these dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixserve.scheduler.memory.manager import MemoryConfig
+
+POLICIES = ("lpm", "fcfs", "dfs-weight")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(max_total_tokens=65536))
+    policy: str = "lpm"
+    # A request waiting longer than this (seconds) is admitted ahead of cache order. None: off.
+    fairness_timeout: float | None = None
+    # Above this many waiting requests, lpm / dfs-weight order costs more than it wins: use fcfs.
+    lpm_fcfs_threshold: int = 128
+    # In-batch prefix de-duplication: a waiting request that shares at least this many
+    # not-yet-cached tokens with one already chosen waits a step, then hits the cache. 0: off.
+    dedup_min_tokens: int = 32
+    max_prefill_tokens: int = 16384  # new tokens per prefill batch
+    chunked_prefill_size: int | None = 8192  # None: no chunking
+    max_running_requests: int | None = None  # None: the memory config's table rows
+    max_waiting_requests: int = 4096
+    # After this many prefill batches in a row, run one decode batch (decodes never starve).
+    max_consecutive_prefills: int = 4
+    # Decode reserve: each running request is expected to need new_token_ratio * remaining tokens.
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay_steps: int = 600  # decode steps from init to min
+    retract_ratio_step: float = 0.2  # added to the ratio on every retraction
+    clip_max_new_tokens: int = 4096  # cap on the per-request reserve estimate
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown schedule policy {self.policy!r}; choose one of {POLICIES}")
+        if self.fairness_timeout is not None and self.fairness_timeout < 0:
+            raise ValueError("fairness_timeout must be >= 0")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.memory.page_size:
+            raise ValueError("chunked_prefill_size must be at least one page")
+        if self.max_prefill_tokens < 1 or self.max_consecutive_prefills < 1:
+            raise ValueError("max_prefill_tokens and max_consecutive_prefills must be >= 1")
+        if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
+            raise ValueError("need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1")
+
+    @property
+    def running_limit(self) -> int:
+        rows = self.memory.max_running_requests
+        return rows if self.max_running_requests is None else min(rows, self.max_running_requests)

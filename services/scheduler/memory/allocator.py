@@ -1,0 +1,126 @@
+"""Paged KV slot allocator: who may write which KV slot.
+
+The KV pool is a flat array of token slots grouped into pages of ``page_size``
+slots; page ``p`` owns slots ``[p * page_size, (p + 1) * page_size)``. Page 0 is
+reserved as a scratch page (padded batch entries write there), so the pool holds
+``num_pages + 1`` pages of which ``num_pages`` are ever handed out.
+
+Free pages live in a fixed array used as a stack: alloc and free move a slice,
+O(1) per page and vectorised. A boolean ``is_free`` mirror turns a double free or
+a free of a never-allocated page into an immediate error instead of silent
+corruption (two owners of one page).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class OutOfPagesError(RuntimeError):
+    """Raised when an allocation asks for more pages than are free."""
+
+
+class PagedAllocator:
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        if num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {num_pages}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        # Stack of free page ids; the top is at index _top - 1. Low ids are popped first.
+        self._stack = np.arange(num_pages, 0, -1, dtype=np.int64)
+        self._top = num_pages
+        self._is_free = np.ones(num_pages + 1, dtype=bool)
+        self._is_free[0] = False  # scratch page, never handed out
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def num_free_pages(self) -> int:
+        return self._top
+
+    @property
+    def free_tokens(self) -> int:
+        return self._top * self.page_size
+
+    @property
+    def pool_slots(self) -> int:
+        """Slots the KV tensors must have (scratch page included)."""
+        return (self.num_pages + 1) * self.page_size
+
+    # ------------------------------------------------------------- alloc/free
+    def alloc_pages(self, n: int) -> np.ndarray:
+        """Take ``n`` free pages; returns their ids (int64)."""
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} pages")
+        if n > self._top:
+            raise OutOfPagesError(f"asked for {n} pages, {self._top} free")
+        pages = self._stack[self._top - n : self._top].copy()
+        self._top -= n
+        self._is_free[pages] = False
+        return pages
+
+    def free_pages(self, pages: np.ndarray) -> None:
+        """Return pages to the pool. Raises on a double free or a foreign page."""
+        n = len(pages)
+        if n == 0:
+            return
+        pages = np.asarray(pages, dtype=np.int64)
+        if pages.min() < 1 or pages.max() > self.num_pages:
+            raise ValueError("free of a page outside the pool")
+        if self._is_free[pages].any() or len(np.unique(pages)) != n:
+            raise ValueError("double free of a KV page")
+        self._is_free[pages] = True
+        self._stack[self._top : self._top + n] = pages
+        self._top += n
+
+    def free_slots(self, slots: np.ndarray) -> None:
+        """Free the pages that a page-aligned run of slots covers."""
+        if len(slots) == 0:
+            return
+        ps = self.page_size
+        if ps == 1:
+            self.free_pages(slots)
+        else:
+            self.free_pages(np.asarray(slots[::ps]) // ps)
+
+    def pages_to_slots(self, pages: np.ndarray) -> np.ndarray:
+        """All slots of the given pages, in order."""
+        ps = self.page_size
+        if ps == 1:
+            return pages
+        return (pages[:, None] * ps + np.arange(ps, dtype=np.int64)[None, :]).reshape(-1)
+
+    def is_free(self, pages: np.ndarray) -> np.ndarray:
+        return self._is_free[pages]
+
+
+def pages_for(num_tokens: int, page_size: int) -> int:
+    """Pages needed to hold ``num_tokens`` tokens."""
+    return -(-num_tokens // page_size)
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """Bytes of K and V for one token across all layers."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+
+
+def capacity_from_memory(
+    available_bytes: int, mem_fraction: float, bytes_per_token: int, page_size: int
+) -> int:
+    """Max KV tokens (whole pages) that fit in ``mem_fraction`` of ``available_bytes``."""
+    if not 0.0 < mem_fraction <= 1.0:
+        raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
+    tokens = int(available_bytes * mem_fraction) // bytes_per_token
+    # One page is the scratch page; keep it inside the budget.
+    pages = tokens // page_size - 1
+    if pages < 1:
+        raise ValueError(
+            f"{available_bytes * mem_fraction / 2**20:.1f} MiB holds no KV page "
+            f"({bytes_per_token} bytes per token, page_size {page_size})"
+        )
+    return pages * page_size

@@ -1,0 +1,218 @@
+"""KVCacheManager: the one place that gives requests KV slots and takes them back.
+
+It composes the page allocator, the ReqToTokenPool and the prefix cache, and keeps
+the accounting invariant checkable at any time:
+
+    free + evictable + protected + private pages of live requests == capacity
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator, pages_for
+from radixserve.scheduler.memory.radix_cache import MatchResult, NoCache, RadixCache
+from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+from radixserve.scheduler.policy.req import Req
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryConfig:
+    max_total_tokens: int  # KV capacity in tokens (rounded down to whole pages)
+    page_size: int = 1
+    max_running_requests: int = 256
+    max_context_len: int = 8192
+    disable_radix_cache: bool = False
+    device: str = "cpu"
+
+
+class KVCacheManager:
+    def __init__(self, config: MemoryConfig) -> None:
+        if config.max_total_tokens < config.page_size:
+            raise ValueError("max_total_tokens must hold at least one page")
+        self.config = config
+        self.page_size = config.page_size
+        self.allocator = PagedAllocator(config.max_total_tokens // config.page_size, config.page_size)
+        self.req_to_token = ReqToTokenPool(
+            config.max_running_requests, config.max_context_len, torch.device(config.device)
+        )
+        cache_cls = NoCache if config.disable_radix_cache else RadixCache
+        self.cache: RadixCache = cache_cls(self.allocator, self.req_to_token)
+
+    # ---------------------------------------------------------------- sizes
+    @property
+    def capacity(self) -> int:
+        return self.allocator.capacity_tokens
+
+    def available(self) -> int:
+        """Tokens that can be handed out now: free pages plus what eviction can free."""
+        return self.allocator.free_tokens + self.cache.evictable_size
+
+    def usage(self) -> float:
+        """Fraction of the pool neither free nor evictable."""
+        return 1.0 - self.available() / self.capacity
+
+    # ------------------------------------------------------------ matching
+    def match(self, req: Req) -> MatchResult:
+        """Find ``req``'s cached prefix, leaving at least one token to compute.
+
+        Records the length on ``req.match_len`` for the policy. A match is only valid
+        until the next eviction: admit it in the same step or match again.
+        """
+        ids = req.fill_ids()
+        m = self.cache.match_prefix(ids[: len(ids) - 1])
+        req.match_len = len(m.slots)
+        return m
+
+    def admit(self, req: Req, m: MatchResult) -> None:
+        """Give ``req`` a table row and lock its matched prefix (no new pages yet)."""
+        assert req.req_pool_idx is None
+        row = self.req_to_token.alloc()
+        req.req_pool_idx = row
+        if len(m.slots):
+            self.req_to_token.write(row, 0, m.slots)
+        self.cache.lock(m.node)
+        req.last_node = m.node
+        req.cached_len = req.kv_len = req.alloc_len = len(m.slots)
+
+    def unadmit(self, req: Req) -> None:
+        """Undo ``admit`` for a request that got no pages after all."""
+        assert req.req_pool_idx is not None and req.alloc_len == req.cached_len
+        self.cache.unlock(req.last_node)  # type: ignore[arg-type]
+        self.req_to_token.free(req.req_pool_idx)
+        req.req_pool_idx = req.last_node = None
+        req.cached_len = req.kv_len = req.alloc_len = 0
+
+    # ---------------------------------------------------------- allocation
+    def _ensure_free_pages(self, n: int) -> None:
+        short = n - self.allocator.num_free_pages
+        if short > 0:
+            self.cache.evict(short * self.page_size)
+            if self.allocator.num_free_pages < n:
+                raise OutOfPagesError(f"need {n} pages, {self.allocator.num_free_pages} free after eviction")
+
+    def pages_to_extend(self, req: Req, n: int) -> int:
+        return pages_for(req.alloc_len + n, self.page_size) - pages_for(req.alloc_len, self.page_size)
+
+    def alloc_extend(self, req: Req, n: int) -> np.ndarray:
+        """Slots for tokens ``[alloc_len, alloc_len + n)`` of ``req``; evicts if needed."""
+        ps, a, row = self.page_size, req.alloc_len, req.req_pool_idx
+        assert row is not None
+        if a + n > self.req_to_token.max_context:
+            raise ValueError(
+                f"request {req.rid} needs {a + n} tokens, max context is {self.req_to_token.max_context}"
+            )
+        self._ensure_free_pages(self.pages_to_extend(req, n))
+        in_last = min(n, (-a) % ps)  # room left on the request's last, partial page
+        parts = []
+        if in_last:
+            last = int(self.req_to_token.host[row, a - 1])
+            parts.append(np.arange(last + 1, last + 1 + in_last, dtype=np.int64))
+        rest = n - in_last
+        if rest:
+            pages = self.allocator.alloc_pages(pages_for(rest, ps))
+            parts.append(self.allocator.pages_to_slots(pages)[:rest])
+        slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self.req_to_token.write(row, a, slots)
+        req.alloc_len = a + n
+        return slots
+
+    def decode_pages_needed(self, reqs: Sequence[Req]) -> int:
+        ps = self.page_size
+        return sum(1 for r in reqs if r.alloc_len % ps == 0)
+
+    def alloc_decode(self, reqs: Sequence[Req]) -> np.ndarray:
+        """One slot per request for its next token, in one vectorised step."""
+        ps = self.page_size
+        rows = np.fromiter((r.req_pool_idx for r in reqs), dtype=np.int64, count=len(reqs))
+        cols = np.fromiter((r.alloc_len for r in reqs), dtype=np.int64, count=len(reqs))
+        if cols.max(initial=0) >= self.req_to_token.max_context:
+            raise ValueError("a running request reached max_context_len")
+        if ps == 1:
+            self._ensure_free_pages(len(reqs))
+            slots = self.allocator.alloc_pages(len(reqs))
+        else:
+            new_page = cols % ps == 0
+            self._ensure_free_pages(int(new_page.sum()))
+            slots = np.empty(len(reqs), dtype=np.int64)
+            slots[new_page] = self.allocator.alloc_pages(int(new_page.sum())) * ps
+            cont = ~new_page
+            slots[cont] = self.req_to_token.host[rows[cont], cols[cont] - 1] + 1
+        self.req_to_token.write_tokens(rows, cols, slots)
+        for r in reqs:
+            r.alloc_len += 1
+        return slots
+
+    # ------------------------------------------------------------- release
+    def cache_written(self, req: Req) -> None:
+        """After a forward: hand the written prefix to the cache, keep it locked."""
+        self.cache.cache_unfinished_req(req)
+
+    def release(self, req: Req) -> None:
+        """The request ends (finished, aborted or retracted): cache what it wrote, free the rest."""
+        if req.req_pool_idx is not None:
+            self.cache.cache_finished_req(req)
+
+    # --------------------------------------------------------------- checks
+    def private_pages(self, req: Req) -> int:
+        if req.req_pool_idx is None:
+            return 0
+        return pages_for(req.alloc_len, self.page_size) - req.cached_len // self.page_size
+
+    def check(self, live: Iterable[Req]) -> None:
+        """Assert every accounting and ownership invariant; raises AssertionError."""
+        live = list(live)
+        ps, alloc, cache = self.page_size, self.allocator, self.cache
+        owner = np.zeros(alloc.num_pages + 1, dtype=np.int32)  # how many owners each page has
+
+        nodes = [] if cache.disabled else cache.nodes()
+        evictable = protected = 0
+        for node in nodes:
+            assert len(node) % ps == 0 and len(node) > 0, f"unaligned node {node!r}"
+            assert node.lock_ref >= 0
+            if node.lock_ref:
+                protected += len(node)
+            else:
+                evictable += len(node)
+            if node.lock_ref:
+                assert node.parent is cache.root or node.parent.lock_ref >= node.lock_ref  # type: ignore[union-attr]
+            np.add.at(owner, node.value[::ps] // ps, 1)
+        assert evictable == cache.evictable_size, (evictable, cache.evictable_size)
+        assert protected == cache.protected_size, (protected, cache.protected_size)
+
+        private = 0
+        rows = set()
+        for r in live:
+            if r.req_pool_idx is None:
+                continue
+            assert r.req_pool_idx not in rows, "two requests share a table row"
+            rows.add(r.req_pool_idx)
+            assert r.cached_len % ps == 0 and r.cached_len <= r.kv_len <= r.alloc_len
+            assert r.last_node is not None and (r.last_node is cache.root or r.last_node.lock_ref > 0)
+            row = self.req_to_token.host[r.req_pool_idx]
+            if not cache.disabled:
+                # The row's cached part must be exactly the tree's slots along its path.
+                m = cache.match_prefix(r.fill_ids()[: r.cached_len])
+                assert len(m.slots) == r.cached_len and np.array_equal(m.slots, row[: r.cached_len])
+            tail = row[r.cached_len : r.alloc_len].astype(np.int64)
+            if len(tail):
+                pages = tail[::ps] // ps
+                # Within a page, slots are consecutive.
+                expect = self.allocator.pages_to_slots(pages)[: len(tail)]
+                assert np.array_equal(expect, tail), "private slots do not follow their pages"
+                np.add.at(owner, pages, 1)
+            private += self.private_pages(r)
+        assert self.req_to_token.num_free + len(rows) == self.req_to_token.max_running, "leaked table row"
+
+        free_pages = alloc._stack[: alloc._top]
+        np.add.at(owner, free_pages, 1)
+        assert owner[0] == 0, "scratch page handed out"
+        assert (owner[1:] == 1).all(), (
+            f"pages with no owner: {np.flatnonzero(owner[1:] == 0)[:8] + 1}, "
+            f"with several: {np.flatnonzero(owner[1:] > 1)[:8] + 1}"
+        )
+        total = alloc.free_tokens + cache.evictable_size + cache.protected_size + private * ps
+        assert total == self.capacity, (total, self.capacity)

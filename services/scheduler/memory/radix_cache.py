@@ -1,0 +1,314 @@
+"""Radix prefix cache over the paged KV pool.
+
+Ownership of every KV page is unambiguous at all times. A request's token row in
+the ReqToTokenPool is split at ``req.cached_len`` (a multiple of ``page_size``):
+
+    token:   0 ............ cached_len ............... kv_len ..... alloc_len
+             |<-- owned by the tree -->|<--- owned by the request (private) --->|
+             |   locked via last_node  |   freed by the request when it ends    |
+
+* Pages left of ``cached_len`` belong to tree nodes. The request holds a lock
+  (``lock_ref`` on ``last_node`` and all its ancestors), so they cannot be evicted
+  while it runs. They are freed only by ``evict``.
+* Pages right of it belong to the request alone (its last page may be partial).
+* ``insert`` hands pages from a request to the tree. When another request has
+  inserted the same tokens first, the tree keeps its own pages and the caller's
+  copies are duplicates: they are freed AND the request's row is rewritten to the
+  tree's slots before anything else can read it (a row must never point at a freed
+  page).
+
+Keys are page aligned: a node's key length is a multiple of ``page_size``, nodes are
+split only at page boundaries, and children are indexed by their first page.
+
+Accounting: ``free + evictable + protected + sum(private pages of live requests)``
+equals the pool's capacity after every operation (``KVCacheManager.check``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+from radixserve.scheduler.memory.allocator import PagedAllocator
+from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+
+if TYPE_CHECKING:
+    from radixserve.scheduler.policy.req import Req
+
+_EMPTY_SLOTS = np.zeros(0, dtype=np.int64)
+_node_ids = itertools.count()
+
+
+class TreeNode:
+    __slots__ = ("children", "id", "key", "last_access", "lock_ref", "parent", "value")
+
+    def __init__(self, key: np.ndarray, value: np.ndarray, parent: TreeNode | None) -> None:
+        self.key = key  # token ids (int32), length a multiple of page_size
+        self.value = value  # KV slots (int64), same length
+        self.parent = parent
+        self.children: dict[bytes, TreeNode] = {}
+        self.lock_ref = 0
+        self.last_access = 0  # logical time of the last match or insert through this node
+        self.id = next(_node_ids)
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def __lt__(self, other: TreeNode) -> bool:  # heap order: least recently used first
+        return (self.last_access, self.id) < (other.last_access, other.id)
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+class MatchResult(NamedTuple):
+    slots: np.ndarray  # KV slots of the matched prefix; len(slots) is the match length
+    node: TreeNode  # deepest matched node: the one to lock
+
+
+class InsertResult(NamedTuple):
+    present_len: int  # leading tokens that were already cached (caller's slots there are duplicates)
+    node: TreeNode  # node ending exactly at the inserted key's end
+    slots: np.ndarray  # the tree's slots for the whole key
+
+
+def _common_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
+    """Length of the common prefix of a and b, floored to a page boundary."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    if len(diff):
+        n = int(diff[0])
+    return n - n % page_size
+
+
+class RadixCache:
+    """Prefix cache: token sequences -> KV slots, LRU eviction of unlocked leaves."""
+
+    disabled = False
+
+    def __init__(self, allocator: PagedAllocator, req_to_token: ReqToTokenPool) -> None:
+        self.allocator = allocator
+        self.req_to_token = req_to_token
+        self.page_size = allocator.page_size
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every node. Only valid when no request holds a lock."""
+        self.root = TreeNode(np.zeros(0, dtype=np.int32), _EMPTY_SLOTS, None)
+        self.root.lock_ref = 1  # the root is never evicted
+        self._clock = 0  # logical clock for LRU: deterministic, no timer-resolution ties
+        self.evictable_size = 0  # tokens in nodes with lock_ref == 0
+        self.protected_size = 0  # tokens in nodes with lock_ref > 0
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    @property
+    def total_size(self) -> int:
+        return self.evictable_size + self.protected_size
+
+    # ------------------------------------------------------------------ match
+    def _child_key(self, tokens: np.ndarray) -> bytes:
+        return tokens[: self.page_size].tobytes()
+
+    def match_prefix(self, tokens: np.ndarray) -> MatchResult:
+        """Longest cached prefix of ``tokens`` (page aligned); splits a node a match ends inside."""
+        ps = self.page_size
+        tokens = np.asarray(tokens, dtype=np.int32)
+        tokens = tokens[: len(tokens) - len(tokens) % ps]
+        node, pos, now = self.root, 0, self._tick()
+        parts: list[np.ndarray] = []
+        while pos < len(tokens):
+            child = node.children.get(self._child_key(tokens[pos:]))
+            if child is None:
+                break
+            child.last_access = now
+            n = _common_len(child.key, tokens[pos:], ps)
+            if n < len(child):
+                child = self._split(child, n)
+            parts.append(child.value)
+            node, pos = child, pos + n
+        if not parts:
+            return MatchResult(_EMPTY_SLOTS, node)
+        return MatchResult(parts[0] if len(parts) == 1 else np.concatenate(parts), node)
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut ``child`` after ``n`` tokens; returns the new upper node."""
+        assert child.parent is not None and 0 < n < len(child) and n % self.page_size == 0
+        upper = TreeNode(child.key[:n], child.value[:n], child.parent)
+        upper.lock_ref = child.lock_ref
+        upper.last_access = child.last_access
+        upper.children = {self._child_key(child.key[n:]): child}
+        child.parent.children[self._child_key(child.key)] = upper
+        child.parent = upper
+        child.key = child.key[n:]
+        child.value = child.value[n:]
+        return upper
+
+    # ----------------------------------------------------------------- insert
+    def insert(self, tokens: np.ndarray, slots: np.ndarray) -> InsertResult:
+        """Cache ``tokens`` whose KV sits in ``slots``. Call only after the KV is written.
+
+        The tree takes ownership of the slots past ``present_len``; the caller still owns
+        (and must free) its slots in ``[its own cached prefix, present_len)``.
+        """
+        ps = self.page_size
+        tokens = np.asarray(tokens, dtype=np.int32)
+        if len(tokens) % ps or len(tokens) != len(slots):
+            raise ValueError("insert needs a page-aligned key and one slot per token")
+        node, pos, now = self.root, 0, self._tick()
+        parts: list[np.ndarray] = []
+        while pos < len(tokens):
+            child = node.children.get(self._child_key(tokens[pos:]))
+            if child is None:
+                break
+            child.last_access = now
+            n = _common_len(child.key, tokens[pos:], ps)
+            if n < len(child):
+                child = self._split(child, n)
+            parts.append(child.value)
+            node, pos = child, pos + n
+        present = pos
+        if pos < len(tokens):
+            leaf = TreeNode(tokens[pos:].copy(), np.asarray(slots[pos:], dtype=np.int64).copy(), node)
+            leaf.last_access = now
+            node.children[self._child_key(leaf.key)] = leaf
+            self.evictable_size += len(leaf)
+            parts.append(leaf.value)
+            node = leaf
+        tree_slots = np.concatenate(parts) if parts else _EMPTY_SLOTS
+        return InsertResult(present, node, tree_slots)
+
+    # ------------------------------------------------------------ lock/unlock
+    def lock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable_size -= len(node)
+                self.protected_size += len(node)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if node.lock_ref <= 0:
+                raise RuntimeError(f"unlock of an unlocked node {node!r}")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.protected_size -= len(node)
+                self.evictable_size += len(node)
+            node = node.parent  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------ evict
+    def evict(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` tokens from unlocked leaves, least recently used first.
+
+        Returns the number of tokens freed (less when not enough is evictable).
+        """
+        if num_tokens <= 0:
+            return 0
+        heap = [n for n in self._leaves() if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            self.allocator.free_slots(leaf.value)
+            del parent.children[self._child_key(leaf.key)]
+            self.evictable_size -= len(leaf)
+            freed += len(leaf)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, parent)
+        return freed
+
+    def _leaves(self) -> list[TreeNode]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif node is not self.root:
+                out.append(node)
+        return out
+
+    def nodes(self) -> list[TreeNode]:
+        """Every node but the root (for checks and stats)."""
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    # ------------------------------------------------- request-level protocol
+    def cache_unfinished_req(self, req: Req) -> None:
+        """Hand the written, page-aligned part of a running request to the tree; keep it locked.
+
+        Called after every prefill chunk so that later requests (and this request's next
+        chunk) hit it, and before the request's KV is released on retraction.
+        """
+        self._take_written(req)
+
+    def cache_finished_req(self, req: Req) -> None:
+        """Cache what the request wrote, free its private pages, release its lock and row."""
+        self._take_written(req)
+        self._free_private(req)
+        self.unlock(req.last_node)  # type: ignore[arg-type]
+        req.last_node = None
+        self.req_to_token.free(req.req_pool_idx)  # type: ignore[arg-type]
+        req.req_pool_idx = None
+        req.cached_len = req.kv_len = req.alloc_len = 0
+
+    def _take_written(self, req: Req) -> None:
+        assert req.req_pool_idx is not None and req.last_node is not None
+        aligned = req.kv_len - req.kv_len % self.page_size
+        if aligned <= req.cached_len:
+            return
+        row = req.req_pool_idx
+        slots = self.req_to_token.read(row, 0, aligned)
+        res = self.insert(req.fill_ids()[:aligned], slots)
+        if res.present_len > req.cached_len:
+            # Another request cached these tokens first: ours are duplicates. Point the row at
+            # the tree's copy, then free ours.
+            dup = slots[req.cached_len : res.present_len]
+            self.req_to_token.write(row, req.cached_len, res.slots[req.cached_len : res.present_len])
+            self.allocator.free_slots(dup)
+        self.lock(res.node)
+        self.unlock(req.last_node)
+        req.last_node = res.node
+        req.cached_len = aligned
+
+    def _free_private(self, req: Req) -> None:
+        if req.alloc_len > req.cached_len:
+            ps = self.page_size
+            slots = self.req_to_token.read(req.req_pool_idx, req.cached_len, req.alloc_len)  # type: ignore[arg-type]
+            self.allocator.free_pages(slots[::ps] // ps)
+
+
+class NoCache(RadixCache):
+    """The cache turned off, same interface: nothing is shared, a request owns all its pages."""
+
+    disabled = True
+
+    def match_prefix(self, tokens: np.ndarray) -> MatchResult:
+        return MatchResult(_EMPTY_SLOTS, self.root)
+
+    def insert(self, tokens: np.ndarray, slots: np.ndarray) -> InsertResult:
+        raise RuntimeError("the prefix cache is disabled")
+
+    def evict(self, num_tokens: int) -> int:
+        return 0
+
+    def cache_unfinished_req(self, req: Req) -> None:
+        return None
+
+    def cache_finished_req(self, req: Req) -> None:
+        assert req.req_pool_idx is not None
+        self._free_private(req)
+        req.last_node = None
+        self.req_to_token.free(req.req_pool_idx)
+        req.req_pool_idx = None
+        req.cached_len = req.kv_len = req.alloc_len = 0

@@ -1,0 +1,1 @@
+"""Scheduling: Req, SchedulePolicy, PrefillAdder, ScheduleBatch."""

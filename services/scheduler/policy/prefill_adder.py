@@ -1,0 +1,111 @@
+"""PrefillAdder: admit waiting requests into one prefill batch within its budgets.
+
+Budgets, all in tokens:
+
+* total: free + evictable KV, minus a reserve for the decodes of running requests
+  (``remaining max_new_tokens * new_token_ratio`` each) and of requests admitted now;
+* prefill: at most ``max_prefill_tokens`` new tokens computed in the batch;
+* chunk: a request with more uncached tokens than fit is cut to a chunk and finishes
+  in later steps (one chunked request at a time).
+
+Only the uncached suffix of a request counts: its cached prefix costs nothing but a
+lock. Requests are taken in the policy's order and admission stops at the first one
+that does not fit, so a large request at the head (an overdue one, say) is not
+overtaken forever by smaller ones behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+
+import numpy as np
+from radixserve.scheduler.config import SchedulerConfig
+from radixserve.scheduler.memory.manager import KVCacheManager
+from radixserve.scheduler.policy.req import Req
+
+
+class AddResult(Enum):
+    ADDED = "added"
+    NO_ROOM = "no_room"  # the KV budget is spent
+    BATCH_FULL = "batch_full"  # prefill-token or running-request limit reached
+
+
+class PrefillAdder:
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCacheManager, running: Sequence[Req], new_token_ratio: float
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.ratio = new_token_ratio
+        self.reserved = sum(self._decode_reserve(r) for r in running)
+        self.rem_prefill = config.max_prefill_tokens
+        self.num_running = len(running)
+        self.reqs: list[Req] = []
+        self.extend_lens: list[int] = []
+        self.out_slots: list[np.ndarray] = []  # per admitted request, the slots its new tokens write
+        self.chunked: Req | None = None  # the request cut short in this batch, if any
+
+    def _decode_reserve(self, req: Req) -> int:
+        return int(min(req.max_new_remaining, self.config.clip_max_new_tokens) * self.ratio)
+
+    def _chunk_limit(self) -> int:
+        limit = self.rem_prefill
+        if self.config.chunked_prefill_size is not None:
+            limit = min(limit, self.config.chunked_prefill_size)
+        return limit
+
+    def _fits(self, req: Req, n: int, finishes_prefill: bool) -> bool:
+        need = self.kv.pages_to_extend(req, n) * self.kv.page_size
+        # The reserve is an estimate; on an idle engine it must not keep a request out for
+        # good (retraction covers a wrong estimate).
+        idle = self.num_running == 0 and not self.reqs
+        if finishes_prefill and not idle:
+            need += self._decode_reserve(req)
+        return self.kv.available() - self.reserved >= need
+
+    def _take(self, req: Req, n: int) -> None:
+        self.out_slots.append(self.kv.alloc_extend(req, n))
+        finishes = n == req.remaining_prefill
+        if finishes:
+            self.reserved += self._decode_reserve(req)
+        else:
+            self.chunked = req
+        self.reqs.append(req)
+        self.extend_lens.append(n)
+        self.rem_prefill -= n
+
+    def add_chunked(self, req: Req) -> AddResult:
+        """Continue a request whose prefill was cut into chunks (it already holds KV)."""
+        n = min(req.remaining_prefill, self._chunk_limit())
+        if n <= 0:
+            return AddResult.BATCH_FULL
+        if not self._fits(req, n, n == req.remaining_prefill):
+            return AddResult.NO_ROOM
+        self._take(req, n)
+        return AddResult.ADDED
+
+    def add(self, req: Req) -> AddResult:
+        """Try to admit a waiting request."""
+        if (
+            self.num_running + len(self.reqs) >= self.config.running_limit
+            or self.kv.req_to_token.num_free == 0
+        ):
+            return AddResult.BATCH_FULL
+        m = self.kv.match(req)
+        extend = req.seq_len - len(m.slots)
+        n = extend
+        limit = self._chunk_limit()
+        if n > limit:
+            if self.config.chunked_prefill_size is not None and self.chunked is None and limit > 0:
+                n = limit
+            elif not self.reqs and self.config.chunked_prefill_size is None:
+                pass  # no chunking: a request larger than the prefill budget still runs alone
+            else:
+                return AddResult.BATCH_FULL
+        self.kv.admit(req, m)
+        if not self._fits(req, n, n == extend):
+            self.kv.unadmit(req)
+            return AddResult.NO_ROOM
+        self._take(req, n)
+        return AddResult.ADDED

@@ -1,0 +1,92 @@
+"""Req: one request's state inside the scheduler pod."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+import numpy as np
+from radixserve.common.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.scheduler.memory.radix_cache import TreeNode
+
+
+class FinishReason(str, Enum):
+    LENGTH = "length"  # max_new_tokens reached
+    STOP = "stop"  # EOS or a stop token
+    ABORT = "abort"  # client gone, deadline, shutdown
+
+
+@dataclass(eq=False, slots=True)
+class Req:
+    rid: str
+    origin_ids: np.ndarray  # prompt token ids (int32)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+
+    # Memory (see the ownership diagram in memory/radix_cache.py).
+    req_pool_idx: int | None = None  # row in ReqToTokenPool while it holds KV
+    last_node: TreeNode | None = None  # locked tree node ending at cached_len
+    cached_len: int = 0  # leading tokens whose pages the tree owns
+    kv_len: int = 0  # leading tokens whose KV is written
+    alloc_len: int = 0  # leading tokens that have a slot
+
+    # Scheduling.
+    match_len: int = 0  # cached prefix found by the last match (for the policy's ordering)
+    admit_time: float | None = None  # first admission (for queue-wait metrics)
+    num_cached_tokens: int = 0  # prompt tokens served from cache at first admission
+    retractions: int = 0
+    finish_reason: FinishReason | None = None
+    _fill_cache: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.origin_ids = np.asarray(self.origin_ids, dtype=np.int32)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.origin_ids)
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens in the sequence so far: prompt plus outputs."""
+        return len(self.origin_ids) + len(self.output_ids)
+
+    def fill_ids(self) -> np.ndarray:
+        """Prompt + outputs as one array (built lazily; outputs only grow)."""
+        n = self.seq_len
+        cached = self._fill_cache
+        if cached is None or len(cached) != n:
+            cached = np.concatenate([self.origin_ids, np.asarray(self.output_ids, dtype=np.int32)])
+            self._fill_cache = cached
+        return cached
+
+    @property
+    def remaining_prefill(self) -> int:
+        """Tokens whose KV must be computed before this request can decode."""
+        return self.seq_len - self.kv_len
+
+    @property
+    def max_new_remaining(self) -> int:
+        return self.sampling.max_new_tokens - len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def check_finished(self, eos_token_ids: frozenset[int] = frozenset()) -> bool:
+        """Token-level stop: max_new_tokens, EOS, stop token ids."""
+        if self.finish_reason is not None:
+            return True
+        if len(self.output_ids) >= self.sampling.max_new_tokens:
+            self.finish_reason = FinishReason.LENGTH
+        elif self.output_ids:
+            last = self.output_ids[-1]
+            if (
+                not self.sampling.ignore_eos and last in eos_token_ids
+            ) or last in self.sampling.stop_token_ids:
+                self.finish_reason = FinishReason.STOP
+        return self.finish_reason is not None

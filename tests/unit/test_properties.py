@@ -1,0 +1,193 @@
+"""Property tests: the memory invariants hold after every operation, whatever the sequence.
+
+free + evictable + protected + held-by-running == capacity; no page has two owners or
+none; a locked node is never evicted; every request's KV reads back as its tokens.
+"""
+
+import numpy as np
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.batch_scheduler import BatchScheduler
+from radixserve.scheduler.config import SchedulerConfig
+from radixserve.scheduler.memory.allocator import PagedAllocator
+from radixserve.scheduler.memory.manager import MemoryConfig
+from radixserve.scheduler.memory.radix_cache import RadixCache
+from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+from radixserve.scheduler.policy.req import Req
+
+from tests.conftest import reference_output, run_to_completion, runner_for
+
+PREFIXES = [list(range(1, 41)), list(range(50, 70)), [3, 1, 4, 1, 5, 9, 2, 6] * 4]
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(
+        page=st.sampled_from([1, 2, 4, 8]),
+        pages=st.integers(24, 80),
+        policy=st.sampled_from(["lpm", "fcfs", "dfs-weight"]),
+        chunk=st.sampled_from([None, 8, 16, 32]),
+        no_cache=st.booleans(),
+        fairness=st.sampled_from([None, 0.0, 3.0]),
+        ratio=st.sampled_from([0.0, 0.3, 0.7]),
+    )
+    def setup(self, page, pages, policy, chunk, no_cache, fairness, ratio):
+        chunk = None if chunk is None else max(chunk, page)
+        mem = MemoryConfig(
+            max_total_tokens=pages * page,
+            page_size=page,
+            max_running_requests=6,
+            max_context_len=256,
+            disable_radix_cache=no_cache,
+        )
+        self.t = 0.0
+        cfg = SchedulerConfig(
+            memory=mem,
+            policy=policy,
+            chunked_prefill_size=chunk,
+            max_prefill_tokens=48,
+            fairness_timeout=fairness,
+            init_new_token_ratio=ratio,
+            min_new_token_ratio=0.0,
+            max_consecutive_prefills=2,
+            dedup_min_tokens=8,
+        )
+        self.s = BatchScheduler(cfg, clock=lambda: self.t)
+        self.runner = runner_for(self.s)
+        self.n = 0
+        self.expected: dict[str, list[int]] = {}
+        self.done: dict[str, Req] = {}
+
+    @rule(
+        prefix=st.sampled_from([*PREFIXES, []]),
+        tail=st.lists(st.integers(0, 90), max_size=20),
+        max_new=st.integers(1, 16),
+    )
+    def add(self, prefix, tail, max_new):
+        prompt = (prefix + tail) or [7]
+        if len(prompt) + max_new > self.s.kv.capacity:
+            return
+        rid = f"r{self.n}"
+        self.n += 1
+        self.s.add(Req(rid, prompt, SamplingParams(max_new_tokens=max_new), arrival_time=self.t))
+        self.expected[rid] = reference_output(prompt, max_new)
+
+    @rule(k=st.integers(1, 4))
+    def steps(self, k):
+        for _ in range(k):
+            self.t += 1.0
+            batch = self.s.schedule()
+            if batch is None:
+                assert self.s.idle
+                return
+            self.s.kv.check(self.s.live_requests())
+            for r in self.s.process(batch, self.runner.forward(batch)):
+                self.done[r.rid] = r
+
+    @precondition(lambda self: self.n > 0)
+    @rule(i=st.integers(0, 1000))
+    def abort(self, i):
+        rid = f"r{i % self.n}"
+        r = self.s.abort(rid)
+        if r is not None:
+            self.expected.pop(rid)
+
+    @invariant()
+    def accounting_holds(self):
+        if hasattr(self, "s"):
+            self.s.kv.check(self.s.live_requests())
+
+    def teardown(self):
+        if not hasattr(self, "s"):
+            return
+        for r in run_to_completion(self.s):
+            self.done[r.rid] = r
+        for rid, out in self.expected.items():
+            assert self.done[rid].output_ids == out, rid
+        assert self.s.kv.available() == self.s.kv.capacity
+        self.s.kv.cache.evict(self.s.kv.capacity)
+        assert self.s.kv.allocator.free_tokens == self.s.kv.capacity
+
+
+TestScheduler = SchedulerMachine.TestCase
+TestScheduler.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
+)
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """The bare cache: inserts, locks, unlocks and evictions in any order."""
+
+    nodes = Bundle("nodes")
+
+    @initialize(page=st.sampled_from([1, 2, 4]))
+    def setup(self, page):
+        self.ps = page
+        self.alloc = PagedAllocator(200, page)
+        self.cache = RadixCache(self.alloc, ReqToTokenPool(1, 8))
+        self.locks: list = []
+
+    @rule(target=nodes, seq=st.lists(st.integers(0, 3), min_size=1, max_size=16))
+    def insert(self, seq):
+        seq = seq * self.ps  # page aligned
+        need = len(seq) // self.ps
+        if need > self.alloc.num_free_pages:
+            self.cache.evict((need - self.alloc.num_free_pages) * self.ps)
+        if need > self.alloc.num_free_pages:
+            return self.cache.root
+        slots = self.alloc.pages_to_slots(self.alloc.alloc_pages(need))
+        res = self.cache.insert(np.array(seq, dtype=np.int32), slots)
+        self.alloc.free_slots(slots[: res.present_len])
+        return res.node
+
+    @rule(node=nodes)
+    def lock(self, node):
+        if node is self.cache.root or self._attached(node):
+            self.cache.lock(node)
+            self.locks.append(node)
+
+    @precondition(lambda self: self.locks)
+    @rule(i=st.integers(0, 100))
+    def unlock(self, i):
+        self.cache.unlock(self.locks.pop(i % len(self.locks)))
+
+    @rule(n=st.integers(1, 60))
+    def evict(self, n):
+        before = self.cache.evictable_size
+        freed = self.cache.evict(n)
+        assert freed >= min(n, before) or self.cache.evictable_size == 0
+        for node in self.locks:
+            assert node is self.cache.root or self._attached(node), "a locked node was evicted"
+
+    @rule(seq=st.lists(st.integers(0, 3), max_size=16))
+    def match(self, seq):
+        m = self.cache.match_prefix(np.array(seq * self.ps, dtype=np.int32))
+        assert len(m.slots) % self.ps == 0
+
+    def _attached(self, node):
+        while node.parent is not None:
+            if node.parent.children.get(node.key[: self.ps].tobytes()) is not node:
+                return False
+            node = node.parent
+        return node is self.cache.root
+
+    @invariant()
+    def sizes_and_owners(self):
+        if not hasattr(self, "cache"):
+            return
+        nodes = self.cache.nodes()
+        assert sum(len(n) for n in nodes if n.lock_ref == 0) == self.cache.evictable_size
+        assert sum(len(n) for n in nodes if n.lock_ref > 0) == self.cache.protected_size
+        owned = [n.value[:: self.ps] // self.ps for n in nodes] + [self.alloc._stack[: self.alloc._top]]
+        pages = np.concatenate(owned) if owned else np.zeros(0)
+        assert sorted(pages.tolist()) == list(range(1, 201)), "a page is lost or owned twice"
+        for n in nodes:
+            if n.lock_ref and n.parent is not self.cache.root:
+                assert n.parent.lock_ref >= n.lock_ref
+
+
+TestCache = CacheMachine.TestCase
+TestCache.settings = settings(
+    max_examples=150, stateful_step_count=50, deadline=None, suppress_health_check=list(HealthCheck)
+)
