@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
 from radixserve.common.sampling import SamplingParams
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig

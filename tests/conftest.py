@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from radixserve.common.sampling import SamplingParams
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.policy.batch import ScheduleBatch

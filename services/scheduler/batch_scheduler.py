@@ -12,6 +12,10 @@ sustained stream of (chunked) prefills never starves running decodes. When the p
 cannot hold the next token of every running request, the requests with the least
 progress are retracted to the waiting queue (their written KV stays in the cache,
 where it may still hit) and ``new_token_ratio`` rises; it decays back step by step.
+
+With a ``fairness_timeout``, a request that waited longer is offered first and, when
+the KV pool or the running limit keeps it out, preempts running requests that arrived
+after it: it runs in the next prefill batch instead of waiting for decodes to drain.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
 from radixserve.scheduler.config import SchedulerConfig
+from radixserve.scheduler.memory.allocator import pages_for
 from radixserve.scheduler.memory.manager import KVCacheManager
 from radixserve.scheduler.policy.batch import ForwardMode, ScheduleBatch
-from radixserve.scheduler.policy.prefill_adder import AddResult, PrefillAdder
+from radixserve.scheduler.policy.prefill_adder import AddResult, PrefillAdder, decode_reserve
 from radixserve.scheduler.policy.req import FinishReason, Req
 from radixserve.scheduler.policy.schedule_policy import SchedulePolicy
 
@@ -54,6 +60,7 @@ class BatchScheduler:
         )
         self.consecutive_prefills = 0
         self.num_retractions = 0
+        self.num_fairness_preemptions = 0
         self.in_flight: list[ScheduleBatch] = []  # scheduled, results not processed yet
 
     # ----------------------------------------------------------------- intake
@@ -135,12 +142,14 @@ class BatchScheduler:
     def _schedule_prefill(self) -> ScheduleBatch | None:
         if not self.waiting and self.chunked is None:
             return None
+        now = self.clock()
+        if self.config.fairness_timeout is not None and self.chunked is None:
+            self._make_room_for_overdue(now)
         adder = PrefillAdder(self.config, self.kv, self.running, self.new_token_ratio)
         chunked, self.chunked = self.chunked, None
         if chunked is not None and adder.add_chunked(chunked) is not AddResult.ADDED:
             self.chunked = chunked  # no room this step; it keeps its KV and lock
         if self.chunked is None:
-            now = self.clock()
             in_prefill = [chunked] if chunked is not None else []
             for req in self.policy.order(self.waiting, now, in_prefill):
                 if adder.add(req) is not AddResult.ADDED:
@@ -164,23 +173,72 @@ class BatchScheduler:
         return ScheduleBatch.decode(list(self.running), slots)
 
     def _retract_until_fits(self) -> None:
+        now = self.clock()
         retracted = False
         while not self._decode_fits():
             if len(self.running) > 1:
-                # Least progress first; among equals the longest prompt frees the most.
-                victim = min(self.running, key=lambda r: (len(r.output_ids), -r.prompt_len))
+                # Least progress first; among equals the longest prompt frees the most. Under the
+                # fairness bound, requests admitted as overdue go last.
+                victim = min(
+                    self.running,
+                    key=lambda r: (self.policy.is_overdue(r, now), len(r.output_ids), -r.prompt_len),
+                )
                 self.running.remove(victim)
             elif self.chunked is not None:
                 victim, self.chunked = self.chunked, None
             else:
                 raise AssertionError("a lone request cannot grow: add() admits only requests that fit alone")
-            self.kv.release(victim)
-            victim.retractions += 1
-            self.num_retractions += 1
-            self._enqueue(victim)
+            self._retract(victim)
             retracted = True
         if retracted:
             self.new_token_ratio = min(1.0, self.new_token_ratio + self.config.retract_ratio_step)
+
+    def _retract(self, req: Req) -> None:
+        """Back to the waiting queue; its written KV stays in the cache (evictable)."""
+        self.kv.release(req)
+        req.retractions += 1
+        self.num_retractions += 1
+        self._enqueue(req)
+
+    def _make_room_for_overdue(self, now: float) -> None:
+        """The fairness bound: the oldest overdue request preempts running requests younger than it.
+
+        Without this an overdue request goes first in the order but can still wait for running
+        decodes to drain the KV pool. Preempting only requests that arrived later is well founded
+        (the oldest request always progresses), and nothing is preempted in vain: if retracting
+        every younger request would not make room, none is retracted.
+        """
+        head = self.waiting[0] if self.waiting else None  # waiting is in arrival order
+        if head is None or not self.policy.is_overdue(head, now):
+            return
+        younger = sorted(
+            (r for r in self.running if r.arrival_time > head.arrival_time), key=lambda r: -r.arrival_time
+        )
+        if not younger:
+            return
+        cfg, ps = self.config, self.kv.page_size
+        ratio, clip = self.new_token_ratio, cfg.clip_max_new_tokens
+        m = self.kv.match(head)
+        need = pages_for(head.seq_len - len(m.slots), ps) * ps + decode_reserve((head,), ratio, clip)
+
+        def short() -> int:
+            return need + decode_reserve(self.running, ratio, clip) - self.kv.available()
+
+        def row_short() -> bool:
+            return len(self.running) >= cfg.running_limit or self.kv.req_to_token.num_free == 0
+
+        if short() <= 0 and not row_short():
+            return
+        # Upper bound of what retracting all younger requests gives back (shared pages may not).
+        gain = sum(pages_for(r.alloc_len, ps) * ps + decode_reserve((r,), ratio, clip) for r in younger)
+        if short() > gain:
+            return
+        for victim in younger:
+            if short() <= 0 and not row_short():
+                break
+            self.running.remove(victim)
+            self._retract(victim)
+        self.num_fairness_preemptions += 1
 
     def _decode_fits(self) -> bool:
         return self.kv.decode_pages_needed(self.running) * self.kv.page_size <= self.kv.available()

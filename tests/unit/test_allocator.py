@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from radixserve.scheduler.memory.allocator import (
     OutOfPagesError,
     PagedAllocator,

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+
 from radixserve.common.sampling import SamplingParams
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
@@ -16,7 +17,6 @@ from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.memory.radix_cache import RadixCache
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.policy.req import Req
-
 from tests.conftest import reference_output, run_to_completion, runner_for
 
 PREFIXES = [list(range(1, 41)), list(range(50, 70)), [3, 1, 4, 1, 5, 9, 2, 6] * 4]

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.radix_cache import NoCache, RadixCache
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool

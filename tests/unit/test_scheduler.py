@@ -2,13 +2,13 @@
 
 import numpy as np
 import pytest
+
 from radixserve.common.sampling import SamplingParams
 from radixserve.scheduler.batch_scheduler import BatchScheduler, QueueFullError
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.policy.batch import ForwardMode
 from radixserve.scheduler.policy.req import FinishReason, Req
-
 from tests.conftest import KVEchoRunner, make_req, reference_output, run_to_completion, runner_for
 
 
@@ -293,3 +293,54 @@ def test_stop_tokens_and_eos_end_a_request():
     (r,) = run_to_completion(s)
     assert r.finish_reason is FinishReason.STOP and r.output_ids[-1] == stop_at
     assert r.output_ids == ref[: ref.index(stop_at) + 1]
+
+
+def test_dfs_weight_puts_requests_with_no_cached_prefix_after_the_shared_subtrees():
+    s = sched(policy="dfs-weight", max_prefill_tokens=10_000, chunked_prefill_size=None, dedup_min_tokens=0)
+    s.add(make_req("w", [*SYS, 1], max_new=1))
+    run_to_completion(s)
+    s.add(make_req("unmatched", list(range(500, 600)), max_new=1, t=1.0))
+    s.add(make_req("hit", [*SYS, 2], max_new=1, t=2.0))
+    assert [r.rid for r in s.policy.order(s.waiting, 0.0)] == ["hit", "unmatched"]
+
+
+@pytest.mark.parametrize("fairness", [None, 5.0])
+def test_overdue_request_preempts_younger_decodes_and_runs_in_the_next_batch(clock, fairness):
+    s = sched(
+        clock=clock,
+        total=400,
+        policy="lpm",
+        fairness_timeout=fairness,
+        chunked_prefill_size=None,
+        init_new_token_ratio=0.0,
+        min_new_token_ratio=0.0,
+        max_prefill_tokens=10_000,
+    )
+    runner = runner_for(s)
+    warm = list(range(1, 101))  # a 100-token prefix everyone but `late` shares
+    s.add(make_req("w", [*warm, 0], max_new=1))
+    run_to_completion(s)
+    clock.t = 1.0
+    late = make_req("late", list(range(1000, 1120)), max_new=10, t=1.0)
+    s.add(late)
+    for i in range(4):  # younger, and they hit the cache: lpm puts them first; they fill the pool
+        s.add(
+            make_req(f"y{i}", warm + list(range(200 + 60 * i, 260 + 60 * i)), max_new=200, t=1.01 + i / 100)
+        )
+    for _ in range(30):
+        clock.t += 0.01
+        step(s, runner)
+    assert late.admit_time is None  # starved by cache order and a full pool
+    clock.t = 7.0  # late has waited 6 s > 5 s
+    batches = [step(s, runner) for _ in range(3)]
+    admitted = any(r is late for b in batches for r in b.reqs)
+    if fairness is None:
+        assert not admitted  # without the bound it waits for the decodes to drain
+    else:
+        assert any(r is late for r in batches[0].reqs)  # the very next batch
+        assert s.num_fairness_preemptions >= 1
+        assert all(r.arrival_time > late.arrival_time for r in s.waiting)  # only younger ones gave way
+    done = run_to_completion(s)
+    for r in done:
+        assert r.output_ids == reference_output(r.origin_ids.tolist(), r.sampling.max_new_tokens)
+    assert s.kv.available() == s.kv.capacity

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator, pages_for
 from radixserve.scheduler.memory.radix_cache import MatchResult, NoCache, RadixCache
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
@@ -59,13 +60,23 @@ class KVCacheManager:
     def match(self, req: Req) -> MatchResult:
         """Find ``req``'s cached prefix, leaving at least one token to compute.
 
-        Records the length on ``req.match_len`` for the policy. A match is only valid
-        until the next eviction: admit it in the same step or match again.
+        Records the length on ``req.match_len`` (the policy sorts by it) and keeps the
+        result for ``cached_match`` until the cache changes.
         """
         ids = req.fill_ids()
         m = self.cache.match_prefix(ids[: len(ids) - 1])
         req.match_len = len(m.slots)
+        req.last_match = (self.cache.version, m)
         return m
+
+    def cached_match(self, req: Req) -> MatchResult:
+        """``req``'s earlier match if the cache has not changed since (no insert, no eviction).
+
+        Splits do not count: a match's path and slots survive them.
+        """
+        if req.last_match is not None and req.last_match[0] == self.cache.version:
+            return req.last_match[1]
+        return self.match(req)
 
     def admit(self, req: Req, m: MatchResult) -> None:
         """Give ``req`` a table row and lock its matched prefix (no new pages yet)."""
@@ -76,6 +87,7 @@ class KVCacheManager:
             self.req_to_token.write(row, 0, m.slots)
         self.cache.lock(m.node)
         req.last_node = m.node
+        req.last_match = None
         req.cached_len = req.kv_len = req.alloc_len = len(m.slots)
 
     def unadmit(self, req: Req) -> None:

@@ -31,6 +31,7 @@ import itertools
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
 from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 
@@ -77,9 +78,8 @@ class InsertResult(NamedTuple):
 def _common_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
     """Length of the common prefix of a and b, floored to a page boundary."""
     n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    if len(diff):
-        n = int(diff[0])
+    if a[:n].tobytes() != b[:n].tobytes():  # memcmp first: most compares match fully
+        n = int(np.flatnonzero(a[:n] != b[:n])[0])
     return n - n % page_size
 
 
@@ -99,6 +99,9 @@ class RadixCache:
         self.root = TreeNode(np.zeros(0, dtype=np.int32), _EMPTY_SLOTS, None)
         self.root.lock_ref = 1  # the root is never evicted
         self._clock = 0  # logical clock for LRU: deterministic, no timer-resolution ties
+        # Bumped by every insert that adds tokens and every eviction: a MatchResult taken at an
+        # older version may be shorter than the longest match now, or name evicted nodes.
+        self.version = 0
         self.evictable_size = 0  # tokens in nodes with lock_ref == 0
         self.protected_size = 0  # tokens in nodes with lock_ref > 0
 
@@ -177,6 +180,7 @@ class RadixCache:
             leaf.last_access = now
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_size += len(leaf)
+            self.version += 1
             parts.append(leaf.value)
             node = leaf
         tree_slots = np.concatenate(parts) if parts else _EMPTY_SLOTS
@@ -222,6 +226,8 @@ class RadixCache:
             freed += len(leaf)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, parent)
+        if freed:
+            self.version += 1
         return freed
 
     def _leaves(self) -> list[TreeNode]:

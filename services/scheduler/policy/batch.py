@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
+
 from radixserve.scheduler.policy.req import Req
 
 

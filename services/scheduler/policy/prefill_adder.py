@@ -16,13 +16,19 @@ overtaken forever by smaller ones behind it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from enum import Enum
 
 import numpy as np
+
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.manager import KVCacheManager
 from radixserve.scheduler.policy.req import Req
+
+
+def decode_reserve(reqs: Iterable[Req], ratio: float, clip: int) -> int:
+    """KV tokens to keep back for the decodes still ahead of ``reqs`` (an estimate)."""
+    return int(sum(min(r.sampling.max_new_tokens - len(r.output_ids), clip) for r in reqs) * ratio)
 
 
 class AddResult(Enum):
@@ -38,7 +44,7 @@ class PrefillAdder:
         self.config = config
         self.kv = kv
         self.ratio = new_token_ratio
-        self.reserved = sum(self._decode_reserve(r) for r in running)
+        self.reserved = decode_reserve(running, new_token_ratio, config.clip_max_new_tokens)
         self.rem_prefill = config.max_prefill_tokens
         self.num_running = len(running)
         self.reqs: list[Req] = []
@@ -47,7 +53,7 @@ class PrefillAdder:
         self.chunked: Req | None = None  # the request cut short in this batch, if any
 
     def _decode_reserve(self, req: Req) -> int:
-        return int(min(req.max_new_remaining, self.config.clip_max_new_tokens) * self.ratio)
+        return decode_reserve((req,), self.ratio, self.config.clip_max_new_tokens)
 
     def _chunk_limit(self) -> int:
         limit = self.rem_prefill
@@ -92,7 +98,7 @@ class PrefillAdder:
             or self.kv.req_to_token.num_free == 0
         ):
             return AddResult.BATCH_FULL
-        m = self.kv.match(req)
+        m = self.kv.cached_match(req)
         extend = req.seq_len - len(m.slots)
         n = extend
         limit = self._chunk_limit()

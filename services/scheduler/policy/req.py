@@ -8,10 +8,11 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from radixserve.common.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from radixserve.scheduler.memory.radix_cache import TreeNode
+    from radixserve.scheduler.memory.radix_cache import MatchResult, TreeNode
 
 
 class FinishReason(str, Enum):
@@ -37,6 +38,7 @@ class Req:
 
     # Scheduling.
     match_len: int = 0  # cached prefix found by the last match (for the policy's ordering)
+    last_match: tuple[int, MatchResult] | None = None  # (cache version, match) while waiting
     admit_time: float | None = None  # first admission (for queue-wait metrics)
     num_cached_tokens: int = 0  # prompt tokens served from cache at first admission
     retractions: int = 0

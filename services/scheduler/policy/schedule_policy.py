@@ -4,7 +4,8 @@
 * ``lpm``: longest cached prefix first (ties by arrival), so requests that hit run while
   their prefix is still cached.
 * ``dfs-weight``: walk the cache tree depth first, heaviest subtree (most waiting
-  requests) first, so requests sharing a prefix run together.
+  requests) first, a node's own requests after its subtrees, so requests sharing a
+  prefix run together and requests with no cached prefix come last.
 
 Two rules sit on top of every policy:
 
@@ -83,13 +84,18 @@ class SchedulePolicy:
                 root = node
             else:
                 kids[node.parent].append(node)
+        # Post-order: a node's heaviest subtrees first, then the requests that end on it
+        # (requests with no cached prefix end on the root and so come last).
         out: list[Req] = []
-        stack = [root]
+        stack: list[tuple[TreeNode, bool]] = [(root, False)]  # type: ignore[list-item]
         while stack:
-            node = stack.pop()
-            out.extend(at_node.get(node, ()))
-            # Push lightest first so the heaviest subtree is visited next.
-            stack.extend(sorted(kids.get(node, ()), key=lambda n: (weight[n], -n.id)))
+            node, expanded = stack.pop()
+            if expanded:
+                out.extend(at_node.get(node, ()))
+                continue
+            stack.append((node, True))
+            # Push lightest first so the heaviest subtree is popped next.
+            stack.extend((k, False) for k in sorted(kids.get(node, ()), key=lambda n: (weight[n], -n.id)))
         return out
 
     def _dedup(self, ordered: list[Req], nodes: dict[Req, TreeNode], in_prefill: Sequence[Req]) -> list[Req]:
