@@ -154,6 +154,7 @@ class BatchScheduler:
             for req in self.policy.order(self.waiting, now, in_prefill):
                 if adder.add(req) is not AddResult.ADDED:
                     break
+                req.waited += now - req.queue_time
                 if req.admit_time is None:
                     req.admit_time = now
                     req.num_cached_tokens = req.cached_len
@@ -173,15 +174,14 @@ class BatchScheduler:
         return ScheduleBatch.decode(list(self.running), slots)
 
     def _retract_until_fits(self) -> None:
-        now = self.clock()
+        timeout = self.config.fairness_timeout if self.config.fairness_timeout is not None else float("inf")
         retracted = False
         while not self._decode_fits():
             if len(self.running) > 1:
                 # Least progress first; among equals the longest prompt frees the most. Under the
                 # fairness bound, requests admitted as overdue go last.
                 victim = min(
-                    self.running,
-                    key=lambda r: (self.policy.is_overdue(r, now), len(r.output_ids), -r.prompt_len),
+                    self.running, key=lambda r: (r.waited > timeout, len(r.output_ids), -r.prompt_len)
                 )
                 self.running.remove(victim)
             elif self.chunked is not None:
@@ -196,6 +196,7 @@ class BatchScheduler:
     def _retract(self, req: Req) -> None:
         """Back to the waiting queue; its written KV stays in the cache (evictable)."""
         self.kv.release(req)
+        req.queue_time = self.clock() - req.waited  # its fairness clock resumes, running time excluded
         req.retractions += 1
         self.num_retractions += 1
         self._enqueue(req)
@@ -208,8 +209,9 @@ class BatchScheduler:
         (the oldest request always progresses), and nothing is preempted in vain: if retracting
         every younger request would not make room, none is retracted.
         """
-        head = self.waiting[0] if self.waiting else None  # waiting is in arrival order
-        if head is None or not self.policy.is_overdue(head, now):
+        # The oldest overdue request (waiting is in arrival order).
+        head = next((r for r in self.waiting if self.policy.is_overdue(r, now)), None)
+        if head is None:
             return
         younger = sorted(
             (r for r in self.running if r.arrival_time > head.arrival_time), key=lambda r: -r.arrival_time

@@ -344,3 +344,39 @@ def test_overdue_request_preempts_younger_decodes_and_runs_in_the_next_batch(clo
     for r in done:
         assert r.output_ids == reference_output(r.origin_ids.tolist(), r.sampling.max_new_tokens)
     assert s.kv.available() == s.kv.capacity
+
+
+def test_a_chunked_prefill_keeps_the_memory_promised_to_its_whole_prompt():
+    # 400-token pool, 64-token chunks. After long's first chunk, 336 tokens are free but 236 of
+    # them are promised to the rest of long's prompt: a 120-token request must wait.
+    s = sched(
+        total=400,
+        chunked_prefill_size=64,
+        max_prefill_tokens=1000,
+        init_new_token_ratio=0.0,
+        min_new_token_ratio=0.0,
+        policy="fcfs",
+        dedup_min_tokens=0,
+    )
+    runner = runner_for(s)
+    s.add(make_req("long", list(range(1, 301)), max_new=4, t=0.0))
+    s.add(make_req("small", list(range(400, 520)), max_new=4, t=1.0))
+    chunks = []
+    while s.chunked is not None or not chunks:
+        b = step(s, runner)
+        assert "small" not in [r.rid for r in b.reqs]
+        chunks += [int(n) for r, n in zip(b.reqs, b.extend_lens, strict=True) if r.rid == "long"]
+    assert chunks == [64, 64, 64, 64, 44]  # every prefill step carried long's next chunk
+    assert len(run_to_completion(s)) == 2
+
+
+def test_a_request_is_admitted_only_when_its_whole_prompt_fits():
+    s = sched(total=400, chunked_prefill_size=64, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
+    runner = runner_for(s)
+    s.add(make_req("a", list(range(1, 201)), max_new=150, t=0.0))
+    while s.chunked is not None or s.waiting:
+        step(s, runner)
+    step(s, runner)  # a decodes; 199 tokens free
+    s.add(make_req("b", list(range(500, 700)), max_new=1, t=1.0))  # its first chunk would fit
+    b = s.schedule()
+    assert b.mode is ForwardMode.DECODE  # b waits: its 200-token prompt does not fit whole

@@ -2,11 +2,16 @@
 
 Budgets, all in tokens:
 
-* total: free + evictable KV, minus a reserve for the decodes of running requests
-  (``remaining max_new_tokens * new_token_ratio`` each) and of requests admitted now;
+* total: free + evictable KV, minus what is promised: a reserve for the decodes of
+  running requests (``remaining max_new_tokens * new_token_ratio`` each) and, for every
+  request admitted, the rest of its prompt not yet allocated plus its own decode reserve;
 * prefill: at most ``max_prefill_tokens`` new tokens computed in the batch;
 * chunk: a request with more uncached tokens than fit is cut to a chunk and finishes
   in later steps (one chunked request at a time).
+
+A request is admitted only when its whole uncached prompt fits, not just its first
+chunk, and the rest stays promised to it: a chunked prefill never stalls half way for
+memory that later admissions took (and while stalled, blocks every admission).
 
 Only the uncached suffix of a request counts: its cached prefix costs nothing but a
 lock. Requests are taken in the policy's order and admission stops at the first one
@@ -52,8 +57,9 @@ class PrefillAdder:
         self.out_slots: list[np.ndarray] = []  # per admitted request, the slots its new tokens write
         self.chunked: Req | None = None  # the request cut short in this batch, if any
 
-    def _decode_reserve(self, req: Req) -> int:
-        return decode_reserve((req,), self.ratio, self.config.clip_max_new_tokens)
+    def _decode_reserve(self, req: Req) -> int:  # decode_reserve() for one request, minus the overhead
+        left = req.sampling.max_new_tokens - len(req.output_ids)
+        return int(min(left, self.config.clip_max_new_tokens) * self.ratio)
 
     def _chunk_limit(self) -> int:
         limit = self.rem_prefill
@@ -61,21 +67,24 @@ class PrefillAdder:
             limit = min(limit, self.config.chunked_prefill_size)
         return limit
 
-    def _fits(self, req: Req, n: int, finishes_prefill: bool) -> bool:
-        need = self.kv.pages_to_extend(req, n) * self.kv.page_size
-        # The reserve is an estimate; on an idle engine it must not keep a request out for
-        # good (retraction covers a wrong estimate).
-        idle = self.num_running == 0 and not self.reqs
-        if finishes_prefill and not idle:
-            need += self._decode_reserve(req)
+    def _still_needs(self, req: Req) -> int:
+        """KV tokens ``req`` will still take: the unallocated rest of its prompt + its decode reserve."""
+        ps = self.kv.page_size
+        rest = (-(-req.seq_len // ps) - -(-req.alloc_len // ps)) * ps
+        return rest + self._decode_reserve(req)
+
+    def _fits(self, req: Req) -> bool:
+        need = self._still_needs(req)
+        if self.num_running == 0 and not self.reqs:
+            # The decode reserve is an estimate; on an idle engine it must not keep a request
+            # out for good (retraction covers a wrong estimate).
+            need -= self._decode_reserve(req)
         return self.kv.available() - self.reserved >= need
 
     def _take(self, req: Req, n: int) -> None:
         self.out_slots.append(self.kv.alloc_extend(req, n))
-        finishes = n == req.remaining_prefill
-        if finishes:
-            self.reserved += self._decode_reserve(req)
-        else:
+        self.reserved += self._still_needs(req)  # promised to it from now on
+        if n < req.remaining_prefill:
             self.chunked = req
         self.reqs.append(req)
         self.extend_lens.append(n)
@@ -86,7 +95,7 @@ class PrefillAdder:
         n = min(req.remaining_prefill, self._chunk_limit())
         if n <= 0:
             return AddResult.BATCH_FULL
-        if not self._fits(req, n, n == req.remaining_prefill):
+        if not self._fits(req):  # only fails when decodes outgrew their reserve
             return AddResult.NO_ROOM
         self._take(req, n)
         return AddResult.ADDED
@@ -110,7 +119,7 @@ class PrefillAdder:
             else:
                 return AddResult.BATCH_FULL
         self.kv.admit(req, m)
-        if not self._fits(req, n, n == extend):
+        if not self._fits(req):
             self.kv.unadmit(req)
             return AddResult.NO_ROOM
         self._take(req, n)

@@ -40,6 +40,11 @@ class Req:
     match_len: int = 0  # cached prefix found by the last match (for the policy's ordering)
     last_match: tuple[int, MatchResult] | None = None  # (cache version, match) while waiting
     admit_time: float | None = None  # first admission (for queue-wait metrics)
+    # Fairness counts time spent waiting, not running: ``now - queue_time`` is the total wait of
+    # a waiting request. Set at arrival; on admission the wait is banked in ``waited``; on
+    # retraction ``queue_time = now - waited``, so the clock resumes where it stopped.
+    queue_time: float = -1.0
+    waited: float = 0.0
     num_cached_tokens: int = 0  # prompt tokens served from cache at first admission
     retractions: int = 0
     finish_reason: FinishReason | None = None
@@ -47,6 +52,8 @@ class Req:
 
     def __post_init__(self) -> None:
         self.origin_ids = np.asarray(self.origin_ids, dtype=np.int32)
+        if self.queue_time < 0:
+            self.queue_time = self.arrival_time
 
     @property
     def prompt_len(self) -> int:

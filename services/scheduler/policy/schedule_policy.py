@@ -10,7 +10,8 @@
 Two rules sit on top of every policy:
 
 * Fairness: a request that has waited longer than ``fairness_timeout`` goes first,
-  oldest first, whatever its prefix. This bounds LPM's starvation of requests with
+  oldest first, whatever its prefix (time it spent running before a retraction does
+  not count as waiting). This bounds LPM's starvation of requests with
   no cached prefix.
 * In-batch de-duplication (lpm, dfs-weight): when several waiting requests share a
   prefix nobody has cached yet, only the first is offered this step; the rest are
@@ -39,8 +40,9 @@ class SchedulePolicy:
         self.cache_aware = config.policy != "fcfs" and not config.memory.disable_radix_cache
 
     def is_overdue(self, req: Req, now: float) -> bool:
+        """A waiting request that has waited (in total, not counting time it ran) past the timeout."""
         t = self.config.fairness_timeout
-        return t is not None and now - req.arrival_time > t
+        return t is not None and now - req.queue_time > t
 
     def order(self, waiting: Sequence[Req], now: float, in_prefill: Sequence[Req] = ()) -> list[Req]:
         """Waiting requests in the order to offer them; ``waiting`` is in arrival order.
