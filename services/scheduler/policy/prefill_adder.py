@@ -27,6 +27,7 @@ from enum import Enum
 import numpy as np
 
 from radixserve.scheduler.config import SchedulerConfig
+from radixserve.scheduler.memory.allocator import pages_for
 from radixserve.scheduler.memory.manager import KVCacheManager
 from radixserve.scheduler.policy.req import Req
 
@@ -70,8 +71,7 @@ class PrefillAdder:
     def _still_needs(self, req: Req) -> int:
         """KV tokens ``req`` will still take: the unallocated rest of its prompt + its decode reserve."""
         ps = self.kv.page_size
-        rest = (-(-req.seq_len // ps) - -(-req.alloc_len // ps)) * ps
-        return rest + self._decode_reserve(req)
+        return (pages_for(req.seq_len, ps) - pages_for(req.alloc_len, ps)) * ps + self._decode_reserve(req)
 
     def _fits(self, req: Req) -> bool:
         need = self._still_needs(req)
