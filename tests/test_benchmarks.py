@@ -1,0 +1,53 @@
+"""The benchmarks run (quick modes) and the policy simulation shows the behaviour it exists to show.
+
+No timing is asserted here: speed goals live in the benchmarks' own output.
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def policy_sim():
+    return load("policy_sim")
+
+
+def test_lpm_with_in_batch_dedup_prefills_the_shared_prompt_once(policy_sim):
+    lpm = policy_sim.run("burst32", "lpm", seed=0, check_every=10)
+    fcfs = policy_sim.run("burst32", "fcfs", seed=0)
+    assert lpm["shared_prefix_hit_rate"] == pytest.approx(23 / 24)  # one compulsory miss
+    assert fcfs["shared_prefix_hit_rate"] < lpm["shared_prefix_hit_rate"]
+
+
+def test_fairness_never_lets_a_younger_request_overtake_an_overdue_one(policy_sim):
+    r = policy_sim.run("poisson", "lpm", 1.0, p=0.75, seed=0, quick=True, check_every=10)
+    assert r["overtaken_while_overdue"] == 0
+
+
+def test_policy_sim_quick_writes_json_and_png(policy_sim, tmp_path):
+    assert policy_sim.main(["--quick", "--out", str(tmp_path), "--seed", "1"]) == 0
+    data = json.loads((tmp_path / "policy_sim.json").read_text())
+    assert "cost model" in json.dumps(data).lower()
+    assert (tmp_path / "policy_sim.png").stat().st_size > 0
+
+
+def test_scheduler_overhead_runs_with_invariant_checks():
+    mod = load("scheduler_overhead")
+    rows = mod.run_benchmark(
+        ns=(64,), page_sizes=(16,), decode_reps=5, prefill_reps=3, warmup=1, check_invariants=True
+    )
+    assert {r["kind"] for r in rows} >= {"decode", "prefill"}
