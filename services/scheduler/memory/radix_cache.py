@@ -117,11 +117,13 @@ class RadixCache:
     def _child_key(self, tokens: np.ndarray) -> bytes:
         return tokens[: self.page_size].tobytes()
 
-    def match_prefix(self, tokens: np.ndarray) -> MatchResult:
-        """Longest cached prefix of ``tokens`` (page aligned); splits a node a match ends inside."""
+    def _walk(self, tokens: np.ndarray) -> tuple[TreeNode, int, list[np.ndarray]]:
+        """Follow ``tokens`` down as far as they match (page aligned), touching the path.
+
+        A match that ends inside a node splits it there, so the returned node ends exactly at
+        the returned length. Returns (node, matched length, the slot arrays along the path).
+        """
         ps = self.page_size
-        tokens = np.asarray(tokens, dtype=np.int32)
-        tokens = tokens[: len(tokens) - len(tokens) % ps]
         node, pos, now = self.root, 0, self._tick()
         parts: list[np.ndarray] = []
         while pos < len(tokens):
@@ -134,6 +136,12 @@ class RadixCache:
                 child = self._split(child, n)
             parts.append(child.value)
             node, pos = child, pos + n
+        return node, pos, parts
+
+    def match_prefix(self, tokens: np.ndarray) -> MatchResult:
+        """Longest cached prefix of ``tokens`` (page aligned); splits a node a match ends inside."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        node, _, parts = self._walk(tokens[: len(tokens) - len(tokens) % self.page_size])
         if not parts:
             return MatchResult(_EMPTY_SLOTS, node)
         return MatchResult(parts[0] if len(parts) == 1 else np.concatenate(parts), node)
@@ -162,22 +170,11 @@ class RadixCache:
         tokens = np.asarray(tokens, dtype=np.int32)
         if len(tokens) % ps or len(tokens) != len(slots):
             raise ValueError("insert needs a page-aligned key and one slot per token")
-        node, pos, now = self.root, 0, self._tick()
-        parts: list[np.ndarray] = []
-        while pos < len(tokens):
-            child = node.children.get(self._child_key(tokens[pos:]))
-            if child is None:
-                break
-            child.last_access = now
-            n = _common_len(child.key, tokens[pos:], ps)
-            if n < len(child):
-                child = self._split(child, n)
-            parts.append(child.value)
-            node, pos = child, pos + n
+        node, pos, parts = self._walk(tokens)
         present = pos
         if pos < len(tokens):
             leaf = TreeNode(tokens[pos:].copy(), np.asarray(slots[pos:], dtype=np.int64).copy(), node)
-            leaf.last_access = now
+            leaf.last_access = self._clock
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_size += len(leaf)
             self.version += 1
@@ -263,9 +260,12 @@ class RadixCache:
         self._take_written(req)
         self._free_private(req)
         self.unlock(req.last_node)  # type: ignore[arg-type]
-        req.last_node = None
+        self._drop_row(req)
+
+    def _drop_row(self, req: Req) -> None:
+        """The request holds no KV any more: give back its table row."""
         self.req_to_token.free(req.req_pool_idx)  # type: ignore[arg-type]
-        req.req_pool_idx = None
+        req.req_pool_idx = req.last_node = None
         req.cached_len = req.kv_len = req.alloc_len = 0
 
     def _take_written(self, req: Req) -> None:
@@ -314,7 +314,4 @@ class NoCache(RadixCache):
     def cache_finished_req(self, req: Req) -> None:
         assert req.req_pool_idx is not None
         self._free_private(req)
-        req.last_node = None
-        self.req_to_token.free(req.req_pool_idx)
-        req.req_pool_idx = None
-        req.cached_len = req.kv_len = req.alloc_len = 0
+        self._drop_row(req)
