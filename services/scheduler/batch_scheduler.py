@@ -67,6 +67,7 @@ class BatchScheduler:
     def add(self, req: Req) -> None:
         """Queue a request; raises ValueError for one that can never run, QueueFullError when full."""
         mem = self.config.memory
+        req.sampling.validate()
         if req.prompt_len == 0:
             raise ValueError("the prompt is empty")
         if req.prompt_len + req.sampling.max_new_tokens > mem.max_context_len:

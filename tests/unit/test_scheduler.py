@@ -272,7 +272,10 @@ def test_bad_requests_are_rejected_with_a_clear_error():
     with pytest.raises(QueueFullError):
         s.add(make_req("full", range(10)))
     with pytest.raises(ValueError, match="positive"):
-        SamplingParams(max_new_tokens=-1).validate()
+        s.add(Req("neg", [1, 2], SamplingParams(max_new_tokens=-1)))
+    with pytest.raises(ValueError, match="top_p"):
+        s.add(Req("p", [1, 2], SamplingParams(top_p=0.0)))
+    assert [r.rid for r in s.waiting] == ["ok"]  # nothing bad was queued
     with pytest.raises(ValueError, match="unknown schedule policy"):
         SchedulerConfig(policy="random")
 
