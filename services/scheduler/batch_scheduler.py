@@ -93,7 +93,20 @@ class BatchScheduler:
             self.waiting.insert(bisect.bisect_right(keys, req.arrival_time), req)
 
     def abort(self, rid: str) -> Req | None:
-        """Drop a request wherever it is and free its KV at once."""
+        """Drop a request wherever it is and free its KV at once.
+
+        A request in a batch that is still running keeps its KV until ``process`` sees the
+        batch's results: the forward may still be writing those slots.
+        """
+        for batch in self.in_flight:
+            for r in batch.reqs:
+                if r.rid == rid and not r.finished:
+                    r.finish_reason = FinishReason.ABORT
+                    if r in self.running:
+                        self.running.remove(r)
+                    if self.chunked is r:
+                        self.chunked = None
+                    return r
         for queue in (self.waiting, self.running):
             for i, r in enumerate(queue):
                 if r.rid == rid:
@@ -253,7 +266,8 @@ class BatchScheduler:
         finished = []
         if batch.mode is ForwardMode.EXTEND:
             for req, n, tok in zip(batch.reqs, batch.extend_lens, next_token_ids, strict=True):
-                if req.finished:  # aborted while in flight
+                if req.finished:  # aborted while in flight: its KV can go now
+                    self.kv.release(req)
                     continue
                 req.kv_len += int(n)
                 if req.remaining_prefill > 0:  # a chunk: its token is discarded
@@ -268,7 +282,8 @@ class BatchScheduler:
         else:
             keep = []
             for req, tok in zip(batch.reqs, next_token_ids, strict=True):
-                if req.finished:
+                if req.finished:  # aborted while in flight: its KV can go now
+                    self.kv.release(req)
                     continue
                 req.kv_len += 1
                 req.output_ids.append(int(tok))

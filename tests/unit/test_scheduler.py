@@ -383,3 +383,22 @@ def test_a_request_is_admitted_only_when_its_whole_prompt_fits():
     s.add(make_req("b", list(range(500, 700)), max_new=1, t=1.0))  # its first chunk would fit
     b = s.schedule()
     assert b.mode is ForwardMode.DECODE  # b waits: its 200-token prompt does not fit whole
+
+
+@pytest.mark.parametrize("when", ["prefill", "decode"])
+def test_abort_of_a_request_in_flight_is_not_lost_and_frees_its_kv_after_the_step(when):
+    s = sched(page=4)
+    runner = runner_for(s)
+    s.add(make_req("a", list(range(1, 30)), max_new=50))
+    s.add(make_req("b", list(range(40, 60)), max_new=50))
+    if when == "decode":
+        step(s, runner)
+    batch = s.schedule()  # in flight: the forward may still write a's slots
+    r = s.abort("a")
+    assert r is not None and r.finish_reason is FinishReason.ABORT
+    assert r.req_pool_idx is not None  # not freed under a running forward
+    finished = s.process(batch, runner.forward(batch))
+    assert r not in finished and r.req_pool_idx is None  # freed once the step is done
+    s.kv.check(s.live_requests())
+    assert [x.rid for x in run_to_completion(s)] == ["b"]
+    assert s.kv.available() == s.kv.capacity
