@@ -210,8 +210,12 @@ def _kv_state(sched: BatchScheduler) -> tuple[int, ...]:
 def undo_prefill(sched: BatchScheduler, batch: ScheduleBatch, waiting: list[Req], consecutive: int) -> None:
     """Put the scheduler back as it was before ``schedule()`` returned ``batch`` (not processed)."""
     sched.in_flight.remove(batch)
+    admitted = {id(r) for r in batch.reqs}
+    sched.running = [r for r in sched.running if id(r) not in admitted]
     for r in batch.reqs:
-        sched.kv.release(r)  # kv_len == cached_len: frees new pages, unlocks, frees the row
+        r.kv_len = r.cached_len  # nothing was computed: undo what schedule() committed
+        r.drop_pending()
+        sched.kv.release(r)  # frees the new pages, unlocks, frees the row
         r.admit_time = None
         r.num_cached_tokens = 0
     sched.waiting = list(waiting)

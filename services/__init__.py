@@ -8,4 +8,22 @@ Subpackages, one per component (see ARCHITECTURE.md):
     radixserve.operator     the kopf operator
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from radixserve.common.sampling import SamplingParams
+
 __version__ = "0.1.0"
+__all__ = ["Engine", "SamplingParams"]
+
+if TYPE_CHECKING:
+    from radixserve.scheduler.engine import Engine
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":  # lazy: importing radixserve must not pull in torch + transformers
+        from radixserve.scheduler.engine import Engine
+
+        return Engine
+    raise AttributeError(name)

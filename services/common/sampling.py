@@ -14,6 +14,7 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    stop: tuple[str, ...] = field(default_factory=tuple)  # stop strings (checked on text, not tokens)
     ignore_eos: bool = False
 
     def validate(self) -> None:
@@ -28,3 +29,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        if any(not isinstance(x, str) or not x for x in self.stop):
+            raise ValueError("stop must be a non-empty string or a list of them")
+        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)

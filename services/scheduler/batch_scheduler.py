@@ -62,6 +62,7 @@ class BatchScheduler:
         self.num_retractions = 0
         self.num_fairness_preemptions = 0
         self.in_flight: list[ScheduleBatch] = []  # scheduled, results not processed yet
+        self._next_future = 0  # FutureMap ids, never reused (the runner maps them onto a ring)
 
     # ----------------------------------------------------------------- intake
     def add(self, req: Req) -> None:
@@ -92,7 +93,7 @@ class BatchScheduler:
             keys = [r.arrival_time for r in self.waiting]
             self.waiting.insert(bisect.bisect_right(keys, req.arrival_time), req)
 
-    def abort(self, rid: str) -> Req | None:
+    def abort(self, rid: str, reason: FinishReason = FinishReason.ABORT) -> Req | None:
         """Drop a request wherever it is and free its KV at once.
 
         A request in a batch that is still running keeps its KV until ``process`` sees the
@@ -101,7 +102,8 @@ class BatchScheduler:
         for batch in self.in_flight:
             for r in batch.reqs:
                 if r.rid == rid and not r.finished:
-                    r.finish_reason = FinishReason.ABORT
+                    r.finish_reason = reason
+                    r.drop_pending()
                     if r in self.running:
                         self.running.remove(r)
                     if self.chunked is r:
@@ -111,10 +113,11 @@ class BatchScheduler:
             for i, r in enumerate(queue):
                 if r.rid == rid:
                     del queue[i]
-                    return self._finish(r, FinishReason.ABORT)
+                    r.drop_pending()
+                    return self._finish(r, reason)
         if self.chunked is not None and self.chunked.rid == rid:
             r, self.chunked = self.chunked, None
-            return self._finish(r, FinishReason.ABORT)
+            return self._finish(r, reason)
         return None
 
     def _finish(self, req: Req, reason: FinishReason) -> Req:
@@ -144,14 +147,37 @@ class BatchScheduler:
         return batch
 
     def _schedule(self) -> ScheduleBatch | None:
-        decode_due = self.running and self.consecutive_prefills >= self.config.max_consecutive_prefills
-        if not decode_due:
-            batch = self._schedule_prefill()
+        decode_first = self.running and self.consecutive_prefills >= self.config.max_consecutive_prefills
+        order = (self._schedule_decode, self._schedule_prefill)
+        for pick in order if decode_first else order[::-1]:
+            batch = pick()
             if batch is not None:
-                self.consecutive_prefills += 1
+                prefill = batch.mode is ForwardMode.EXTEND
+                self.consecutive_prefills = self.consecutive_prefills + 1 if prefill else 0
+                self._commit(batch)
                 return batch
-        self.consecutive_prefills = 0
-        return self._schedule_decode()
+        return None
+
+    def _commit(self, batch: ScheduleBatch) -> None:
+        """The batch is launched: its KV writes count as done from here on (the device runs batches
+        in order), and every request that completes a forward gets a placeholder output token, a
+        FutureMap id, that the next batch may already feed. ``process`` fills in the real token.
+        """
+        n = batch.size
+        batch.token_index = np.full(n, -1, dtype=np.int64)
+        batch.future_ids = np.full(n, -1, dtype=np.int64)
+        batch.epochs = np.fromiter((r.retractions for r in batch.reqs), dtype=np.int64, count=n)
+        for i, (req, extend) in enumerate(zip(batch.reqs, batch.extend_lens.tolist(), strict=True)):
+            req.kv_len += extend
+            if req.kv_len < req.seq_len:
+                continue  # a chunk: no token is sampled
+            fid = self._next_future
+            self._next_future += 1
+            batch.token_index[i] = len(req.output_ids)
+            batch.future_ids[i] = fid
+            req.append_output(placeholder(fid))
+            if batch.mode is ForwardMode.EXTEND:
+                self.running.append(req)
 
     def _schedule_prefill(self) -> ScheduleBatch | None:
         if not self.waiting and self.chunked is None:
@@ -179,13 +205,18 @@ class BatchScheduler:
         self.chunked = adder.chunked
         return ScheduleBatch.extend(adder.reqs, adder.extend_lens, np.concatenate(adder.out_slots))
 
+    def _decode_candidates(self) -> list[Req]:
+        # A request whose last token is pending and will reach max_new_tokens only waits for it.
+        return [r for r in self.running if len(r.output_ids) < r.sampling.max_new_tokens]
+
     def _schedule_decode(self) -> ScheduleBatch | None:
-        if not self.running:
+        if not self._decode_candidates():
             return None
         self._retract_until_fits()
+        reqs = self._decode_candidates()
         self.new_token_ratio = max(self.config.min_new_token_ratio, self.new_token_ratio - self._ratio_decay)
-        slots = self.kv.alloc_decode(self.running)
-        return ScheduleBatch.decode(list(self.running), slots)
+        slots = self.kv.alloc_decode(reqs)
+        return ScheduleBatch.decode(reqs, slots)
 
     def _retract_until_fits(self) -> None:
         timeout = self.config.fairness_timeout if self.config.fairness_timeout is not None else float("inf")
@@ -208,8 +239,13 @@ class BatchScheduler:
             self.new_token_ratio = min(1.0, self.new_token_ratio + self.config.retract_ratio_step)
 
     def _retract(self, req: Req) -> None:
-        """Back to the waiting queue; its written KV stays in the cache (evictable)."""
+        """Back to the waiting queue; its written KV stays in the cache (evictable).
+
+        Tokens still pending in a batch in flight are dropped (that batch's ``process`` skips the
+        request: its epoch changed); the request computes them again when it is re-admitted.
+        """
         self.kv.release(req)
+        req.drop_pending()
         req.queue_time = self.clock() - req.waited  # its fairness clock resumes, running time excluded
         req.retractions += 1
         self.num_retractions += 1
@@ -257,39 +293,47 @@ class BatchScheduler:
         self.num_fairness_preemptions += 1
 
     def _decode_fits(self) -> bool:
-        return self.kv.decode_pages_needed(self.running) * self.kv.page_size <= self.kv.available()
+        needed = self.kv.decode_pages_needed(self._decode_candidates())
+        return needed * self.kv.page_size <= self.kv.available()
 
     # ---------------------------------------------------------------- results
     def process(self, batch: ScheduleBatch, next_token_ids: Sequence[int] | np.ndarray) -> list[Req]:
-        """Fold one step's sampled tokens (one per request) back in; returns finished requests."""
+        """Fold one step's sampled tokens (one per request) back in; returns the finished requests."""
         self.in_flight.remove(batch)
+        tokens = next_token_ids.tolist() if isinstance(next_token_ids, np.ndarray) else list(next_token_ids)
+        if len(tokens) != batch.size:
+            raise ValueError(f"{len(tokens)} tokens for a batch of {batch.size}")
         finished = []
-        if batch.mode is ForwardMode.EXTEND:
-            for req, n, tok in zip(batch.reqs, batch.extend_lens, next_token_ids, strict=True):
-                if req.finished:  # aborted while in flight: its KV can go now
-                    self.kv.release(req)
-                    continue
-                req.kv_len += int(n)
-                if req.remaining_prefill > 0:  # a chunk: its token is discarded
-                    self.kv.cache_written(req)
-                    continue
-                req.output_ids.append(int(tok))
-                if req.check_finished(self.eos_token_ids):
-                    finished.append(self._finish(req, req.finish_reason))  # type: ignore[arg-type]
-                else:
-                    self.kv.cache_written(req)
-                    self.running.append(req)
-        else:
-            keep = []
-            for req, tok in zip(batch.reqs, next_token_ids, strict=True):
-                if req.finished:  # aborted while in flight: its KV can go now
-                    self.kv.release(req)
-                    continue
-                req.kv_len += 1
-                req.output_ids.append(int(tok))
-                if req.check_finished(self.eos_token_ids):
-                    finished.append(self._finish(req, req.finish_reason))  # type: ignore[arg-type]
-                else:
-                    keep.append(req)
-            self.running = keep
+        extend = batch.mode is ForwardMode.EXTEND
+        for i, req in enumerate(batch.reqs):
+            if req.finished:  # aborted while in flight: its KV can go now
+                self.kv.release(req)
+                continue
+            if req.retractions != batch.epochs[i]:
+                continue  # retracted since this batch was scheduled: its results are void
+            if extend:  # hand what this batch wrote to the cache; keep it locked
+                self.kv.cache_written(req, int(batch.prefix_lens[i] + batch.extend_lens[i]))
+            idx = int(batch.token_index[i])
+            if idx < 0:
+                continue  # a chunk
+            tok = tokens[i]
+            req.set_output(idx, tok)
+            reason = self._stop_reason(req, tok, idx)
+            if reason is not None:
+                req.truncate_output(idx + 1)  # drop a token already pending behind the last one
+                self.running.remove(req)
+                finished.append(self._finish(req, reason))
         return finished
+
+    def _stop_reason(self, req: Req, tok: int, idx: int) -> FinishReason | None:
+        sp = req.sampling
+        if (not sp.ignore_eos and tok in self.eos_token_ids) or tok in sp.stop_token_ids:
+            return FinishReason.STOP
+        if idx + 1 >= sp.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+
+def placeholder(future_id: int) -> int:
+    """The output-token value that stands for FutureMap entry ``future_id`` until it is sampled."""
+    return -1 - future_id

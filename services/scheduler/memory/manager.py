@@ -159,9 +159,9 @@ class KVCacheManager:
         return slots
 
     # ------------------------------------------------------------- release
-    def cache_written(self, req: Req) -> None:
-        """After a forward: hand the written prefix to the cache, keep it locked."""
-        self.cache.cache_unfinished_req(req)
+    def cache_written(self, req: Req, upto: int) -> None:
+        """After a forward wrote ``req``'s first ``upto`` tokens: hand them to the cache, keep them locked."""
+        self.cache.cache_unfinished_req(req, upto)
 
     def release(self, req: Req) -> None:
         """The request ends (finished, aborted or retracted): cache what it wrote, free the rest."""

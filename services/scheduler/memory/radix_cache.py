@@ -247,13 +247,14 @@ class RadixCache:
         return out
 
     # ------------------------------------------------- request-level protocol
-    def cache_unfinished_req(self, req: Req) -> None:
-        """Hand the written, page-aligned part of a running request to the tree; keep it locked.
+    def cache_unfinished_req(self, req: Req, upto: int) -> None:
+        """Hand the page-aligned part of ``req``'s first ``upto`` tokens (KV written) to the tree;
+        keep it locked.
 
-        Called after every prefill chunk so that later requests (and this request's next
-        chunk) hit it, and before the request's KV is released on retraction.
+        Called after every prefill (chunk) so that later requests, and this request's next
+        chunk, hit it.
         """
-        self._take_written(req)
+        self._take_written(req, upto)
 
     def cache_finished_req(self, req: Req) -> None:
         """Cache what the request wrote, free its private pages, release its lock and row."""
@@ -268,9 +269,10 @@ class RadixCache:
         req.req_pool_idx = req.last_node = None
         req.cached_len = req.kv_len = req.alloc_len = 0
 
-    def _take_written(self, req: Req) -> None:
+    def _take_written(self, req: Req, upto: int | None = None) -> None:
         assert req.req_pool_idx is not None and req.last_node is not None
-        aligned = req.kv_len - req.kv_len % self.page_size
+        n = min(req.kv_len if upto is None else upto, req.known_len)  # never a placeholder in a key
+        aligned = n - n % self.page_size
         if aligned <= req.cached_len:
             return
         row = req.req_pool_idx
@@ -308,7 +310,7 @@ class NoCache(RadixCache):
     def evict(self, num_tokens: int) -> int:
         return 0
 
-    def cache_unfinished_req(self, req: Req) -> None:
+    def cache_unfinished_req(self, req: Req, upto: int) -> None:
         return None
 
     def cache_finished_req(self, req: Req) -> None:

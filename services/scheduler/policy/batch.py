@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
 from radixserve.scheduler.policy.req import Req
+
+
+def _empty() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
 
 
 class ForwardMode(Enum):
@@ -24,6 +28,10 @@ class ScheduleBatch:
     out_slots: np.ndarray  # KV slot each fed token writes (int64)
     prefix_lens: np.ndarray  # per request: tokens already in KV before this step
     extend_lens: np.ndarray  # per request: tokens fed this step (1 for decode)
+    # Set when the batch is launched (BatchScheduler._commit), per request:
+    token_index: np.ndarray = field(default_factory=_empty)  # output index of its token, -1: none
+    future_ids: np.ndarray = field(default_factory=_empty)  # FutureMap id of its token, -1: none
+    epochs: np.ndarray = field(default_factory=_empty)  # req.retractions at launch
 
     @property
     def size(self) -> int:

@@ -86,16 +86,28 @@ class Req:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def check_finished(self, eos_token_ids: frozenset[int] = frozenset()) -> bool:
-        """Token-level stop: max_new_tokens, EOS, stop token ids."""
-        if self.finish_reason is not None:
-            return True
-        if len(self.output_ids) >= self.sampling.max_new_tokens:
-            self.finish_reason = FinishReason.LENGTH
-        elif self.output_ids:
-            last = self.output_ids[-1]
-            if (
-                not self.sampling.ignore_eos and last in eos_token_ids
-            ) or last in self.sampling.stop_token_ids:
-                self.finish_reason = FinishReason.STOP
-        return self.finish_reason is not None
+    # Output tokens: a negative value is a placeholder for a token sampled by a batch still in
+    # flight (see BatchScheduler._commit); placeholders only ever sit at the end.
+    def append_output(self, tok: int) -> None:
+        self.output_ids.append(tok)
+
+    def set_output(self, idx: int, tok: int) -> None:
+        self.output_ids[idx] = tok
+        self._fill_cache = None
+
+    def truncate_output(self, n: int) -> None:
+        if len(self.output_ids) > n:
+            del self.output_ids[n:]
+            self._fill_cache = None
+
+    @property
+    def known_len(self) -> int:
+        """Tokens of the sequence whose value is known (placeholders excluded)."""
+        n = len(self.output_ids)
+        while n and self.output_ids[n - 1] < 0:
+            n -= 1
+        return len(self.origin_ids) + n
+
+    def drop_pending(self) -> None:
+        """Forget tokens not sampled yet (their batch's results will be ignored)."""
+        self.truncate_output(self.known_len - len(self.origin_ids))

@@ -1,0 +1,206 @@
+"""Build a small random-weight Hugging Face model folder, offline, for tests and CPU benchmarks.
+
+``make_demo_model(path, arch, size, seed)`` writes ``config.json``, ``model.safetensors``,
+``generation_config.json`` and the tokenizer files, so that ``AutoModelForCausalLM.from_pretrained``
+and ``AutoTokenizer.from_pretrained`` load it with no network. Nothing is downloaded:
+
+* the tokenizer is a byte-level BPE trained on a fixed list of stdlib ``.py`` files of the running
+  Python (so it is identical on every machine with the same Python), with ChatML special tokens and
+  a ChatML chat template;
+* the model is built from the transformers config class of the chosen architecture with seeded
+  random weights (a larger ``initializer_range`` than usual so greedy decoding is not degenerate).
+
+The same ``(arch, size, seed)`` gives byte-identical files on the same machine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+ARCHS = ("llama", "qwen2", "qwen3")
+SIZES = ("tiny", "small")
+
+VOCAB_SIZE = 2048
+# "<|endoftext|>" is the document end (and what transformers' Qwen2Tokenizer expects as unk/eos).
+EOS, BOS, PAD, IM_START, IM_END = "<|endoftext|>", "<|bos|>", "<|pad|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [EOS, BOS, PAD, IM_START, IM_END]  # ids 0..4, in this order
+
+# Qwen2's pre-tokenizer split (digits one by one, etc.). transformers loads a folder whose
+# model_type is "qwen2" with its own Qwen2Tokenizer, which rebuilds the pipeline from vocab + merges
+# as NFC + this split + ByteLevel; every arch uses that same pipeline so they all tokenize alike.
+PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Shapes per size. "tiny": tests (~0.3M params). "small": CPU benchmarks (~27M params).
+# initializer_range is far above the usual 0.02 so a random model's logits are not flat: it gives a
+# last-position logit std of ~1.6 (tiny) / ~2.2 (small), greedy decoding that varies with the prompt
+# and does not lock onto one repeated token, and clear top-1 margins (stable greedy comparisons).
+_SIZES: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        initializer_range=0.2,
+    ),
+    "small": dict(
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=1536,
+        initializer_range=0.1,
+    ),
+}
+
+# Stdlib modules present in every CPython >= 3.10, read in this order; missing ones are skipped.
+_CORPUS_FILES = (
+    "argparse.py",
+    "ast.py",
+    "base64.py",
+    "calendar.py",
+    "collections/__init__.py",
+    "contextlib.py",
+    "dataclasses.py",
+    "difflib.py",
+    "enum.py",
+    "fractions.py",
+    "functools.py",
+    "heapq.py",
+    "json/decoder.py",
+    "json/encoder.py",
+    "os.py",
+    "pathlib.py",
+    "random.py",
+    "shutil.py",
+    "string.py",
+    "textwrap.py",
+    "typing.py",
+)
+
+# A little prose (and non-ASCII) so chat-like text is not all Python.
+_EXTRA_TEXT = """\
+The quick brown fox jumps over the lazy dog. A user asks a question and the assistant answers it.
+You are a helpful assistant. Please summarise the following document in three sentences.
+What is the capital of France? The capital of France is Paris. Hello, world! How are you today?
+Héllo wörld, ça va? 你好，世界。こんにちは。Привет, мир! 1 + 1 = 2; 3 * 4 = 12; 2 ** 10 = 1024.
+"""
+
+
+def _corpus() -> list[str]:
+    stdlib = Path(os.path.dirname(os.__file__))
+    texts = []
+    for name in _CORPUS_FILES:
+        p = stdlib / name
+        if p.is_file():
+            texts.append(p.read_text(encoding="utf-8", errors="replace"))
+    texts.append(_EXTRA_TEXT)
+    return texts
+
+
+def build_tokenizer(vocab_size: int = VOCAB_SIZE):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with ChatML special tokens and chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=IM_END,  # chat turns end with <|im_end|>; <|endoftext|> also stops (generation_config)
+        pad_token=PAD,
+        additional_special_tokens=[EOS, IM_START],
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        model_max_length=2048,
+    )
+
+
+def _model_config(arch: str, size: str, vocab_size: int, ids: dict[str, Any]):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        dtype="float32",
+        **_SIZES[size],
+        **ids,
+    )
+    if arch == "llama":
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
+        if size == "tiny":  # exercise llama3-style rope scaling
+            rope = {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 256,
+            }
+        return LlamaConfig(tie_word_embeddings=False, rope_parameters=rope, **common)
+    rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
+    if arch == "qwen2":  # Qwen2 always has q/k/v bias
+        return Qwen2Config(tie_word_embeddings=True, rope_parameters=rope, **common)
+    if arch == "qwen3":  # Qwen3 has q/k RMSNorm; head_dim is set explicitly by _SIZES
+        return Qwen3Config(tie_word_embeddings=True, rope_parameters=rope, **common)
+    raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+
+
+def make_demo_model(path: str | os.PathLike, arch: str = "llama", size: str = "tiny", seed: int = 0) -> Path:
+    """Write a random-weight HF model folder for ``arch`` / ``size`` to ``path``; return the path."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = build_tokenizer()
+    ids = dict(
+        bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
+        eos_token_id=[tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(EOS)],
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
+    )
+    config = _model_config(arch, size, len(tokenizer), ids)
+
+    with torch.random.fork_rng(devices=[]):  # seeded weights, caller's RNG state left untouched
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(**ids)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,205 @@
+"""Engine: the offline API over one scheduler pod's engine (no servers, no gRPC).
+
+from radixserve import Engine, SamplingParams
+with Engine("path/to/hf-model", page_size=16) as engine:
+    out = engine.generate(prompt=["Hello", "Hi"], sampling_params=SamplingParams(max_new_tokens=32))
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.batch_scheduler import BatchScheduler
+from radixserve.scheduler.config import SchedulerConfig
+from radixserve.scheduler.event_loop import EventLoop
+from radixserve.scheduler.memory.allocator import capacity_from_memory
+from radixserve.scheduler.memory.manager import MemoryConfig
+from radixserve.scheduler.model.config import ModelConfig
+from radixserve.scheduler.model.loader import safetensor_files
+from radixserve.scheduler.model.runner import ModelRunner
+from radixserve.scheduler.policy.req import FinishReason, Req
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine arguments; every field can be passed to ``Engine(model_path, **kwargs)``."""
+
+    page_size: int = 1
+    max_total_tokens: int | None = None  # KV capacity; None: mem_fraction of free device memory
+    mem_fraction: float = 0.85  # of free memory after weights (CUDA); of available RAM x 0.25 on CPU
+    max_running_requests: int = 64
+    max_context_len: int | None = None  # None: the model's max_position_embeddings
+    chunked_prefill_size: int | None = 2048
+    max_prefill_tokens: int = 8192
+    schedule_policy: str = "lpm"
+    fairness_timeout: float | None = None
+    init_new_token_ratio: float = 0.7  # decode reserve estimate; lower admits more (retraction covers it)
+    disable_radix_cache: bool = False
+    disable_overlap: bool = False
+    attention_backend: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"  # from config.json, or float32 / bfloat16 / float16
+    seed: int = 0
+
+
+class Engine:
+    def __init__(self, model_path: str | Path, **kwargs: Any) -> None:
+        unknown = set(kwargs) - {f.name for f in fields(EngineConfig)}
+        if unknown:
+            raise TypeError(f"unknown engine argument(s): {sorted(unknown)}")
+        cfg = EngineConfig(**kwargs)
+        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        torch.manual_seed(cfg.seed)
+        self.model_path = Path(model_path)
+        self.config = cfg
+        self.model_config = ModelConfig.from_pretrained(model_path, cfg.dtype)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        max_context = cfg.max_context_len or self.model_config.max_position_embeddings
+        total = cfg.max_total_tokens or self._capacity(device)
+        mem = MemoryConfig(
+            max_total_tokens=total,
+            page_size=cfg.page_size,
+            max_running_requests=cfg.max_running_requests,
+            max_context_len=max_context,
+            disable_radix_cache=cfg.disable_radix_cache,
+            device="cpu",  # the host table; attention metadata is built from it (model/attention.py)
+        )
+        sched_cfg = SchedulerConfig(
+            memory=mem,
+            policy=cfg.schedule_policy,
+            fairness_timeout=cfg.fairness_timeout,
+            chunked_prefill_size=cfg.chunked_prefill_size,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            init_new_token_ratio=cfg.init_new_token_ratio,
+            min_new_token_ratio=min(0.1, cfg.init_new_token_ratio),
+        )
+        eos = set(self.model_config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.scheduler = BatchScheduler(sched_cfg, eos_token_ids=sorted(eos))
+        self.runner = ModelRunner(
+            model_path,
+            self.model_config,
+            self.scheduler.kv.req_to_token,
+            self.scheduler.kv.allocator.pool_slots,
+            max_batch=cfg.max_running_requests,
+            attention_backend=cfg.attention_backend,
+            device=device,
+        )
+        self.loop = EventLoop(self.scheduler, self.runner, overlap=not cfg.disable_overlap)
+        self._ids = itertools.count()
+        self._closed = False
+
+    def _capacity(self, device: str) -> int:
+        per_token = self.model_config.kv_bytes_per_token()
+        if device.startswith("cuda"):
+            free, _ = torch.cuda.mem_get_info()
+            # The weights are not loaded yet: their checkpoint size stands in for them.
+            weights = sum(f.stat().st_size for f in safetensor_files(self.model_path))
+            return capacity_from_memory(
+                free - weights, self.config.mem_fraction, per_token, self.config.page_size
+            )
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return capacity_from_memory(avail, self.config.mem_fraction * 0.25, per_token, self.config.page_size)
+
+    # ------------------------------------------------------------------ API
+    def generate(
+        self,
+        prompt: str | Sequence[str] | None = None,
+        input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> dict | list[dict]:
+        """Generate for one request (returns a dict) or many (returns a list, in order)."""
+        if self._closed:
+            raise RuntimeError("the engine was shut down")
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("pass exactly one of prompt or input_ids")
+        single = isinstance(prompt, str) or (input_ids is not None and _is_ids(input_ids))
+        if prompt is not None:
+            prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+            all_ids = [self.tokenizer.encode(p) for p in prompts]
+        else:
+            all_ids = [list(input_ids)] if single else [list(x) for x in input_ids]  # type: ignore[union-attr, arg-type]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(all_ids)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(all_ids):
+                raise ValueError(f"{len(params)} sampling_params for {len(all_ids)} prompts")
+        reqs = []
+        for ids, sp in zip(all_ids, params, strict=True):
+            sp = SamplingParams(**{f.name: getattr(sp, f.name) for f in fields(SamplingParams)})
+            sp.validate()
+            if any(not isinstance(t, int) or t < 0 or t >= self.model_config.vocab_size for t in ids):
+                raise ValueError(f"input_ids must be integers in [0, {self.model_config.vocab_size})")
+            reqs.append(Req(f"r{next(self._ids)}", ids, sp))
+        for r in reqs:  # validate all before queueing any
+            self.scheduler.add(r)
+        pending = {r.rid for r in reqs}
+        while pending:
+            for r in self.loop.step():
+                pending.discard(r.rid)
+            self._check_stop_strings(reqs, pending)
+        outs = [self._output(r) for r in reqs]
+        return outs[0] if single else outs
+
+    def _check_stop_strings(self, reqs: list[Req], pending: set[str]) -> None:
+        for r in reqs:
+            if r.rid in pending and r.sampling.stop:
+                known = r.output_ids[: r.known_len - r.prompt_len]
+                tail = str(self.tokenizer.decode(known[-64:], skip_special_tokens=True))
+                if known and _find_stop(tail, r) >= 0:
+                    self.scheduler.abort(r.rid, FinishReason.STOP)
+                    pending.discard(r.rid)
+        if not pending:
+            self.loop.drain()
+
+    def _output(self, r: Req) -> dict:
+        ids = [t for t in r.output_ids if t >= 0]
+        text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        reason = r.finish_reason.value if r.finish_reason else None
+        cut = _find_stop(text, r)
+        if cut >= 0:  # the text ends before the first stop string, which ended the request
+            text, reason = text[:cut], FinishReason.STOP.value
+        return {
+            "text": text,
+            "token_ids": ids,
+            "finish_reason": reason,
+            "meta_info": {
+                "prompt_tokens": r.prompt_len,
+                "completion_tokens": len(ids),
+                "cached_tokens": r.num_cached_tokens,
+            },
+        }
+
+    # ------------------------------------------------------------- lifecycle
+    def shutdown(self) -> None:
+        if not self._closed:
+            self.loop.close()
+            self._closed = True
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _find_stop(text: str, req: Req) -> int:
+    """Where the first of the request's stop strings starts in ``text``, or -1."""
+    hits = [i for i in (text.find(s) for s in req.sampling.stop) if i >= 0]
+    return min(hits, default=-1)
+
+
+def _is_ids(x: Any) -> bool:
+    return len(x) == 0 or isinstance(x[0], int)

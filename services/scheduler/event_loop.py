@@ -1,0 +1,136 @@
+"""The engine's event loops: normal and overlap ("zero-overhead").
+
+normal:   schedule N -> run N -> process N -> schedule N+1 ...
+overlap:  schedule N+1 and launch it while N runs; then process N. The host work of
+          scheduling and processing hides behind the device's forward pass. Batch N+1 may
+          feed tokens N has not sampled yet: they are FutureMap placeholders, resolved on
+          the device in stream order (BatchScheduler._commit, ModelRunner.forward).
+
+The "device stream" is a CUDA stream on CUDA and one ordered worker thread on CPU, so
+the overlap loop runs, and is tested, everywhere. Results are read only after the
+step's copy-done event (CUDA) or the worker's future (CPU).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from radixserve.scheduler.batch_scheduler import BatchScheduler
+from radixserve.scheduler.model.forward_batch import ForwardBatch
+from radixserve.scheduler.model.runner import ModelRunner
+from radixserve.scheduler.policy.batch import ScheduleBatch
+from radixserve.scheduler.policy.req import Req
+
+
+@dataclass
+class LoopStats:
+    steps: int = 0
+    host_s: float = 0.0  # scheduling + preparing + processing (the engine's non-forward CPU time)
+    wait_s: float = 0.0  # blocked on the device's results
+    per_step_host_s: list[float] = field(default_factory=list)
+
+
+class _DeviceStream:
+    """Runs forwards in launch order; ``result`` blocks until a step's tokens are on the host."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.cuda = runner.device.type == "cuda"
+        if self.cuda:
+            self.stream = torch.cuda.Stream(runner.device)
+        else:
+            self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
+
+    def launch(self, fb: ForwardBatch):
+        if not self.cuda:
+            return self.worker.submit(lambda: self.runner.forward(fb).tolist())
+        self.stream.wait_stream(torch.cuda.current_stream())  # inputs copied on the main stream
+        with torch.cuda.stream(self.stream):
+            tokens = self.runner.forward(fb)
+            host = tokens.to("cpu", non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return host, done
+
+    def result(self, handle) -> list[int]:
+        if isinstance(handle, Future):
+            return handle.result()
+        host, done = handle
+        done.synchronize()
+        return host.tolist()
+
+    def close(self) -> None:
+        if not self.cuda:
+            self.worker.shutdown(wait=True)
+
+
+class EventLoop:
+    def __init__(self, scheduler: BatchScheduler, runner: ModelRunner, overlap: bool) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.overlap = overlap
+        self.stream = _DeviceStream(runner) if overlap else None
+        self.in_flight: deque[tuple[ScheduleBatch, object]] = deque()
+        self.stats = LoopStats()
+
+    def step(self) -> list[Req]:
+        """One iteration; returns the requests that finished in it."""
+        return self._step_overlap() if self.overlap else self._step_normal()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.in_flight) or not self.scheduler.idle
+
+    def _step_normal(self) -> list[Req]:
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        fb = self.runner.prepare(batch)
+        t1 = time.perf_counter()
+        tokens = self.runner.forward(fb).tolist()
+        t2 = time.perf_counter()
+        finished = self.scheduler.process(batch, tokens)
+        self._account(t1 - t0 + time.perf_counter() - t2, 0.0)
+        return finished
+
+    def _step_overlap(self) -> list[Req]:
+        assert self.stream is not None
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if batch is not None:
+            self.in_flight.append((batch, self.stream.launch(self.runner.prepare(batch))))
+        finished, waited = [], 0.0
+        # Keep one batch running on the device while the host processes the one before it.
+        while len(self.in_flight) > (1 if batch is not None else 0):
+            done_batch, handle = self.in_flight.popleft()
+            w0 = time.perf_counter()
+            tokens = self.stream.result(handle)
+            waited += time.perf_counter() - w0
+            finished += self.scheduler.process(done_batch, tokens)
+        self._account(time.perf_counter() - t0 - waited, waited)
+        return finished
+
+    def _account(self, host: float, wait: float) -> None:
+        self.stats.steps += 1
+        self.stats.host_s += host
+        self.stats.wait_s += wait
+        self.stats.per_step_host_s.append(host)
+
+    def drain(self) -> list[Req]:
+        """Process whatever is still in flight (shutdown)."""
+        finished: list[Req] = []
+        while self.in_flight:
+            batch, handle = self.in_flight.popleft()
+            finished += self.scheduler.process(batch, self.stream.result(handle))  # type: ignore[union-attr]
+        return finished
+
+    def close(self) -> None:
+        self.drain()
+        if self.stream is not None:
+            self.stream.close()

@@ -1,0 +1,107 @@
+"""ModelConfig: the shapes and switches our layer code needs, read from a HF config.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    arch: str  # llama | qwen2 | qwen3
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None  # llama3 scaling parameters, or None
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    dtype: torch.dtype
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: str | torch.dtype | None = None) -> ModelConfig:
+        from transformers import AutoConfig, GenerationConfig
+
+        hf = AutoConfig.from_pretrained(str(path))
+        arch = next((ARCHITECTURES[a] for a in (hf.architectures or []) if a in ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"unsupported architecture {hf.architectures}; supported: {sorted(ARCHITECTURES)}"
+            )
+        rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+        theta = float(rope.pop("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "llama3"):
+            raise ValueError(f"unsupported rope_type {rope_type!r}")
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        attn_bias = bool(getattr(hf, "attention_bias", False))
+        eos = getattr(hf, "eos_token_id", None)
+        try:
+            gen_eos = GenerationConfig.from_pretrained(str(path)).eos_token_id
+            eos = gen_eos if gen_eos is not None else eos
+        except OSError:
+            pass
+        eos_ids = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (int(eos),))
+        return cls(
+            arch=arch,
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_layers=hf.num_hidden_layers,
+            num_heads=hf.num_attention_heads,
+            num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+            head_dim=head_dim,
+            rms_norm_eps=hf.rms_norm_eps,
+            rope_theta=theta,
+            rope_scaling=rope if rope_type == "llama3" else None,
+            qkv_bias=True if arch == "qwen2" else attn_bias,
+            o_bias=False if arch == "qwen2" else attn_bias,
+            mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+            qk_norm=arch == "qwen3",
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            max_position_embeddings=getattr(hf, "max_position_embeddings", 4096),
+            dtype=_resolve_dtype(dtype, hf),
+            eos_token_ids=eos_ids,
+        )
+
+    def kv_bytes_per_token(self) -> int:
+        from radixserve.scheduler.memory.allocator import kv_bytes_per_token
+
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype.itemsize)
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, hf: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = (
+        dtype
+        if dtype not in (None, "auto")
+        else (getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None))
+    )
+    if isinstance(name, torch.dtype):
+        return name
+    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if name is None:
+        return torch.float32
+    if name not in table:
+        raise ValueError(f"unsupported dtype {name!r}")
+    return table[name]

@@ -1,0 +1,231 @@
+"""The offline Engine on real (tiny, random-weight) models: HF transformers is the reference."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from radixserve import Engine, SamplingParams
+from radixserve.common.demo_model import make_demo_model
+from radixserve.scheduler.memory.kv_pool import KVPool
+from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+from radixserve.scheduler.model.attention import TorchAttention
+from radixserve.scheduler.model.config import ModelConfig
+from radixserve.scheduler.model.forward_batch import ForwardBatch
+from radixserve.scheduler.model.loader import load_model
+from radixserve.scheduler.policy.batch import ForwardMode
+
+SYSTEM = "You are a helpful assistant. Answer briefly and do not repeat the question.\n"
+PROMPTS = [
+    SYSTEM + "def add(a, b):",
+    SYSTEM + "import os\nimport sys",
+    "The quick brown fox",
+    SYSTEM + "class Stack:\n    def push(self, x):",
+    "x = 1",
+    SYSTEM + "for i in range(10):",
+]
+NEW = 12
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def model_dir(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    make_demo_model(path, arch=request.param, size="tiny")
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama")
+    make_demo_model(path, arch="llama", size="tiny")
+    return path
+
+
+def hf_greedy(path, prompts, new=NEW):
+    """HF generate, greedy, exactly ``new`` tokens: no EOS stop, and no EOS suppression either
+    (``min_new_tokens`` would mask EOS logits, which our ``ignore_eos`` does not)."""
+    tok = AutoTokenizer.from_pretrained(str(path))
+    hf = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    hf.generation_config.eos_token_id = None
+    out = []
+    for p in prompts:
+        ids = tok.encode(p)
+        gen = hf.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+        assert gen.shape[1] == len(ids) + new
+        out.append(gen[0, len(ids) :].tolist())
+    return out
+
+
+def test_logits_match_hf_for_prefill_cached_extend_and_decode(model_dir):
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    cfg = ModelConfig.from_pretrained(model_dir)
+    model = load_model(model_dir, cfg, "cpu")
+    pool = KVPool(256, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, "cpu")
+    table = ReqToTokenPool(2, 128)
+    backend = TorchAttention(pool, table, cfg.num_heads, cfg.head_dim)
+    ids = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+
+    def run(start, n, mode):
+        slots = np.arange(start, start + n) * 3 + 5  # scattered slots: attention must follow the table
+        table.host[1, start : start + n] = slots
+        fb = ForwardBatch(
+            mode,
+            ids[start : start + n],
+            torch.arange(start, start + n),
+            torch.from_numpy(slots),
+            np.array([start]),
+            np.array([n]),
+            None,
+            None,
+            all_logits=True,
+        )
+        backend.prepare(fb, np.array([1]))
+        return model(fb.input_ids, fb.positions, fb, backend)
+
+    ours = torch.cat(
+        [run(0, 25, ForwardMode.EXTEND), run(25, 11, ForwardMode.EXTEND)]
+        + [run(i, 1, ForwardMode.DECODE) for i in range(36, 40)]
+    )
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_matches_hf_generate(model_dir):
+    ref = hf_greedy(model_dir, PROMPTS)
+    with Engine(model_dir, max_total_tokens=2048) as engine:
+        outs = engine.generate(
+            prompt=PROMPTS, sampling_params=SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
+        )
+    assert [o["token_ids"] for o in outs] == ref
+
+
+@pytest.fixture(scope="module")
+def llama_ref(llama_dir):
+    return hf_greedy(llama_dir, PROMPTS)
+
+
+COMBOS = list(itertools.product([False, True], [False, True], [None, 16], [1, 16]))
+
+
+@pytest.mark.parametrize(
+    ("overlap", "radix", "chunk", "page"),
+    COMBOS,
+    ids=[f"overlap{o:d}-radix{r:d}-chunk{c}-page{p}" for o, r, c, p in COMBOS],
+)
+def test_greedy_equals_hf_with_every_engine_feature(llama_dir, llama_ref, overlap, radix, chunk, page):
+    with Engine(
+        llama_dir,
+        max_total_tokens=2048,
+        page_size=page,
+        chunked_prefill_size=chunk,
+        disable_overlap=not overlap,
+        disable_radix_cache=not radix,
+        max_running_requests=8,
+    ) as engine:
+        # twice: the second round hits what the first cached
+        for _ in range(2):
+            outs = engine.generate(
+                prompt=PROMPTS,
+                sampling_params=SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True),
+            )
+            assert [o["token_ids"] for o in outs] == llama_ref
+        cached = sum(o["meta_info"]["cached_tokens"] for o in outs)
+        assert (cached > 0) == radix
+        kv = engine.scheduler.kv
+        assert kv.available() == kv.capacity  # nothing leaked
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("page", [1, 16])
+def test_greedy_equals_hf_under_decode_retraction(llama_dir, llama_ref, overlap, page):
+    with Engine(
+        llama_dir,
+        max_total_tokens=96,
+        init_new_token_ratio=0.0,
+        page_size=page,
+        chunked_prefill_size=None,
+        disable_overlap=not overlap,
+        max_running_requests=8,
+    ) as engine:
+        outs = engine.generate(
+            prompt=PROMPTS, sampling_params=SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
+        )
+        assert engine.scheduler.num_retractions > 0
+        assert [o["token_ids"] for o in outs] == llama_ref
+        assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
+
+
+def test_outputs_and_meta_info(llama_dir):
+    with Engine(llama_dir, max_total_tokens=2048) as engine:
+        one = engine.generate(
+            prompt=PROMPTS[0], sampling_params=SamplingParams(max_new_tokens=5, ignore_eos=True)
+        )
+        assert one["finish_reason"] == "length" and len(one["token_ids"]) == 5
+        assert one["meta_info"]["completion_tokens"] == 5
+        assert one["meta_info"]["prompt_tokens"] == len(engine.tokenizer.encode(PROMPTS[0]))
+        assert one["text"] == engine.tokenizer.decode(one["token_ids"], skip_special_tokens=True)
+        by_ids = engine.generate(
+            input_ids=engine.tokenizer.encode(PROMPTS[0]),
+            sampling_params=SamplingParams(max_new_tokens=5, ignore_eos=True, temperature=0),
+        )
+        assert by_ids["meta_info"]["cached_tokens"] > 0  # the same prompt again
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(llama_dir):
+    sp = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=42, ignore_eos=True)
+    with Engine(llama_dir, max_total_tokens=2048) as engine:
+        alone = engine.generate(prompt=PROMPTS[2], sampling_params=sp)["token_ids"]
+        batched = engine.generate(prompt=PROMPTS, sampling_params=sp)[2]["token_ids"]
+        other = engine.generate(
+            prompt=PROMPTS[2],
+            sampling_params=SamplingParams(
+                max_new_tokens=10, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True
+            ),
+        )["token_ids"]
+    assert alone == batched
+    assert alone != other
+
+
+def test_stop_token_ids_and_stop_strings(llama_dir, llama_ref):
+    first = llama_ref[0]
+    with Engine(llama_dir, max_total_tokens=2048) as engine:
+        out = engine.generate(
+            prompt=PROMPTS[0],
+            sampling_params=SamplingParams(
+                max_new_tokens=NEW, temperature=0, stop_token_ids=(first[3],), ignore_eos=True
+            ),
+        )
+        assert out["finish_reason"] == "stop" and out["token_ids"] == first[: first.index(first[3]) + 1]
+        full = engine.tokenizer.decode(first, skip_special_tokens=True)
+        stop = full[len(full) // 2 : len(full) // 2 + 2]
+        if stop.strip():
+            out = engine.generate(
+                prompt=PROMPTS[0],
+                sampling_params=SamplingParams(
+                    max_new_tokens=NEW, temperature=0, stop=(stop,), ignore_eos=True
+                ),
+            )
+            assert out["finish_reason"] == "stop" and stop not in out["text"]
+            assert full.startswith(out["text"])
+
+
+def test_bad_input_is_rejected_and_the_engine_keeps_serving(llama_dir):
+    with Engine(llama_dir, max_total_tokens=512, max_context_len=256) as engine:
+        with pytest.raises(TypeError, match="unknown engine argument"):
+            Engine(llama_dir, no_such_flag=1)
+        with pytest.raises(ValueError, match="input_ids"):
+            engine.generate(input_ids=[1, 2, 10**9])
+        with pytest.raises(ValueError, match="context length"):
+            engine.generate(input_ids=[1] * 250, sampling_params=SamplingParams(max_new_tokens=10))
+        with pytest.raises(ValueError, match="positive"):
+            engine.generate(prompt="hi", sampling_params=SamplingParams(max_new_tokens=-3))
+        with pytest.raises(ValueError, match="exactly one"):
+            engine.generate()
+        ok = engine.generate(prompt="hi", sampling_params=SamplingParams(max_new_tokens=3, ignore_eos=True))
+        assert len(ok["token_ids"]) == 3
+        assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
