@@ -229,3 +229,23 @@ def test_bad_input_is_rejected_and_the_engine_keeps_serving(llama_dir):
         ok = engine.generate(prompt="hi", sampling_params=SamplingParams(max_new_tokens=3, ignore_eos=True))
         assert len(ok["token_ids"]) == 3
         assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_overlap_launches_each_batch_before_reading_the_previous_ones_tokens(llama_dir, llama_ref, overlap):
+    with Engine(llama_dir, max_total_tokens=2048, disable_overlap=not overlap) as engine:
+        fed_placeholders = []
+        prepare = engine.runner.prepare
+
+        def spy(batch):
+            fed_placeholders.append(bool((batch.input_ids < 0).any()))
+            return prepare(batch)
+
+        engine.runner.prepare = spy
+        outs = engine.generate(
+            prompt=PROMPTS, sampling_params=SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
+        )
+    assert [o["token_ids"] for o in outs] == llama_ref
+    # With overlap, decode batches feed tokens the previous batch has not returned yet (FutureMap
+    # placeholders, resolved on the device); without it, every input is known on the host.
+    assert any(fed_placeholders) == overlap
