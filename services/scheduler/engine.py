@@ -65,7 +65,8 @@ class Engine:
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         max_context = cfg.max_context_len or self.model_config.max_position_embeddings
-        total = cfg.max_total_tokens or self._capacity(device)
+        # No mix of requests can hold more KV than every running request at full context.
+        total = cfg.max_total_tokens or min(self._capacity(device), cfg.max_running_requests * max_context)
         mem = MemoryConfig(
             max_total_tokens=total,
             page_size=cfg.page_size,
