@@ -96,6 +96,7 @@ class Engine:
             max_batch=cfg.max_running_requests,
             attention_backend=cfg.attention_backend,
             device=device,
+            page_size=cfg.page_size,
         )
         self.loop = EventLoop(self.scheduler, self.runner, overlap=not cfg.disable_overlap)
         self._ids = itertools.count()

@@ -55,12 +55,14 @@ class _DeviceStream:
             host = tokens.to("cpu", non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)
-        return host, done
+        # fb rides along: its device tensors were made on the main stream and must not go back
+        # to the caching allocator (and be reused) while this stream may still read them.
+        return host, done, fb
 
     def result(self, handle) -> list[int]:
         if isinstance(handle, Future):
             return handle.result()
-        host, done = handle
+        host, done, _fb = handle
         done.synchronize()
         return host.tolist()
 

@@ -9,8 +9,8 @@ A backend is used in two phases per step:
   K/V into the pool at ``fb.out_slots``, then attends over each request's context.
 
 ``torch`` is the reference (CPU and CUDA): gather by slot index + scaled dot-product
-attention. ``flashinfer`` (CUDA only) lands with the GPU issue; ``auto`` picks it on CUDA
-when it is installed, else ``torch``.
+attention. ``flashinfer`` (CUDA only, model/flashinfer_backend.py); ``auto`` picks it when
+it is installed and supports the model's dtype and head size, else ``torch``.
 """
 
 from __future__ import annotations
@@ -99,23 +99,18 @@ class TorchAttention:
         return out
 
 
-def make_backend(name: str, pool: KVPool, req_to_token: ReqToTokenPool, num_heads: int, head_dim: int):
-    device = pool.k[0].device
-    if name == "auto":
-        name = "torch"
-        if device.type == "cuda":
-            try:
-                import flashinfer  # noqa: F401
+def make_backend(
+    name: str, pool: KVPool, req_to_token: ReqToTokenPool, num_heads: int, head_dim: int, page_size: int = 1
+):
+    from radixserve.scheduler.model.flashinfer_backend import FlashInferAttention, unsupported_reason
 
-                name = "flashinfer"
-            except ImportError:
-                pass
+    k0 = pool.k[0]
+    num_kv_heads = int(k0.shape[1])
+    if name == "auto":
+        usable = unsupported_reason(k0.device, k0.dtype, num_heads, num_kv_heads, head_dim) is None
+        name = "flashinfer" if usable else "torch"
     if name == "torch":
         return TorchAttention(pool, req_to_token, num_heads, head_dim)
     if name == "flashinfer":
-        if device.type != "cuda":
-            raise ValueError("the flashinfer backend needs a CUDA device")
-        raise NotImplementedError(
-            "the flashinfer backend lands with the GPU issue; use attention_backend='torch'"
-        )
+        return FlashInferAttention(pool, req_to_token, num_heads, head_dim, page_size, num_kv_heads)
     raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or flashinfer")

@@ -61,6 +61,7 @@ class ModelRunner:
         max_batch: int,
         attention_backend: str = "auto",
         device: str = "cpu",
+        page_size: int = 1,
     ) -> None:
         self.device = torch.device(device)
         self.config = model_config
@@ -68,7 +69,9 @@ class ModelRunner:
         self.req_to_token = req_to_token
         mc = model_config
         self.kv_pool = KVPool(pool_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, mc.dtype, self.device)
-        self.backend = make_backend(attention_backend, self.kv_pool, req_to_token, mc.num_heads, mc.head_dim)
+        self.backend = make_backend(
+            attention_backend, self.kv_pool, req_to_token, mc.num_heads, mc.head_dim, page_size
+        )
         self.sampler = Sampler()
         self.futures = FutureMap(4 * max_batch + 8, self.device)
 
