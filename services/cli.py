@@ -5,6 +5,7 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
 ``radixserve --help`` is instant.
 
     radixserve make-demo-model PATH [--arch llama|qwen2|qwen3] [--size tiny|small] [--seed N]
+    radixserve bench offline [--model PATH] [--num-requests N] [--input-range MIN MAX] [--quick] ...
 """
 
 from __future__ import annotations
@@ -21,6 +22,44 @@ def _cmd_make_demo_model(args: argparse.Namespace) -> int:
     return 0
 
 
+_BENCH_OFFLINE_VALUE_FLAGS = (
+    "model",
+    "num_requests",
+    "input_range",
+    "output_range",
+    "shared_prefix_frac",
+    "prefix_len",
+    "hf_batch_sizes",
+    "max_running_requests",
+    "check_requests",
+    "threads",
+    "seed",
+    "out",
+)
+
+
+def _cmd_bench_offline(args: argparse.Namespace) -> int:
+    """Runs benchmarks/offline.py (a repository file, not part of the package) with the given flags."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "offline.py"
+    if not script.is_file():
+        print(f"radixserve bench offline: {script} not found (run from a source checkout)")
+        return 2
+    spec = importlib.util.spec_from_file_location("radixserve_bench_offline", script)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    argv: list[str] = []
+    for flag, value in vars(args).items():
+        if flag in _BENCH_OFFLINE_VALUE_FLAGS and value is not None:
+            values = value if isinstance(value, list) else [value]
+            argv += [f"--{flag.replace('_', '-')}", *map(str, values)]
+    argv += ["--quick"] * args.quick + ["--profile"] * args.profile
+    return int(mod.main(argv))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixserve", description="radixserve command line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -31,6 +70,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", choices=("tiny", "small"), default="tiny")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_make_demo_model)
+
+    p = sub.add_parser("bench", help="benchmarks (from a source checkout)")
+    bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    p = bench.add_parser(
+        "offline",
+        help="offline throughput: HF generate (static batches) vs the Engine, normal and overlap",
+        description="Writes OUT/offline.json and OUT/offline.png. Unset flags take benchmarks/offline.py's "
+        "defaults (full run ~3-6 min on 2 CPU cores; --quick < 60 s).",
+    )
+    p.add_argument("--model", help="HF model folder (default: build the small demo model in a temp dir)")
+    p.add_argument("--num-requests", type=int, help="default 64 (quick: 12)")
+    p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 64 512")
+    p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 32 256")
+    p.add_argument("--shared-prefix-frac", type=float, help="requests starting with the system prompt (0.3)")
+    p.add_argument("--prefix-len", type=int, help="shared system-prompt length in tokens (256)")
+    p.add_argument("--hf-batch-sizes", type=int, nargs="+", help="HF static batch sizes; best is kept (16)")
+    p.add_argument("--max-running-requests", type=int, help="engine's running-batch limit (128)")
+    p.add_argument("--check-requests", type=int, help="requests compared with HF batch-1 greedy (3)")
+    p.add_argument("--threads", type=int, help="torch intra-op threads for every system (1)")
+    p.add_argument("--seed", type=int, help="workload seed (0)")
+    p.add_argument("--quick", action="store_true", help="tiny model, few short requests: smoke test < 60 s")
+    p.add_argument("--profile", action="store_true", help="also profile a normal-mode engine run")
+    p.add_argument("--out", help="output folder (default benchmarks/results)")
+    p.set_defaults(func=_cmd_bench_offline)
 
     # More subcommands go here, one block each, e.g.:
     #   p = sub.add_parser("bench", ...)  # with its own sub-subparsers for "offline", ...

@@ -28,7 +28,9 @@ class PagedAllocator:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.num_pages = num_pages
         self.page_size = page_size
-        # Stack of free page ids; the top is at index _top - 1. Low ids are popped first.
+        # Stack of free page ids; an allocation takes the slice below _top. Starting in ascending
+        # order, a fresh pool hands a request consecutive pages: its KV is contiguous in memory,
+        # which the attention backends' gathers read much faster than scattered pages.
         self._stack = np.arange(num_pages, 0, -1, dtype=np.int64)
         self._top = num_pages
         self._is_free = np.ones(num_pages + 1, dtype=bool)
@@ -59,7 +61,7 @@ class PagedAllocator:
             raise ValueError(f"cannot allocate {n} pages")
         if n > self._top:
             raise OutOfPagesError(f"asked for {n} pages, {self._top} free")
-        pages = self._stack[self._top - n : self._top].copy()
+        pages = self._stack[self._top - n : self._top][::-1].copy()  # ascending from a fresh pool
         self._top -= n
         self._is_free[pages] = False
         return pages

@@ -24,23 +24,25 @@ import torch.nn.functional as F
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.forward_batch import ForwardBatch
-from radixserve.scheduler.policy.batch import ForwardMode
 
 
 @dataclass(slots=True)
-class _DecodeMeta:
-    slots: torch.Tensor  # [B, L] KV slots, padded with the scratch slot
-    mask: torch.Tensor  # [B, 1, 1, L] True where a key is attended
-
-
-@dataclass(slots=True)
-class _ExtendMeta:
-    slots: list[torch.Tensor]  # per request, [seq_len] KV slots
-    starts: list[int]  # per request, first token in the batch
-    masks: list[torch.Tensor | None]  # per request, [ext, seq] or None for plain causal
+class _TorchMeta:
+    slots: torch.Tensor  # every request's whole context, concatenated: [sum(seq_lens)] KV slots
+    ctx: list[tuple[int, int]]  # per request, its range in ``slots``
+    queries: list[tuple[int, int]]  # per request, its range of query tokens in the batch
+    masks: list[torch.Tensor | None]  # per request, [n, seq] for an extend on a prefix, else None
+    causal: list[bool]  # per request, plain causal (a fresh prefill of more than one token)
 
 
 class TorchAttention:
+    """Reference backend: gather each request's exact context, then one SDPA call per request.
+
+    The gather copies rows of the pool into a buffer reused across layers and steps (no padding
+    to the longest context, no fresh allocation per layer); per-request SDPA needs no padding
+    mask, so the CPU takes its fused path.
+    """
+
     name = "torch"
 
     def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool, num_heads: int, head_dim: int) -> None:
@@ -49,53 +51,54 @@ class TorchAttention:
         self.num_heads = num_heads
         self.scale = head_dim**-0.5
         self.device = pool.k[0].device
+        self._buf_k = self._buf_v = pool.k[0][:0]
 
     def prepare(self, fb: ForwardBatch, rows: np.ndarray) -> None:
         host = self.req_to_token.host
         seq = fb.prefix_lens + fb.extend_lens
-        if fb.mode is ForwardMode.DECODE:
-            width = int(seq.max())
-            slots = host[rows, :width].astype(np.int64)
-            valid = np.arange(width)[None, :] < seq[:, None]
-            slots[~valid] = 0  # scratch slot: read, never attended
-            fb.attn = _DecodeMeta(
-                torch.from_numpy(slots).to(self.device, non_blocking=True),
-                torch.from_numpy(valid[:, None, None, :]).to(self.device, non_blocking=True),
-            )
-            return
-        starts = np.concatenate([[0], np.cumsum(fb.extend_lens)[:-1]]).tolist()
-        slot_list: list[torch.Tensor] = []
+        width = int(seq.max())
+        valid = np.arange(width)[None, :] < seq[:, None]
+        flat = host[rows, :width][valid].astype(np.int64)  # row-major: request by request
+        ends = np.cumsum(seq).tolist()
+        q_ends = np.cumsum(fb.extend_lens).tolist()
+        ctx = list(zip([0, *ends[:-1]], ends, strict=True))
+        queries = list(zip([0, *q_ends[:-1]], q_ends, strict=True))
         masks: list[torch.Tensor | None] = []
-        for row, p, n in zip(rows, fb.prefix_lens, fb.extend_lens, strict=True):
-            slot_list.append(torch.from_numpy(host[row, : p + n].astype(np.int64)).to(self.device))
-            if p == 0:
-                masks.append(None)
-            else:  # query i (absolute position p + i) sees keys 0 .. p + i
+        causal: list[bool] = []
+        for p, n in zip(fb.prefix_lens.tolist(), fb.extend_lens.tolist(), strict=True):
+            if p > 0 and n > 1:  # query i (position p + i) sees keys 0 .. p + i
                 q_pos = torch.arange(p, p + n, device=self.device)[:, None]
                 masks.append(torch.arange(p + n, device=self.device)[None, :] <= q_pos)
-        fb.attn = _ExtendMeta(slot_list, starts, masks)
+            else:
+                masks.append(None)
+            causal.append(p == 0 and n > 1)
+        fb.attn = _TorchMeta(torch.from_numpy(flat).to(self.device), ctx, queries, masks, causal)
+
+    def _gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(slots)
+        if len(self._buf_k) < n:  # grow-only: steady state allocates nothing
+            shape = (max(n, 2 * len(self._buf_k)), *self.pool.k[0].shape[1:])
+            self._buf_k = self.pool.k[0].new_empty(shape)
+            self._buf_v = self.pool.k[0].new_empty(shape)
+        k = torch.index_select(self.pool.k[layer], 0, slots, out=self._buf_k[:n])
+        v = torch.index_select(self.pool.v[layer], 0, slots, out=self._buf_v[:n])
+        return k, v
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch):
         """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
         self.pool.write(layer, fb.out_slots, k, v)
-        kp, vp = self.pool.k[layer], self.pool.v[layer]
-        meta = fb.attn
-        if isinstance(meta, _DecodeMeta):
-            keys = kp[meta.slots].transpose(1, 2)  # [B, Hkv, L, D]
-            vals = vp[meta.slots].transpose(1, 2)
-            out = F.scaled_dot_product_attention(
-                q[:, :, None, :], keys, vals, attn_mask=meta.mask, scale=self.scale, enable_gqa=True
-            )
-            return out.reshape(q.shape[0], -1)
+        meta: _TorchMeta = fb.attn
+        keys, vals = self._gather(layer, meta.slots)
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
-        for slots, start, mask, n in zip(meta.slots, meta.starts, meta.masks, fb.extend_lens, strict=True):
-            qi = q[start : start + n].transpose(0, 1)[None]  # [1, H, n, D]
-            ki = kp[slots].transpose(0, 1)[None]  # [1, Hkv, S, D]
-            vi = vp[slots].transpose(0, 1)[None]
+        per_request = zip(meta.ctx, meta.queries, meta.masks, meta.causal, strict=True)
+        for (c0, c1), (q0, q1), mask, causal in per_request:
+            qi = q[q0:q1].transpose(0, 1)[None]  # [1, H, n, D]
+            ki = keys[c0:c1].transpose(0, 1)[None]  # [1, Hkv, S, D]
+            vi = vals[c0:c1].transpose(0, 1)[None]
             oi = F.scaled_dot_product_attention(
-                qi, ki, vi, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True
+                qi, ki, vi, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
             )
-            out[start : start + n] = oi[0].transpose(0, 1).reshape(n, -1)
+            out[q0:q1] = oi[0].transpose(0, 1).reshape(q1 - q0, -1)
         return out
 
 

@@ -1,0 +1,697 @@
+"""Offline throughput: HF transformers ``generate`` (static batches) vs the radixserve Engine.
+
+One seeded workload, three systems, same model, same machine, one process:
+
+* ``hf``: ``AutoModelForCausalLM.generate``; requests in arrival order, grouped into static
+  batches of ``B``, left-padded with an attention mask, greedy, ``use_cache=True``,
+  ``eos_token_id=None`` (never stops early). A static batch runs until its longest request is
+  done (``max_new_tokens`` = the batch's largest output length): that is the baseline's real
+  cost. Only each request's own requested output tokens count as useful output; the raw number
+  of generated tokens is reported too. ``B`` is the best of ``--hf-batch-sizes`` (each is run
+  in full and the fastest is the baseline; every one is in the JSON).
+* ``ours_normal`` / ``ours_overlap``: ``Engine(..., disable_overlap=True/False)``; every
+  request submitted together to one ``generate`` call (continuous batching, radix cache,
+  chunked prefill, ``page_size`` 16).
+
+Workload: input lengths uniform in ``--input-range``, output lengths uniform in
+``--output-range``, a ``--shared-prefix-frac`` of the requests start with the same
+``--prefix-len``-token system prompt; random token ids (special ids 0..4 avoided),
+``ignore_eos``, temperature 0, so every request produces exactly its output length.
+
+Threads: every system runs with ``--threads`` torch intra-op threads (default 1). On the 2-vCPU
+dev machine a second thread gave no matmul speedup (64x512 @ 512x1536: 1.1 ms either way) and made
+wall times swing 2-7x whenever another process used a core (OpenMP stragglers); with one thread the
+runs are repeatable and the overlap loop's host thread has the other core to itself.
+
+Reported per system: wall time, output tok/s (useful), total tok/s (prompt + useful output),
+speedup vs HF, process CPU time / wall (under ~ the thread count means another process took
+CPU from this one), and for ours the engine's non-forward host time per step
+(``engine.loop.stats``: scheduling + prepare + processing) and its share of wall time.
+Correctness: a few requests are re-run through HF unpadded (batch 1) and their greedy token
+ids compared with ours. ``--profile`` adds a breakdown of where one normal-mode engine run
+spends its time (module timers over a whole run + a torch.profiler op table of decode steps).
+
+    .venv/bin/python benchmarks/offline.py [--quick] [--out DIR] [--profile]
+    radixserve bench offline [same flags]
+
+Writes DIR/offline.json and DIR/offline.png. Nothing is asserted about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+SPECIAL_IDS = 5  # ids 0..4 are the demo tokenizer's special tokens
+TARGET_SPEEDUP = 3.0  # the issue: ours >= 3x HF's output throughput; overlap never slower than normal
+
+FULL = dict(
+    model_size="small",
+    num_requests=64,
+    input_range=(64, 512),
+    output_range=(32, 256),
+    shared_prefix_frac=0.3,
+    prefix_len=256,
+    hf_batch_sizes=(16,),
+    max_running_requests=128,
+    check_requests=3,
+)
+# HF's B: a full sweep on the 2-core dev machine (1 thread, default workload, 2026-11-21) gave
+# B=8: 112.1, B=16: 112.4, B=32: 107.8 useful output tok/s (bigger B batches more rows per forward
+# but waits on a longer tail). Rerun with --hf-batch-sizes 8 16 32 to redo it.
+HF_B_NOTE = "B=16 chosen from a sweep (8: 112.1, 16: 112.4, 32: 107.8 useful out tok/s, 1 thread, 2026-11-21)"
+QUICK = dict(
+    model_size="tiny",
+    num_requests=12,
+    input_range=(16, 64),
+    output_range=(4, 24),
+    shared_prefix_frac=0.5,
+    prefix_len=32,
+    hf_batch_sizes=(4,),
+    max_running_requests=16,
+    check_requests=2,
+)
+
+
+# --------------------------------------------------------------------------- workload
+def build_workload(
+    num_requests: int,
+    input_range: tuple[int, int],
+    output_range: tuple[int, int],
+    shared_prefix_frac: float,
+    prefix_len: int,
+    vocab_size: int,
+    seed: int,
+) -> list[dict]:
+    """Seeded requests: ``input_ids`` (list[int]), ``output_len``, ``shared`` (starts with the prefix).
+
+    A shared request's prompt is the prefix plus random tokens up to its drawn length, at least
+    16 of them (so shared prompts are at least ``prefix_len + 16`` long).
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lo, hi = input_range
+    prefix = rng.integers(SPECIAL_IDS, vocab_size, prefix_len).tolist()
+    reqs = []
+    for _ in range(num_requests):
+        n_in = int(rng.integers(lo, hi + 1))
+        n_out = int(rng.integers(output_range[0], output_range[1] + 1))
+        shared = bool(prefix_len > 0 and rng.random() < shared_prefix_frac)
+        if shared:
+            tail = rng.integers(SPECIAL_IDS, vocab_size, max(16, n_in - prefix_len)).tolist()
+            ids = prefix + tail
+        else:
+            ids = rng.integers(SPECIAL_IDS, vocab_size, n_in).tolist()
+        reqs.append({"input_ids": ids, "output_len": n_out, "shared": shared})
+    return reqs
+
+
+def workload_summary(reqs: list[dict]) -> dict:
+    ins = [len(r["input_ids"]) for r in reqs]
+    outs = [r["output_len"] for r in reqs]
+    return {
+        "num_requests": len(reqs),
+        "shared_prefix_requests": sum(r["shared"] for r in reqs),
+        "prompt_tokens": sum(ins),
+        "output_tokens": sum(outs),
+        "input_len_mean": sum(ins) / len(ins),
+        "input_len_min_max": [min(ins), max(ins)],
+        "output_len_mean": sum(outs) / len(outs),
+        "output_len_min_max": [min(outs), max(outs)],
+    }
+
+
+# ------------------------------------------------------------------------------- timing
+class Meter:
+    """Wall time, process CPU time, load average and page faults around one system's timed run."""
+
+    def __enter__(self) -> Meter:
+        self.load_before = os.getloadavg()[0]
+        self.flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self.cpu0 = time.process_time()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall_s = time.perf_counter() - self.t0
+        self.cpu_s = time.process_time() - self.cpu0
+        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.flt0
+        self.load_after = os.getloadavg()[0]
+
+    def record(self) -> dict:
+        return {
+            "wall_s": self.wall_s,
+            "process_cpu_s": self.cpu_s,
+            "cpu_per_wall": self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0,
+            "loadavg_1m_before_after": [round(self.load_before, 2), round(self.load_after, 2)],
+            "minor_page_faults": self.faults,  # fresh large tensors fault their pages in
+        }
+
+
+def _rates(rec: dict, prompt_tokens: int, output_tokens: int) -> None:
+    w = rec["wall_s"]
+    rec["prompt_tokens"] = prompt_tokens
+    rec["output_tokens"] = output_tokens
+    rec["output_tok_s"] = output_tokens / w
+    rec["total_tok_s"] = (prompt_tokens + output_tokens) / w
+
+
+def _pct(xs: Sequence[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+# -------------------------------------------------------------------------------- HF
+def load_hf(model_path: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+    gen = model.generation_config
+    gen.eos_token_id = None  # never stop early: every row runs to the batch's max_new_tokens
+    gen.do_sample = False
+    gen.temperature, gen.top_p, gen.top_k = None, None, None
+    gen.use_cache = True
+    if gen.pad_token_id is None:
+        gen.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    return model
+
+
+def hf_generate(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """One static batch: left padding + attention mask; returns each row's generated ids."""
+    import torch
+
+    pad = int(model.generation_config.pad_token_id)
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens)
+    return out[:, width:].tolist()
+
+
+def run_hf(model, reqs: list[dict], batch_size: int) -> dict:
+    useful = raw = 0
+    outputs: list[list[int]] = []
+    with Meter() as m:
+        for s in range(0, len(reqs), batch_size):
+            chunk = reqs[s : s + batch_size]
+            gen = hf_generate(model, [r["input_ids"] for r in chunk], max(r["output_len"] for r in chunk))
+            for r, g in zip(chunk, gen, strict=True):
+                outputs.append(g[: r["output_len"]])
+                raw += len(g)
+                useful += min(len(g), r["output_len"])
+    rec = {"system": "hf", "batch_size": batch_size, **m.record()}
+    _rates(rec, sum(len(r["input_ids"]) for r in reqs), useful)
+    rec["raw_generated_tokens"] = raw
+    rec["raw_generated_tok_s"] = raw / rec["wall_s"]
+    rec["num_batches"] = -(-len(reqs) // batch_size)
+    rec["outputs_exact"] = all(len(o) == r["output_len"] for o, r in zip(outputs, reqs, strict=True))
+    return rec
+
+
+# ------------------------------------------------------------------------------- ours
+def engine_args(reqs: list[dict], max_running_requests: int, page_size: int = 16) -> dict:
+    need = sum(len(r["input_ids"]) + r["output_len"] + page_size for r in reqs)
+    return dict(
+        page_size=page_size,
+        max_total_tokens=need + 64 * page_size,  # everything fits: no retraction, no eviction
+        max_running_requests=max_running_requests,
+    )
+
+
+def _sampling(reqs: list[dict]):
+    from radixserve import SamplingParams
+
+    return [SamplingParams(max_new_tokens=r["output_len"], temperature=0.0, ignore_eos=True) for r in reqs]
+
+
+def warm_engine(engine, vocab_size: int) -> None:
+    """A short untimed generate (allocators, first-call paths); its tokens never recur."""
+    from radixserve import SamplingParams
+
+    ids = [[SPECIAL_IDS + (7 * i + j) % (vocab_size - SPECIAL_IDS) for j in range(24)] for i in range(2)]
+    engine.generate(input_ids=ids, sampling_params=SamplingParams(max_new_tokens=4, temperature=0.0))
+
+
+def run_ours(
+    model_path: Path, reqs: list[dict], overlap: bool, eargs: dict, vocab_size: int
+) -> tuple[dict, list]:
+    from radixserve import Engine
+
+    engine = Engine(str(model_path), disable_overlap=not overlap, **eargs)
+    try:
+        warm_engine(engine, vocab_size)
+        st = engine.loop.stats
+        steps0, host0, wait0, n0 = st.steps, st.host_s, st.wait_s, len(st.per_step_host_s)
+        sp = _sampling(reqs)
+        with Meter() as m:
+            outs = engine.generate(input_ids=[r["input_ids"] for r in reqs], sampling_params=sp)
+        steps, host, wait = st.steps - steps0, st.host_s - host0, st.wait_s - wait0
+        per_step = st.per_step_host_s[n0:]
+    finally:
+        engine.shutdown()
+    rec = {"system": "ours_overlap" if overlap else "ours_normal", **m.record()}
+    got = [len(o["token_ids"]) for o in outs]
+    _rates(rec, sum(len(r["input_ids"]) for r in reqs), sum(got))
+    rec.update(
+        completion_tokens=got,
+        outputs_exact=all(g == r["output_len"] for g, r in zip(got, reqs, strict=True)),
+        cached_prompt_tokens=sum(o["meta_info"]["cached_tokens"] for o in outs),
+        steps=steps,
+        host_s=host,
+        wait_s=wait,
+        host_ms_per_step=1e3 * host / max(1, steps),
+        host_ms_p50=1e3 * _pct(per_step, 50),
+        host_ms_p99=1e3 * _pct(per_step, 99),
+        host_frac_of_wall=host / rec["wall_s"],
+    )
+    del engine
+    gc.collect()
+    return rec, [o["token_ids"] for o in outs]
+
+
+# -------------------------------------------------------------------------- correctness
+def pick_check_requests(reqs: list[dict], k: int) -> list[int]:
+    """The shortest shared-prefix request (a radix-cache hit) and the shortest others, ``k`` in all."""
+    if k <= 0:
+        return []
+    order = sorted(range(len(reqs)), key=lambda i: len(reqs[i]["input_ids"]) + reqs[i]["output_len"])
+    picked = [next((i for i in order if reqs[i]["shared"] and i > 0), None)]
+    picked = [i for i in picked if i is not None]
+    picked += [i for i in order if i not in picked][: k - len(picked)]
+    return sorted(picked)
+
+
+def check_against_hf(model, reqs: list[dict], idx: list[int], ours: dict[str, list]) -> list[dict]:
+    rows = []
+    for i in idx:
+        ref = hf_generate(model, [reqs[i]["input_ids"]], reqs[i]["output_len"])[0]
+        row: dict[str, Any] = {"request": i, "prompt_len": len(reqs[i]["input_ids"]), "output_len": len(ref)}
+        row["shared_prefix"] = reqs[i]["shared"]
+        for name, outs in ours.items():
+            got = outs[i]
+            first = next((j for j, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), None)
+            if first is None and len(got) != len(ref):
+                first = min(len(got), len(ref))
+            row[f"{name}_equal"] = first is None
+            row[f"{name}_first_mismatch"] = first
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- profile
+def profile_engine(
+    model_path: Path, reqs: list[dict], eargs: dict, vocab_size: int, op_steps: int = 4
+) -> dict:
+    """Where a normal-mode engine run spends its time.
+
+    Module timers (instance-level wrappers on the loaded model, no engine code touched) over a
+    whole run, split by step kind (prefill/extend vs decode); then a torch.profiler op table over
+    ``op_steps`` decode steps of a fresh run at full batch. Timers add a little overhead.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from radixserve import Engine
+    from radixserve.scheduler.policy.req import Req
+
+    timers: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    mode = ["?"]
+
+    def wrap(obj: Any, attr: str, key: str) -> None:
+        orig: Callable = getattr(obj, attr)
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return orig(*a, **kw)
+            finally:
+                timers[mode[0]][key] += time.perf_counter() - t
+
+        object.__setattr__(obj, attr, timed)
+
+    engine = Engine(str(model_path), disable_overlap=True, **eargs)
+    try:
+        warm_engine(engine, vocab_size)
+        runner = engine.runner
+        orig_forward = runner.forward
+
+        def forward(fb: Any) -> Any:
+            mode[0] = fb.mode.name.lower()
+            timers[mode[0]]["steps"] += 1
+            timers[mode[0]]["tokens"] += float(fb.extend_lens.sum())
+            timers[mode[0]]["requests"] += fb.batch_size
+            t = time.perf_counter()
+            try:
+                return orig_forward(fb)
+            finally:
+                timers[mode[0]]["forward_total"] += time.perf_counter() - t
+
+        runner.forward = forward  # type: ignore[method-assign]
+        wrap(runner.backend, "forward", "attention (kv write + gather + sdpa)")
+        for layer in runner.model.model.layers:
+            for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                wrap(getattr(layer.self_attn, p), "forward", "qkv/o projections")
+            wrap(layer.mlp, "forward", "mlp")
+            wrap(layer.input_layernorm, "forward", "rmsnorm")
+            wrap(layer.post_attention_layernorm, "forward", "rmsnorm")
+        wrap(runner.model.model.rotary, "cos_sin", "rope cos/sin")
+        wrap(runner.sampler, "__call__", "sampler")
+        st = engine.loop.stats
+        s0, h0 = st.steps, st.host_s
+        t0 = time.perf_counter()
+        engine.generate(input_ids=[r["input_ids"] for r in reqs], sampling_params=_sampling(reqs))
+        wall = time.perf_counter() - t0
+        host = st.host_s - h0
+        steps = st.steps - s0
+    finally:
+        engine.shutdown()
+    breakdown: dict[str, Any] = {"wall_s": wall, "steps": steps, "host_s": host}
+    for m, t in timers.items():
+        fwd = t.get("forward_total", 0.0)
+        parts = {k: v for k, v in t.items() if k not in ("steps", "tokens", "requests", "forward_total")}
+        parts["other (embed, rope apply, residual adds, lm_head, futures)"] = fwd - sum(parts.values())
+        breakdown[m] = {
+            "steps": int(t["steps"]),
+            "tokens": int(t["tokens"]),
+            "mean_batch_requests": t["requests"] / max(1, t["steps"]),
+            "forward_s": fwd,
+            "forward_ms_per_step": 1e3 * fwd / max(1, t["steps"]),
+            "parts_s": {k: round(v, 4) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
+            "parts_frac_of_forward": {k: round(v / fwd, 4) for k, v in parts.items() if fwd > 0},
+        }
+    del engine
+    gc.collect()
+
+    # Op-level table for decode steps at full batch (all requests running).
+    engine = Engine(str(model_path), disable_overlap=True, **eargs)
+    from radixserve import SamplingParams
+
+    try:
+        sched = engine.scheduler
+        for i, r in enumerate(reqs):
+            sp = SamplingParams(
+                max_new_tokens=r["output_len"] + op_steps + 8, temperature=0.0, ignore_eos=True
+            )
+            sched.add(Req(f"p{i}", list(r["input_ids"]), sp))
+        batch = None
+        while batch is None or batch.mode.name != "DECODE":
+            batch = sched.schedule()
+            assert batch is not None
+            sched.process(batch, engine.runner.forward(engine.runner.prepare(batch)).tolist())
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(op_steps):
+                batch = sched.schedule()
+                assert batch is not None
+                sched.process(batch, engine.runner.forward(engine.runner.prepare(batch)).tolist())
+        ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        total = sum(e.self_cpu_time_total for e in ops) or 1
+        breakdown["decode_ops"] = {
+            "steps": op_steps,
+            "batch_requests": batch.size,
+            "max_context": int((batch.prefix_lens + batch.extend_lens).max()),
+            "top_ops_self_ms_per_step": {
+                e.key: round(e.self_cpu_time_total / 1e3 / op_steps, 2) for e in ops[:12]
+            },
+            "top_ops_frac": {e.key: round(e.self_cpu_time_total / total, 4) for e in ops[:12]},
+        }
+    finally:
+        engine.shutdown()
+    del engine
+    gc.collect()
+    return breakdown
+
+
+# ---------------------------------------------------------------------------- reporting
+def machine_info() -> dict:
+    import numpy as np
+    import torch
+    import transformers
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": np.__version__,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def format_table(results: dict) -> str:
+    hf = results["hf"]
+    head = (
+        f"{'system':13} {'wall_s':>7} {'out_tok/s':>9} {'tot_tok/s':>9} {'vs_hf':>6} {'steps':>6}"
+        f" {'host_ms/st':>10} {'p50':>6} {'p99':>6} {'host%':>6} {'cpu/wall':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for name in ("hf", "ours_normal", "ours_overlap"):
+        r = results[name]
+        ratio = r["output_tok_s"] / hf["output_tok_s"]
+        if name == "hf":
+            extra = f" {'':>6} {'':>10} {'':>6} {'':>6} {'':>6}"
+        else:
+            extra = (
+                f" {r['steps']:>6} {r['host_ms_per_step']:>10.2f} {r['host_ms_p50']:>6.2f}"
+                f" {r['host_ms_p99']:>6.2f} {100 * r['host_frac_of_wall']:>5.1f}%"
+            )
+        lines.append(
+            f"{name:13} {r['wall_s']:>7.1f} {r['output_tok_s']:>9.1f} {r['total_tok_s']:>9.1f}"
+            f" {ratio:>5.2f}x{extra} {r['cpu_per_wall']:>8.2f}"
+        )
+    lines.append(
+        f"hf: B={hf['batch_size']}, raw generated {hf['raw_generated_tokens']} tokens"
+        f" ({hf['raw_generated_tok_s']:.1f} tok/s) for {hf['output_tokens']} useful"
+    )
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["hf", "ours_normal", "ours_overlap"]
+    labels = [f"HF generate\n(static B={results['hf']['batch_size']})", "ours\nnormal", "ours\noverlap"]
+    tps = [results[n]["output_tok_s"] for n in names]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [3, 2]})
+    bars = ax.bar(labels, tps, color=["#999999", "#4c72b0", "#55a868"])
+    for b, n, v in zip(bars, names, tps, strict=True):
+        txt = f"{v:.0f} tok/s"
+        if n != "hf":
+            txt += f"\n{v / tps[0]:.2f}x HF"
+        if n == "ours_overlap":
+            txt += f"\n{v / tps[1]:.2f}x normal"
+        ax.annotate(txt, (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=9)
+    ax.axhline(TARGET_SPEEDUP * tps[0], ls="--", color="#c44e52", lw=1)
+    ax.text(-0.4, TARGET_SPEEDUP * tps[0], f" target {TARGET_SPEEDUP:.0f}x HF", va="bottom", color="#c44e52")
+    ax.set_ylim(0, max(max(tps), TARGET_SPEEDUP * tps[0]) * 1.3)
+    ax.set_ylabel("useful output tokens / s")
+    ax.set_title("Offline throughput (same model, same CPU)")
+
+    ours = names[1:]
+    x = range(len(ours))
+    width = 0.25
+    for k, (key, lab) in enumerate(
+        (("host_ms_per_step", "mean"), ("host_ms_p50", "p50"), ("host_ms_p99", "p99"))
+    ):
+        vals = [results[n][key] for n in ours]
+        ax2.bar([i + (k - 1) * width for i in x], vals, width, label=lab)
+    for i, n in enumerate(ours):
+        ax2.annotate(
+            f"{100 * results[n]['host_frac_of_wall']:.1f}% of wall",
+            (i, results[n]["host_ms_p99"]),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax2.set_xticks(list(x), ["normal", "overlap"])
+    ax2.set_ylabel("ms per engine step")
+    ax2.set_title("Engine non-forward host time per step")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def verdict(results: dict) -> dict:
+    hf = results["hf"]["output_tok_s"]
+    normal, overlap = results["ours_normal"]["output_tok_s"], results["ours_overlap"]["output_tok_s"]
+    best = max(normal, overlap)
+    return {
+        "speedup_normal_vs_hf": normal / hf,
+        "speedup_overlap_vs_hf": overlap / hf,
+        "overlap_vs_normal": overlap / normal,
+        f"ours_ge_{TARGET_SPEEDUP:g}x_hf": best >= TARGET_SPEEDUP * hf,
+        "overlap_not_slower_than_normal": overlap >= normal,
+    }
+
+
+# --------------------------------------------------------------------------------- main
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, default=None, help="HF model folder (default: build the demo model)")
+    p.add_argument("--num-requests", type=int, default=None, help=f"default {FULL['num_requests']}")
+    p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
+    p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
+    p.add_argument("--shared-prefix-frac", type=float, default=None)
+    p.add_argument("--prefix-len", type=int, default=None, help="shared system-prompt length")
+    p.add_argument("--hf-batch-sizes", type=int, nargs="+", default=None, help="each is run; the best is HF")
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--check-requests", type=int, default=None, help="requests compared with HF batch-1")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads for every system (default 1)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny model, few short requests (< 60 s)")
+    p.add_argument("--profile", action="store_true", help="also profile a normal-mode engine run")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    base = QUICK if args.quick else FULL
+    for k, v in base.items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    t_start = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    tmp = None
+    model_path = args.model
+    if model_path is None:
+        from radixserve.common.demo_model import make_demo_model
+
+        tmp = tempfile.TemporaryDirectory(prefix="radixserve-bench-")
+        model_path = make_demo_model(Path(tmp.name) / "model", arch="llama", size=args.model_size, seed=0)
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+        vocab = int(cfg["vocab_size"])
+        reqs = build_workload(
+            args.num_requests,
+            tuple(args.input_range),
+            tuple(args.output_range),
+            args.shared_prefix_frac,
+            args.prefix_len,
+            vocab,
+            args.seed,
+        )
+        eargs = engine_args(reqs, args.max_running_requests)
+        config = {
+            "model": str(args.model) if args.model else f"demo llama/{args.model_size} (built in a temp dir)",
+            "model_params": None,
+            "quick": args.quick,
+            "seed": args.seed,
+            "torch_threads": args.threads,
+            "input_range": list(args.input_range),
+            "output_range": list(args.output_range),
+            "shared_prefix_frac": args.shared_prefix_frac,
+            "prefix_len": args.prefix_len,
+            "hf_batch_sizes_tried": list(args.hf_batch_sizes),
+            "hf_batch_size_note": HF_B_NOTE,
+            "engine_args": eargs,
+            "sampling": "greedy (temperature 0), ignore_eos, max_new_tokens = output length",
+            "workload": workload_summary(reqs),
+        }
+        print(f"workload: {json.dumps(config['workload'])}", flush=True)
+
+        model = load_hf(Path(model_path))
+        config["model_params"] = sum(p.numel() for p in model.parameters())
+        config["hf_attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+        hf_generate(model, [reqs[0]["input_ids"][:16]], 4)  # warm-up (untimed)
+        sweep = []
+        for b in args.hf_batch_sizes:
+            rec = run_hf(model, reqs, b)
+            sweep.append(rec)
+            print(f"hf B={b}: {rec['wall_s']:.1f}s, {rec['output_tok_s']:.1f} useful out tok/s", flush=True)
+        hf = max(sweep, key=lambda r: r["output_tok_s"])
+
+        results: dict[str, Any] = {"hf": hf}
+        ours_tokens: dict[str, list] = {}
+        for overlap in (False, True):
+            rec, toks = run_ours(Path(model_path), reqs, overlap, eargs, vocab)
+            results[rec["system"]] = rec
+            ours_tokens[rec["system"]] = toks
+            print(f"{rec['system']}: {rec['wall_s']:.1f}s, {rec['output_tok_s']:.1f} out tok/s", flush=True)
+        for r in results.values():
+            r["speedup_vs_hf"] = r["output_tok_s"] / hf["output_tok_s"]
+
+        idx = pick_check_requests(reqs, args.check_requests)
+        check = check_against_hf(model, reqs, idx, ours_tokens)
+        del model
+        gc.collect()
+
+        report: dict[str, Any] = {
+            "benchmark": "offline throughput: HF generate (static batches) vs radixserve Engine",
+            "config": config,
+            "machine": machine_info(),
+            "results": results,
+            "hf_batch_size_sweep": [
+                {
+                    k: r[k]
+                    for k in ("batch_size", "wall_s", "output_tok_s", "total_tok_s", "raw_generated_tokens")
+                }
+                for r in sweep
+            ],
+            "verdict": verdict(results),
+            "correctness_vs_hf_batch1": {
+                "requests": check,
+                "all_equal": all(v for row in check for k, v in row.items() if k.endswith("_equal")),
+            },
+        }
+        if args.profile:
+            print("profiling a normal-mode engine run ...", flush=True)
+            report["profile_normal_mode"] = profile_engine(Path(model_path), reqs, eargs, vocab)
+        report["machine"]["torch_threads"] = torch.get_num_threads()
+        report["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        report["benchmark_wall_s"] = time.perf_counter() - t_start
+        return report
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "offline.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot(report["results"], args.out / "offline.png")
+    print(format_table(report["results"]))
+    print("verdict:", json.dumps(report["verdict"]))
+    print("correctness vs HF batch-1:", json.dumps(report["correctness_vs_hf_batch1"]))
+    print(f"wrote {args.out / 'offline.json'} and {args.out / 'offline.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

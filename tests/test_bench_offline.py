@@ -1,0 +1,61 @@
+"""The offline throughput benchmark runs (quick mode, through the CLI) and reports what it claims.
+
+No timing is asserted: speed goals live in the benchmark's own output (benchmarks/results/offline.json).
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from radixserve.cli import build_parser, main
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "offline.py"
+
+
+@pytest.fixture(scope="module")
+def offline():
+    spec = importlib.util.spec_from_file_location("bench_offline", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_workload_is_seeded_avoids_special_ids_and_shares_the_prefix(offline):
+    a = offline.build_workload(40, (64, 128), (8, 16), 0.5, 32, 2048, seed=3)
+    b = offline.build_workload(40, (64, 128), (8, 16), 0.5, 32, 2048, seed=3)
+    assert a == b
+    assert all(min(r["input_ids"]) >= offline.SPECIAL_IDS for r in a)
+    assert all(8 <= r["output_len"] <= 16 and 64 <= len(r["input_ids"]) <= 128 for r in a)
+    shared = [r["input_ids"][:32] for r in a if r["shared"]]
+    assert 0 < len(shared) < 40 and all(s == shared[0] for s in shared)
+
+
+def test_cli_parses_bench_offline_flags():
+    args = build_parser().parse_args(
+        ["bench", "offline", "--quick", "--input-range", "8", "16", "--hf-batch-sizes", "2", "4"]
+    )
+    assert args.quick and args.input_range == [8, 16] and args.hf_batch_sizes == [2, 4]
+    assert args.func.__name__ == "_cmd_bench_offline"
+
+
+def test_quick_run_reports_three_systems_with_exact_token_counts(tmp_path):
+    assert main(["bench", "offline", "--quick", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "offline.png").stat().st_size > 0
+    data = json.loads((tmp_path / "offline.json").read_text())
+    results = data["results"]
+    assert set(results) == {"hf", "ours_normal", "ours_overlap"}
+    wl = data["config"]["workload"]
+    for name in ("ours_normal", "ours_overlap"):
+        r = results[name]
+        assert r["outputs_exact"]
+        assert r["output_tokens"] == wl["output_tokens"]
+        assert len(r["completion_tokens"]) == wl["num_requests"]
+        assert r["steps"] > 0 and r["host_s"] >= 0
+    assert results["hf"]["output_tokens"] == wl["output_tokens"]
+    assert results["hf"]["raw_generated_tokens"] >= wl["output_tokens"]
+    assert {"cpu_count", "torch_threads", "python", "torch", "date"} <= set(data["machine"])
+    assert data["correctness_vs_hf_batch1"]["requests"]
