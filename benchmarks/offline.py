@@ -40,11 +40,9 @@ Writes DIR/offline.json and DIR/offline.png. Nothing is asserted about speed.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import json
 import os
-import platform
 import resource
 import sys
 import tempfile
@@ -53,6 +51,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts here share benchmarks/_machine.py
+from _machine import machine_info
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 SPECIAL_IDS = 5  # ids 0..4 are the demo tokenizer's special tokens
@@ -439,31 +440,6 @@ def profile_engine(
 
 
 # ---------------------------------------------------------------------------- reporting
-def machine_info() -> dict:
-    import numpy as np
-    import torch
-    import transformers
-
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "numpy": np.__version__,
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
 def format_table(results: dict) -> str:
     hf = results["hf"]
     head = (

@@ -30,12 +30,9 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime as dt
 import gc
 import io
 import json
-import os
-import platform
 import pstats
 import statistics
 import sys
@@ -52,6 +49,10 @@ from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.policy.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.policy.req import Req
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts here share benchmarks/_machine.py
+from _machine import machine_info
+
+TIMER_NOTE = "time.process_time_ns per call (CPU time); wall_* columns: time.perf_counter_ns"
 TARGET_US = 1000.0  # the target: under 1 ms per step at 256 running requests
 TARGET_N = 256
 VOCAB = 32000
@@ -295,27 +296,6 @@ def run_benchmark(
     return rows
 
 
-def machine_info() -> dict:
-    import torch
-
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "timer": "time.process_time_ns per call (CPU time); wall_* columns: time.perf_counter_ns",
-    }
-
-
 def format_table(rows: list[dict]) -> str:
     head = (
         f"{'kind':8} {'op':9} {'ps':>3} {'policy':10} {'N':>5} {'median_us':>10} {'p90_us':>9}"
@@ -461,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {
         "benchmark": "scheduler_overhead",
-        "machine": machine_info(),
+        "machine": machine_info(timer=TIMER_NOTE),
         "settings": {
             **kw,
             "quick": args.quick,
