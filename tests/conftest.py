@@ -25,16 +25,27 @@ class KVEchoRunner:
     def __init__(self, scheduler: BatchScheduler) -> None:
         self.s = scheduler
         self.kv = np.full(scheduler.kv.allocator.pool_slots, -1, dtype=np.int64)
+        self.futures: dict[int, int] = {}  # FutureMap: placeholder id -> sampled token
+
+    def resolve(self, ids: np.ndarray) -> np.ndarray:
+        """Placeholders (-1 - future id) become the tokens an earlier forward sampled."""
+        ids = np.asarray(ids, dtype=np.int64).copy()
+        for i in np.flatnonzero(ids < 0):
+            ids[i] = self.futures[int(-1 - ids[i])]
+        return ids
 
     def forward(self, batch: ScheduleBatch) -> list[int]:
-        self.kv[batch.out_slots] = batch.input_ids
+        self.kv[batch.out_slots] = self.resolve(batch.input_ids)
         out = []
-        for req, p, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True):
+        for i, (req, p, n) in enumerate(zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True)):
             end = int(p + n)
             row = self.s.kv.req_to_token.host[req.req_pool_idx, :end]
-            expect = req.fill_ids()[:end]
+            expect = self.resolve(req.fill_ids()[:end])
             np.testing.assert_array_equal(self.kv[row], expect, err_msg=f"KV of {req.rid} is corrupt")
-            out.append(next_token(expect))
+            tok = next_token(expect)
+            if batch.future_ids[i] >= 0:
+                self.futures[int(batch.future_ids[i])] = tok
+            out.append(tok)
         return out
 
 

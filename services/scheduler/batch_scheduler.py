@@ -134,8 +134,8 @@ class BatchScheduler:
         live = {id(r): r for r in self.waiting + self.running}
         if self.chunked is not None:
             live[id(self.chunked)] = self.chunked
-        for b in self.in_flight:
-            live.update((id(r), r) for r in b.reqs if not r.finished)
+        for b in self.in_flight:  # includes requests aborted in flight: they hold KV until process()
+            live.update((id(r), r) for r in b.reqs if not r.finished or r.req_pool_idx is not None)
         return list(live.values())
 
     # --------------------------------------------------------------- schedule

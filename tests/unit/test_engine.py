@@ -249,3 +249,54 @@ def test_overlap_launches_each_batch_before_reading_the_previous_ones_tokens(lla
     # With overlap, decode batches feed tokens the previous batch has not returned yet (FutureMap
     # placeholders, resolved on the device); without it, every input is known on the host.
     assert any(fed_placeholders) == overlap
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_randomised_load_loses_nothing_and_returns_the_pool_full(llama_dir, overlap, seed):
+    """Mixed sampling, stop strings and stop ids, shared prefixes and a pool small enough to
+    retract: every request ends with a reason, within its limits, and nothing leaks."""
+    rng = np.random.default_rng(seed)
+    with Engine(
+        llama_dir,
+        max_total_tokens=256,
+        page_size=4,
+        chunked_prefill_size=16,
+        max_running_requests=6,
+        disable_overlap=not overlap,
+        init_new_token_ratio=0.0,
+        schedule_policy=["lpm", "fcfs", "dfs-weight"][seed % 3],
+        fairness_timeout=0.05,
+    ) as engine:
+        vocab = engine.model_config.vocab_size
+        shared = rng.integers(5, vocab, 40).tolist()
+        for _ in range(3):
+            n = int(rng.integers(4, 12))
+            ids, params = [], []
+            for _ in range(n):
+                tail = rng.integers(5, vocab, int(rng.integers(1, 60))).tolist()
+                ids.append(shared[: int(rng.integers(0, 41))] + tail)
+                params.append(
+                    SamplingParams(
+                        max_new_tokens=int(rng.integers(1, 40)),
+                        temperature=float(rng.choice([0.0, 0.7, 1.2])),
+                        top_k=int(rng.choice([-1, 20])),
+                        top_p=float(rng.choice([1.0, 0.9])),
+                        seed=int(rng.integers(0, 100)) if rng.random() < 0.5 else None,
+                        stop_token_ids=(int(rng.integers(5, vocab)),) if rng.random() < 0.3 else (),
+                        stop=("e",) if rng.random() < 0.2 else (),
+                        ignore_eos=bool(rng.random() < 0.5),
+                    )
+                )
+            outs = engine.generate(input_ids=ids, sampling_params=params)
+            assert len(outs) == n
+            for out, sp in zip(outs, params, strict=True):
+                assert out["finish_reason"] in ("stop", "length")
+                assert 1 <= len(out["token_ids"]) <= sp.max_new_tokens
+                if out["finish_reason"] == "length":
+                    assert len(out["token_ids"]) == sp.max_new_tokens
+                assert all(0 <= t < vocab for t in out["token_ids"])
+            kv = engine.scheduler.kv
+            assert engine.scheduler.idle and not engine.loop.in_flight
+            kv.check([])
+            assert kv.available() == kv.capacity

@@ -31,8 +31,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         no_cache=st.booleans(),
         fairness=st.sampled_from([None, 0.0, 3.0]),
         ratio=st.sampled_from([0.0, 0.3, 0.7]),
+        overlap=st.booleans(),
     )
-    def setup(self, page, pages, policy, chunk, no_cache, fairness, ratio):
+    def setup(self, page, pages, policy, chunk, no_cache, fairness, ratio, overlap):
         chunk = None if chunk is None else max(chunk, page)
         mem = MemoryConfig(
             max_total_tokens=pages * page,
@@ -55,6 +56,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         self.s = BatchScheduler(cfg, clock=lambda: self.t)
         self.runner = runner_for(self.s)
+        # overlap: schedule (and run) batch N+1 before processing batch N, as the overlap loop does
+        self.overlap = overlap
+        self.pending: list = []
         self.n = 0
         self.expected: dict[str, list[int]] = {}
         self.done: dict[str, Req] = {}
@@ -78,12 +82,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         for _ in range(k):
             self.t += 1.0
             batch = self.s.schedule()
-            if batch is None:
-                assert self.s.idle
+            if batch is not None:
+                self.s.kv.check(self.s.live_requests())
+                self.pending.append((batch, self.runner.forward(batch)))
+            if batch is None and not self.pending:
+                assert self.s.idle  # nothing scheduled and nothing in flight: no work may be left
                 return
-            self.s.kv.check(self.s.live_requests())
-            for r in self.s.process(batch, self.runner.forward(batch)):
-                self.done[r.rid] = r
+            keep = 1 if self.overlap and batch is not None else 0
+            while len(self.pending) > keep:
+                done_batch, tokens = self.pending.pop(0)
+                for r in self.s.process(done_batch, tokens):
+                    self.done[r.rid] = r
 
     @precondition(lambda self: self.n > 0)
     @rule(i=st.integers(0, 1000))
@@ -101,6 +110,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def teardown(self):
         if not hasattr(self, "s"):
             return
+        for batch, tokens in self.pending:
+            for r in self.s.process(batch, tokens):
+                self.done[r.rid] = r
         for r in run_to_completion(self.s):
             self.done[r.rid] = r
         for rid, out in self.expected.items():
