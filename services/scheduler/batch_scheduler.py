@@ -67,6 +67,13 @@ class BatchScheduler:
     # ----------------------------------------------------------------- intake
     def add(self, req: Req) -> None:
         """Queue a request; raises ValueError for one that can never run, QueueFullError when full."""
+        self.check_admissible(req)
+        if len(self.waiting) >= self.config.max_waiting_requests:
+            raise QueueFullError(f"waiting queue is full ({len(self.waiting)} requests)")
+        self._enqueue(req)
+
+    def check_admissible(self, req: Req) -> None:
+        """Raise ValueError if ``req`` can never run here (it is not queued)."""
         mem = self.config.memory
         req.sampling.validate()
         if req.prompt_len == 0:
@@ -82,9 +89,6 @@ class BatchScheduler:
                 f"prompt ({req.prompt_len} tokens) + max_new_tokens ({req.sampling.max_new_tokens}) "
                 f"exceeds the KV capacity {self.kv.capacity}"
             )
-        if len(self.waiting) >= self.config.max_waiting_requests:
-            raise QueueFullError(f"waiting queue is full ({len(self.waiting)} requests)")
-        self._enqueue(req)
 
     def _enqueue(self, req: Req) -> None:
         if not self.waiting or self.waiting[-1].arrival_time <= req.arrival_time:
@@ -100,8 +104,9 @@ class BatchScheduler:
         batch's results: the forward may still be writing those slots.
         """
         for batch in self.in_flight:
-            for r in batch.reqs:
-                if r.rid == rid and not r.finished:
+            for r, epoch in zip(batch.reqs, batch.epochs.tolist(), strict=True):
+                # (a request retracted since that batch lives in the waiting queue: handled below)
+                if r.rid == rid and not r.finished and r.retractions == epoch:
                     r.finish_reason = reason
                     r.drop_pending()
                     if r in self.running:
@@ -210,15 +215,21 @@ class BatchScheduler:
         return [r for r in self.running if len(r.output_ids) < r.sampling.max_new_tokens]
 
     def _schedule_decode(self) -> ScheduleBatch | None:
-        if not self._decode_candidates():
+        if not self._decode_candidates() or not self._retract_until_fits():
             return None
-        self._retract_until_fits()
-        reqs = self._decode_candidates()
+        reqs = self._decode_candidates()  # retraction may have taken the last one
+        if not reqs:
+            return None
         self.new_token_ratio = max(self.config.min_new_token_ratio, self.new_token_ratio - self._ratio_decay)
         slots = self.kv.alloc_decode(reqs)
         return ScheduleBatch.decode(reqs, slots)
 
-    def _retract_until_fits(self) -> None:
+    def _retract_until_fits(self) -> bool:
+        """Retract until every decode candidate's next token fits; False when it cannot fit yet.
+
+        It cannot fit yet only while a batch in flight still holds KV that its ``process`` will
+        free (a request aborted or finished in it): the caller then runs no decode this step.
+        """
         timeout = self.config.fairness_timeout if self.config.fairness_timeout is not None else float("inf")
         retracted = False
         while not self._decode_fits():
@@ -231,12 +242,15 @@ class BatchScheduler:
                 self.running.remove(victim)
             elif self.chunked is not None:
                 victim, self.chunked = self.chunked, None
+            elif self.in_flight:
+                return False
             else:
                 raise AssertionError("a lone request cannot grow: add() admits only requests that fit alone")
             self._retract(victim)
             retracted = True
         if retracted:
             self.new_token_ratio = min(1.0, self.new_token_ratio + self.config.retract_ratio_step)
+        return True
 
     def _retract(self, req: Req) -> None:
         """Back to the waiting queue; its written KV stays in the cache (evictable).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import numpy as np
 import pytest
@@ -300,3 +301,63 @@ def test_randomised_load_loses_nothing_and_returns_the_pool_full(llama_dir, over
             assert engine.scheduler.idle and not engine.loop.in_flight
             kv.check([])
             assert kv.available() == kv.capacity
+
+
+def _both_loops(path, ids, params, **kw):
+    results = []
+    for overlap in (False, True):
+        with Engine(path, disable_overlap=not overlap, **kw) as engine:
+            outs = engine.generate(input_ids=ids, sampling_params=params)
+            assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
+            results.append([(o["finish_reason"], o["token_ids"]) for o in outs])
+    return results
+
+
+def test_a_request_that_stops_in_flight_does_not_wedge_a_full_pool(llama_dir):
+    # Regression: in overlap mode the stopped request keeps its KV until its batch is processed;
+    # the lone other request could not grow and scheduling raised.
+    rng = random.Random(1)
+    a = [rng.randrange(5, 2000) for _ in range(10)]
+    x = [rng.randrange(5, 2000) for _ in range(10)]
+    sp = [
+        SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True),
+        SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True, stop=("de",)),
+    ]
+    normal, overlap = _both_loops(
+        llama_dir, [a, x], sp, max_total_tokens=26, max_running_requests=4, init_new_token_ratio=0.0
+    )
+    assert normal == overlap
+    assert [r for r, _ in normal] == ["length", "stop"]
+
+
+def test_retraction_that_takes_the_last_decode_candidate_builds_no_empty_batch(llama_dir):
+    # Regression: overlap mode built a decode batch of size 0 after retracting the only candidate.
+    sp = [
+        SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True),
+        SamplingParams(max_new_tokens=14, temperature=0, ignore_eos=True),
+    ]
+    normal, overlap = _both_loops(
+        llama_dir,
+        [list(range(100, 110)), list(range(200, 212))],
+        sp,
+        max_total_tokens=26,
+        init_new_token_ratio=0.0,
+    )
+    assert normal == overlap
+    assert [len(t) for _, t in normal] == [3, 14]
+
+
+def test_a_rejected_generate_call_leaves_nothing_queued(llama_dir):
+    with Engine(llama_dir, max_total_tokens=64) as engine:
+        with pytest.raises(ValueError, match="KV capacity"):
+            engine.generate(input_ids=[[5, 6, 7], [9] * 70], sampling_params=SamplingParams(max_new_tokens=8))
+        assert engine.scheduler.idle
+        out = engine.generate(input_ids=[5, 6, 7], sampling_params=SamplingParams(max_new_tokens=2))
+        assert engine.scheduler.idle and len(out["token_ids"]) <= 2
+
+
+def test_overlap_is_the_default_on_cuda_only(llama_dir):
+    with Engine(llama_dir, max_total_tokens=256, device="cpu") as engine:
+        assert engine.loop.overlap is False  # measured slower on CPU for small forwards
+    with Engine(llama_dir, max_total_tokens=256, device="cpu", disable_overlap=False) as engine:
+        assert engine.loop.overlap is True

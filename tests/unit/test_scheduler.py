@@ -402,3 +402,30 @@ def test_abort_of_a_request_in_flight_is_not_lost_and_frees_its_kv_after_the_ste
     s.kv.check(s.live_requests())
     assert [x.rid for x in run_to_completion(s)] == ["b"]
     assert s.kv.available() == s.kv.capacity
+
+
+def test_abort_of_a_request_retracted_while_its_old_batch_is_in_flight_removes_it():
+    # Overlap order: schedule N+1 before processing N. A request retracted at N+1's schedule
+    # still appears in batch N; aborting it must take it out of the waiting queue.
+    s = sched(total=26, ctx=64, rows=4, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
+    runner = runner_for(s)
+    s.add(make_req("a", list(range(10, 20)), max_new=14, t=0.0))
+    s.add(make_req("b", list(range(30, 42)), max_new=14, t=1.0))
+    in_flight = []
+    victim = None
+    for _ in range(12):
+        batch = s.schedule()
+        in_flight.append((batch, runner.forward(batch)))
+        victim = next((r for r in s.waiting if any(r in b.reqs for b, _ in in_flight[:-1])), None)
+        if victim is not None:
+            break
+        while len(in_flight) > 1:
+            s.process(*in_flight.pop(0))
+    assert victim is not None, "the scenario needs a retraction under overlap"
+    assert s.abort(victim.rid) is victim
+    assert victim.finished and victim not in s.waiting
+    for b, t in in_flight:
+        s.process(b, t)
+    done = run_to_completion(s)
+    assert {r.rid for r in done} == {"a", "b"} - {victim.rid}  # the other one still completes
+    assert s.kv.available() == s.kv.capacity

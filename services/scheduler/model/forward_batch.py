@@ -21,6 +21,7 @@ class ForwardBatch:
     extend_lens: np.ndarray  # [B] host
     future_out: torch.Tensor  # [B] int64: FutureMap entries the sampled tokens go to
     sampling: Any  # SamplingInfo for the batch
+    last_index: torch.Tensor | None = None  # [B] each request's last token in the batch (device)
     attn: Any = None  # backend metadata, built by AttentionBackend.prepare on the scheduler thread
     all_logits: bool = False  # return logits for every token (tests), not just each request's last
     extras: dict[str, Any] = field(default_factory=dict)

@@ -105,6 +105,8 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, cos, sin, fb, backend)
         if not fb.all_logits:
-            last = np.cumsum(fb.extend_lens) - 1
-            x = x[torch.from_numpy(last).to(x.device)]
+            last = fb.last_index
+            if last is None:  # built by ModelRunner.prepare; computed here only for direct callers
+                last = torch.from_numpy(np.cumsum(fb.extend_lens) - 1).to(x.device)
+            x = x[last]
         return F.linear(self.model.norm(x), self.output_weight()).float()

@@ -91,6 +91,8 @@ class ModelRunner:
                 [r.sampling for r in batch.reqs], np.maximum(batch.token_index, 0).tolist(), dev
             ),
         )
+        # Built here, not in forward: a host->device copy on the device stream would wait for it.
+        fb.last_index = torch.from_numpy(np.cumsum(batch.extend_lens) - 1).to(dev)
         self.backend.prepare(fb, rows)
         return fb
 
