@@ -168,21 +168,28 @@ class BatchScheduler:
         in order), and every request that completes a forward gets a placeholder output token, a
         FutureMap id, that the next batch may already feed. ``process`` fills in the real token.
         """
-        n = batch.size
-        batch.token_index = np.full(n, -1, dtype=np.int64)
-        batch.future_ids = np.full(n, -1, dtype=np.int64)
-        batch.epochs = np.fromiter((r.retractions for r in batch.reqs), dtype=np.int64, count=n)
-        for i, (req, extend) in enumerate(zip(batch.reqs, batch.extend_lens.tolist(), strict=True)):
-            req.kv_len += extend
-            if req.kv_len < req.seq_len:
-                continue  # a chunk: no token is sampled
-            fid = self._next_future
-            self._next_future += 1
-            batch.token_index[i] = len(req.output_ids)
-            batch.future_ids[i] = fid
-            req.append_output(placeholder(fid))
-            if batch.mode is ForwardMode.EXTEND:
+        # Per request, per step: plain lists and local names (this loop runs for every decode).
+        token_index, future_ids, epochs = [], [], []
+        fid = self._next_future
+        extend = batch.mode is ForwardMode.EXTEND
+        for req, n in zip(batch.reqs, batch.extend_lens.tolist(), strict=True):
+            epochs.append(req.retractions)
+            req.kv_len += n
+            out = req.output_ids
+            if req.kv_len < len(req.origin_ids) + len(out):  # a chunk: no token is sampled
+                token_index.append(-1)
+                future_ids.append(-1)
+                continue
+            token_index.append(len(out))
+            future_ids.append(fid)
+            out.append(placeholder(fid))  # Req.append_output, inlined
+            fid += 1
+            if extend:
                 self.running.append(req)
+        self._next_future = fid
+        batch.token_index = np.array(token_index, dtype=np.int64)
+        batch.future_ids = np.array(future_ids, dtype=np.int64)
+        batch.epochs = np.array(epochs, dtype=np.int64)
 
     def _schedule_prefill(self) -> ScheduleBatch | None:
         if not self.waiting and self.chunked is None:
@@ -215,11 +222,15 @@ class BatchScheduler:
         return [r for r in self.running if len(r.output_ids) < r.sampling.max_new_tokens]
 
     def _schedule_decode(self) -> ScheduleBatch | None:
-        if not self._decode_candidates() or not self._retract_until_fits():
-            return None
-        reqs = self._decode_candidates()  # retraction may have taken the last one
+        reqs = self._decode_candidates()
         if not reqs:
             return None
+        if not self._decode_fits(reqs):
+            if not self._retract_until_fits():
+                return None
+            reqs = self._decode_candidates()  # retraction may have taken the last one
+            if not reqs:
+                return None
         self.new_token_ratio = max(self.config.min_new_token_ratio, self.new_token_ratio - self._ratio_decay)
         slots = self.kv.alloc_decode(reqs)
         return ScheduleBatch.decode(reqs, slots)
@@ -306,9 +317,9 @@ class BatchScheduler:
             self._retract(victim)
         self.num_fairness_preemptions += 1
 
-    def _decode_fits(self) -> bool:
-        needed = self.kv.decode_pages_needed(self._decode_candidates())
-        return needed * self.kv.page_size <= self.kv.available()
+    def _decode_fits(self, reqs: Sequence[Req] | None = None) -> bool:
+        reqs = self._decode_candidates() if reqs is None else reqs
+        return self.kv.decode_pages_needed(reqs) * self.kv.page_size <= self.kv.available()
 
     # ---------------------------------------------------------------- results
     def process(self, batch: ScheduleBatch, next_token_ids: Sequence[int] | np.ndarray) -> list[Req]:
@@ -319,24 +330,30 @@ class BatchScheduler:
             raise ValueError(f"{len(tokens)} tokens for a batch of {batch.size}")
         finished = []
         extend = batch.mode is ForwardMode.EXTEND
-        for i, req in enumerate(batch.reqs):
-            if req.finished:  # aborted while in flight: its KV can go now
+        written = (batch.prefix_lens + batch.extend_lens).tolist()
+        eos = self.eos_token_ids
+        per_request = zip(
+            batch.reqs, tokens, batch.epochs.tolist(), batch.token_index.tolist(), written, strict=True
+        )
+        for req, tok, epoch, idx, upto in per_request:
+            if req.finish_reason is not None:  # aborted while in flight: its KV can go now
                 self.kv.release(req)
                 continue
-            if req.retractions != batch.epochs[i]:
+            if req.retractions != epoch:
                 continue  # retracted since this batch was scheduled: its results are void
             if extend:  # hand what this batch wrote to the cache; keep it locked
-                self.kv.cache_written(req, int(batch.prefix_lens[i] + batch.extend_lens[i]))
-            idx = int(batch.token_index[i])
+                self.kv.cache_written(req, upto)
             if idx < 0:
                 continue  # a chunk
-            tok = tokens[i]
-            req.set_output(idx, tok)
-            reason = self._stop_reason(req, tok, idx)
-            if reason is not None:
-                req.truncate_output(idx + 1)  # drop a token already pending behind the last one
-                self.running.remove(req)
-                finished.append(self._finish(req, reason))
+            req.output_ids[idx] = tok  # Req.set_output, inlined
+            req._fill_cache = None
+            sp = req.sampling
+            if idx + 1 >= sp.max_new_tokens or tok in eos or tok in sp.stop_token_ids:  # rare: check fully
+                reason = self._stop_reason(req, tok, idx)
+                if reason is not None:
+                    req.truncate_output(idx + 1)  # drop a token already pending behind the last one
+                    self.running.remove(req)
+                    finished.append(self._finish(req, reason))
         return finished
 
     def _stop_reason(self, req: Req, tok: int, idx: int) -> FinishReason | None:
