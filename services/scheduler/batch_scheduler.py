@@ -182,7 +182,7 @@ class BatchScheduler:
                 continue
             token_index.append(len(out))
             future_ids.append(fid)
-            out.append(placeholder(fid))  # Req.append_output, inlined
+            out.append(placeholder(fid))
             fid += 1
             if extend:
                 self.running.append(req)
@@ -345,7 +345,7 @@ class BatchScheduler:
                 self.kv.cache_written(req, upto)
             if idx < 0:
                 continue  # a chunk
-            req.output_ids[idx] = tok  # Req.set_output, inlined
+            req.output_ids[idx] = tok  # the placeholder becomes the sampled token
             req._fill_cache = None
             sp = req.sampling
             if idx + 1 >= sp.max_new_tokens or tok in eos or tok in sp.stop_token_ids:  # rare: check fully

@@ -97,9 +97,6 @@ class PagedAllocator:
             return pages
         return (pages[:, None] * ps + np.arange(ps, dtype=np.int64)[None, :]).reshape(-1)
 
-    def is_free(self, pages: np.ndarray) -> np.ndarray:
-        return self._is_free[pages]
-
 
 def pages_for(num_tokens: int, page_size: int) -> int:
     """Pages needed to hold ``num_tokens`` tokens."""

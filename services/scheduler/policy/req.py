@@ -79,22 +79,12 @@ class Req:
         return self.seq_len - self.kv_len
 
     @property
-    def max_new_remaining(self) -> int:
-        return self.sampling.max_new_tokens - len(self.output_ids)
-
-    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     # Output tokens: a negative value is a placeholder for a token sampled by a batch still in
-    # flight (see BatchScheduler._commit); placeholders only ever sit at the end.
-    def append_output(self, tok: int) -> None:
-        self.output_ids.append(tok)
-
-    def set_output(self, idx: int, tok: int) -> None:
-        self.output_ids[idx] = tok
-        self._fill_cache = None
-
+    # flight (BatchScheduler._commit appends it, BatchScheduler.process replaces it and clears
+    # _fill_cache); placeholders only ever sit at the end.
     def truncate_output(self, n: int) -> None:
         if len(self.output_ids) > n:
             del self.output_ids[n:]
