@@ -255,17 +255,17 @@ def run_ours(
     model_path: Path, reqs: list[dict], overlap: bool, eargs: dict, vocab_size: int
 ) -> tuple[dict, list]:
     from radixserve import Engine
+    from radixserve.scheduler.event_loop import LoopStats
 
     engine = Engine(str(model_path), disable_overlap=not overlap, **eargs)
     try:
         warm_engine(engine, vocab_size)
-        st = engine.loop.stats
-        steps0, host0, wait0, n0 = st.steps, st.host_s, st.wait_s, len(st.per_step_host_s)
+        st = engine.loop.stats = LoopStats()  # count the measured run only, not the warm-up
         sp = _sampling(reqs)
         with Meter() as m:
             outs = engine.generate(input_ids=[r["input_ids"] for r in reqs], sampling_params=sp)
-        steps, host, wait = st.steps - steps0, st.host_s - host0, st.wait_s - wait0
-        per_step = st.per_step_host_s[n0:]
+        steps, host, wait = st.steps, st.host_s, st.wait_s
+        per_step = list(st.per_step_host_s)
     finally:
         engine.shutdown()
     rec = {"system": "ours_overlap" if overlap else "ours_normal", **m.record()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,6 @@ class Engine:
             max_running_requests=cfg.max_running_requests,
             max_context_len=max_context,
             disable_radix_cache=cfg.disable_radix_cache,
-            device="cpu",  # the host table; attention metadata is built from it (model/attention.py)
         )
         sched_cfg = SchedulerConfig(
             memory=mem,
@@ -144,7 +143,7 @@ class Engine:
                 raise ValueError(f"{len(params)} sampling_params for {len(all_ids)} prompts")
         reqs = []
         for ids, sp in zip(all_ids, params, strict=True):
-            sp = SamplingParams(**{f.name: getattr(sp, f.name) for f in fields(SamplingParams)})
+            sp = replace(sp)  # our own copy: validate() normalises fields in place
             sp.validate()
             if any(not isinstance(t, int) or t < 0 or t >= self.model_config.vocab_size for t in ids):
                 raise ValueError(f"input_ids must be integers in [0, {self.model_config.vocab_size})")

@@ -32,7 +32,8 @@ class LoopStats:
     steps: int = 0
     host_s: float = 0.0  # scheduling + preparing + processing (the engine's non-forward CPU time)
     wait_s: float = 0.0  # blocked on the device's results
-    per_step_host_s: list[float] = field(default_factory=list)
+    # the most recent steps' host times (bounded: a server runs for days)
+    per_step_host_s: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
 
 
 class _DeviceStream:

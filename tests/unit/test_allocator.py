@@ -71,7 +71,6 @@ def test_req_to_token_rows_are_exclusive():
         pool.alloc()
     pool.write(r0, 2, np.array([7, 8, 9]))
     assert pool.read(r0, 2, 5).tolist() == [7, 8, 9]
-    assert pool.table[r0, 2:5].tolist() == [7, 8, 9]  # the device view sees the write
     with pytest.raises(ValueError):
         pool.write(r1, 6, np.array([1, 2, 3]))  # past max_context
     pool.free(r0)

@@ -204,15 +204,13 @@ def test_stop_token_ids_and_stop_strings(llama_dir, llama_ref):
         assert out["finish_reason"] == "stop" and out["token_ids"] == first[: first.index(first[3]) + 1]
         full = engine.tokenizer.decode(first, skip_special_tokens=True)
         stop = full[len(full) // 2 : len(full) // 2 + 2]
-        if stop.strip():
-            out = engine.generate(
-                prompt=PROMPTS[0],
-                sampling_params=SamplingParams(
-                    max_new_tokens=NEW, temperature=0, stop=(stop,), ignore_eos=True
-                ),
-            )
-            assert out["finish_reason"] == "stop" and stop not in out["text"]
-            assert full.startswith(out["text"])
+        assert stop.strip(), "the reference text must offer a visible stop string"
+        out = engine.generate(
+            prompt=PROMPTS[0],
+            sampling_params=SamplingParams(max_new_tokens=NEW, temperature=0, stop=(stop,), ignore_eos=True),
+        )
+        assert out["finish_reason"] == "stop" and stop not in out["text"]
+        assert full.startswith(out["text"])
 
 
 def test_bad_input_is_rejected_and_the_engine_keeps_serving(llama_dir):

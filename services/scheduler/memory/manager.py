@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator, pages_for
 from radixserve.scheduler.memory.radix_cache import MatchResult, NoCache, RadixCache
@@ -27,7 +26,6 @@ class MemoryConfig:
     max_running_requests: int = 256
     max_context_len: int = 8192
     disable_radix_cache: bool = False
-    device: str = "cpu"
 
 
 class KVCacheManager:
@@ -37,9 +35,7 @@ class KVCacheManager:
         self.config = config
         self.page_size = config.page_size
         self.allocator = PagedAllocator(config.max_total_tokens // config.page_size, config.page_size)
-        self.req_to_token = ReqToTokenPool(
-            config.max_running_requests, config.max_context_len, torch.device(config.device)
-        )
+        self.req_to_token = ReqToTokenPool(config.max_running_requests, config.max_context_len)
         cache_cls = NoCache if config.disable_radix_cache else RadixCache
         self.cache: RadixCache = cache_cls(self.allocator, self.req_to_token)
 

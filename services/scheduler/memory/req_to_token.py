@@ -1,29 +1,23 @@
 """ReqToTokenPool: for each running request, the KV slot of every token it holds.
 
-A ``[max_running, max_context]`` int32 table. Row ``r`` column ``i`` is the KV slot
-of token ``i`` of the request that owns row ``r``. The scheduler reads and writes
-the host copy (numpy, no device sync); the attention backends read the device
-copy, which every write updates. On CPU both are the same memory.
+A ``[max_running, max_context]`` int32 table on the host. Row ``r`` column ``i`` is the KV
+slot of token ``i`` of the request that owns row ``r``. The scheduler reads and writes it
+without touching the device; the attention backends turn the rows of a step's requests
+into device metadata once per step, in ``prepare`` (model/attention.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 
 class ReqToTokenPool:
-    def __init__(self, max_running: int, max_context: int, device: str | torch.device = "cpu") -> None:
+    def __init__(self, max_running: int, max_context: int) -> None:
         if max_running < 1 or max_context < 1:
             raise ValueError("max_running and max_context must be >= 1")
         self.max_running = max_running
         self.max_context = max_context
-        self.device = torch.device(device)
         self.host = np.zeros((max_running, max_context), dtype=np.int32)
-        if self.device.type == "cpu":
-            self.table = torch.from_numpy(self.host)
-        else:
-            self.table = torch.zeros((max_running, max_context), dtype=torch.int32, device=self.device)
         self._free_rows = list(range(max_running - 1, -1, -1))
         self._row_free = np.ones(max_running, dtype=bool)
 
@@ -50,19 +44,10 @@ class ReqToTokenPool:
         if end > self.max_context:
             raise ValueError(f"context {end} exceeds max_context {self.max_context}")
         self.host[row, start:end] = slots
-        if self.device.type != "cpu":
-            self.table[row, start:end] = torch.from_numpy(self.host[row, start:end]).to(
-                self.device, non_blocking=True
-            )
 
     def write_tokens(self, rows: np.ndarray, cols: np.ndarray, slots: np.ndarray) -> None:
         """Scatter one slot per (row, col): the decode step's write, one call per batch."""
         self.host[rows, cols] = slots
-        if self.device.type != "cpu":
-            r = torch.from_numpy(rows).to(self.device, non_blocking=True)
-            c = torch.from_numpy(cols).to(self.device, non_blocking=True)
-            s = torch.from_numpy(slots.astype(np.int32)).to(self.device, non_blocking=True)
-            self.table[r, c] = s
 
     def read(self, row: int, start: int, end: int) -> np.ndarray:
         return self.host[row, start:end].astype(np.int64)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,6 @@ class ForwardBatch:
     last_index: torch.Tensor | None = None  # [B] each request's last token in the batch (device)
     attn: Any = None  # backend metadata, built by AttentionBackend.prepare on the scheduler thread
     all_logits: bool = False  # return logits for every token (tests), not just each request's last
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
