@@ -5,6 +5,7 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
 ``radixserve --help`` is instant.
 
     radixserve make-demo-model PATH [--arch llama|qwen2|qwen3] [--size tiny|small] [--seed N]
+    radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [-- scheduler flags]
     radixserve bench offline [--model PATH] [--num-requests N] [--input-range MIN MAX] [--quick] ...
 """
 
@@ -60,6 +61,45 @@ def _cmd_bench_offline(args: argparse.Namespace) -> int:
     return int(mod.main(argv))
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from radixserve.common.config import resolve_model, served_model_name
+    from radixserve.launcher import build_cluster
+
+    extra = [a for a in args.scheduler_args if a != "--"]
+    cluster = build_cluster(
+        resolve_model(args.model),
+        served_model_name(args),
+        port=args.port,
+        host=args.host,
+        grpc_port=args.grpc_port,
+        schedulers=args.schedulers,
+        scheduler_args=extra,
+        gateway_args=["--router", args.router],
+        torch_threads=args.torch_threads,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    cluster.start()
+    print(
+        f"radixserve: serving {served_model_name(args)} at {cluster.url}/v1 (gRPC Generate at "
+        f"{cluster.grpc_address}); Ctrl-C stops",
+        flush=True,
+    )
+    while not stop.wait(0.5):
+        dead = [s.name for s in cluster.services if not s.alive()]
+        if dead:
+            print(f"radixserve: {', '.join(dead)} exited; stopping", flush=True)
+            cluster.stop()
+            return 1
+    print("radixserve: stopping", flush=True)
+    cluster.stop()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixserve", description="radixserve command line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -95,10 +135,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default benchmarks/results)")
     p.set_defaults(func=_cmd_bench_offline)
 
-    # More subcommands go here, one block each, e.g.:
-    #   p = sub.add_parser("bench", ...)  # with its own sub-subparsers for "offline", ...
-    #   p.set_defaults(func=_cmd_bench_offline)
-    #   p = sub.add_parser("serve", ...); p.set_defaults(func=_cmd_serve)
+    p = sub.add_parser(
+        "serve",
+        help="run gateway, schedulers and detokenizer as local processes (OpenAI API on --port)",
+        description="Starts the three services on loopback, waits until all are healthy, prints the URL; "
+        "Ctrl-C / SIGTERM stops them all. Arguments after -- go to every scheduler "
+        "(e.g. -- --page-size 16 --max-running-requests 128; see python -m radixserve.scheduler --help).",
+    )
+    p.add_argument("--model", default="demo", help='HF model folder, or "demo" (generated on first use)')
+    p.add_argument(
+        "--served-model-name", help="name clients use (default: folder name; demo: radixserve-demo)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="HTTP and gateway gRPC listen address")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port")
+    p.add_argument("--grpc-port", type=int, help="gateway gRPC port for Generate (default: a free one)")
+    p.add_argument("--schedulers", type=int, default=1, help="scheduler processes")
+    p.add_argument("--torch-threads", type=int, help="per scheduler (default: (cores - 1) / schedulers)")
+    p.add_argument("--router", choices=("least-load", "round-robin"), default="least-load")
+    p.add_argument("scheduler_args", nargs=argparse.REMAINDER, help="-- then scheduler flags")
+    p.set_defaults(func=_cmd_serve)
 
     return parser
 

@@ -36,6 +36,7 @@ class EngineConfig:
     max_total_tokens: int | None = None  # KV capacity; None: mem_fraction of free device memory
     mem_fraction: float = 0.85  # of free memory after weights (CUDA); of available RAM x 0.25 on CPU
     max_running_requests: int = 64
+    max_waiting_requests: int = 4096  # beyond it new requests are refused (the server's 429)
     max_context_len: int | None = None  # None: the model's max_position_embeddings
     chunked_prefill_size: int | None = 2048
     max_prefill_tokens: int = 8192
@@ -85,6 +86,7 @@ class Engine:
             max_prefill_tokens=cfg.max_prefill_tokens,
             init_new_token_ratio=cfg.init_new_token_ratio,
             min_new_token_ratio=min(0.1, cfg.init_new_token_ratio),
+            max_waiting_requests=cfg.max_waiting_requests,
         )
         eos = set(self.model_config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:

@@ -1,0 +1,175 @@
+"""Incremental detokenization of many requests at once, with stop strings.
+
+Per request the text grows as tokens arrive; what has been sent is never taken back, so:
+
+- A token may end inside a multi-byte UTF-8 character (byte-level BPE) and decode to U+FFFD:
+  text ending in U+FFFD is held back until the next token completes it (or the request ends).
+- Decoding a token alone can drop or add a leading space (SentencePiece's "▁"): each step decodes
+  the new tokens together with a few tokens of context before them and keeps only the difference
+  (``prefix_offset`` .. ``read_offset`` is that context).
+- A stop string cuts the text where it starts and ends the request; text that ends in a partial
+  match (a proper prefix of a stop string) is held back until it is settled.
+
+All requests of one batch are decoded with two ``batch_decode`` calls per skip_special_tokens
+setting, not two calls per request.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+_REPLACEMENT = "\ufffd"
+
+
+@dataclass(slots=True)
+class DecodeState:
+    rid: str
+    reply_to: str
+    stop: tuple[str, ...] = ()
+    skip_special_tokens: bool = True
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    ids: list[int] = field(default_factory=list)
+    prefix_offset: int = 0  # first token of the context decoded with the new tokens
+    read_offset: int = 0  # tokens up to here are in ``text``
+    text: str = ""  # decoded text so far (cut at a stop string)
+    sent: int = 0  # characters of ``text`` already sent
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """What one request gets out of one batch."""
+
+    rid: str
+    reply_to: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str = ""
+    error: str = ""
+    matched_stop: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class TokenUpdate:
+    """One request's entry of a TokenBatch, in plain Python."""
+
+    rid: str
+    reply_to: str
+    token_ids: list[int]
+    finish_reason: str = ""
+    error: str = ""
+    # first entry of a request only:
+    stop: tuple[str, ...] | None = None
+    skip_special_tokens: bool = True
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Any, max_finished_memory: int = 100_000) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, DecodeState] = {}
+        # Requests ended here by a stop string while their scheduler may still send tokens until
+        # the gateway's abort lands: those tokens are dropped. Forgotten at the scheduler's final
+        # entry, or the oldest first beyond the bound.
+        self._stopped: OrderedDict[str, None] = OrderedDict()
+        self._max_finished = max_finished_memory
+
+    def process(self, updates: list[TokenUpdate]) -> list[TextDelta]:
+        todo: list[tuple[DecodeState, TokenUpdate]] = []
+        for u in updates:
+            if u.rid in self._stopped:
+                if u.finish_reason:
+                    del self._stopped[u.rid]
+                continue
+            st = self.states.get(u.rid)
+            if st is None:
+                st = DecodeState(u.rid, u.reply_to)
+                if u.stop is not None:
+                    st.stop, st.skip_special_tokens = u.stop, u.skip_special_tokens
+                    st.prompt_tokens, st.cached_tokens = u.prompt_tokens, u.cached_tokens
+                self.states[u.rid] = st
+            st.ids.extend(u.token_ids)
+            todo.append((st, u))
+        for skip in (True, False):
+            group = [st for st, _ in todo if st.skip_special_tokens is skip and st.read_offset < len(st.ids)]
+            if group:
+                self._decode(group, skip)
+        return [self._delta(st, u) for st, u in todo]
+
+    def _decode(self, group: list[DecodeState], skip: bool) -> None:
+        decode = self.tokenizer.batch_decode
+        before = decode([st.ids[st.prefix_offset : st.read_offset] for st in group], skip_special_tokens=skip)
+        after = decode([st.ids[st.prefix_offset :] for st in group], skip_special_tokens=skip)
+        for st, old, new in zip(group, before, after, strict=True):
+            if len(new) > len(old) and not new.endswith(_REPLACEMENT):
+                st.text += new[len(old) :]
+                st.prefix_offset, st.read_offset = st.read_offset, len(st.ids)
+
+    def _flush(self, st: DecodeState) -> None:
+        """The request ended: what is held back for an incomplete character goes out as it is."""
+        if st.read_offset < len(st.ids):
+            decode = self.tokenizer.decode
+            old = decode(
+                st.ids[st.prefix_offset : st.read_offset], skip_special_tokens=st.skip_special_tokens
+            )
+            new = decode(st.ids[st.prefix_offset :], skip_special_tokens=st.skip_special_tokens)
+            st.text += new[len(old) :]
+            st.read_offset = len(st.ids)
+
+    def _delta(self, st: DecodeState, u: TokenUpdate) -> TextDelta:
+        finish, matched = u.finish_reason, ""
+        if finish:
+            self._flush(st)
+        if st.stop:
+            cut, matched = _find_stop(st.text, st.stop, max(0, st.sent - max(map(len, st.stop)) + 1))
+            if matched:
+                st.text, finish = st.text[:cut], "stop"
+        end = len(st.text) if finish else len(st.text) - _partial_stop_len(st.text, st.stop)
+        end = max(end, st.sent)
+        out = TextDelta(
+            st.rid,
+            st.reply_to,
+            st.text[st.sent : end],
+            list(u.token_ids),
+            finish,
+            u.error if finish == u.finish_reason else "",
+            matched,
+            st.prompt_tokens,
+            len(st.ids),
+            st.cached_tokens,
+        )
+        st.sent = end
+        if finish:
+            del self.states[st.rid]
+            if matched and not u.finish_reason:  # the scheduler has not ended it yet
+                self._stopped[st.rid] = None
+                while len(self._stopped) > self._max_finished:
+                    self._stopped.popitem(last=False)
+        return out
+
+
+def _find_stop(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str]:
+    """The earliest stop string in ``text[start:]``: (where it starts, which), or (-1, "")."""
+    best, which = -1, ""
+    for s in stops:
+        i = text.find(s, start)
+        if i >= 0 and (best < 0 or i < best):
+            best, which = i, s
+    return best, which
+
+
+def _partial_stop_len(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

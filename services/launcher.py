@@ -1,0 +1,162 @@
+"""``radixserve serve``: gateway, N schedulers and a detokenizer as separate processes on loopback.
+
+The embedded default for one machine: the same programs the pods run (``python -m
+radixserve.<service>``), wired by flags. Internal gRPC ports are picked free; the HTTP port is
+``--port``. Ready when every service reports healthy; Ctrl-C / SIGTERM stops the gateway first
+(no new clients), then the schedulers (they drain), then the detokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from radixserve.common.rpc import is_serving
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """Children must not outlive a launcher that is killed outright (SIGKILL runs no handlers)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    grpc_address: str | None = None  # checked with grpc.health.v1
+    http_url: str | None = None  # checked with GET /health
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", *self.argv],
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the children in order
+            preexec_fn=_die_with_parent,
+        )
+
+    def healthy(self) -> bool:
+        if self.grpc_address:
+            return is_serving(self.grpc_address, timeout=0.5)
+        try:
+            return httpx.get(f"{self.http_url}/health", timeout=0.5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
+class Cluster:
+    gateway: Service
+    schedulers: list[Service]
+    detokenizer: Service
+    url: str
+    grpc_address: str
+
+    @property
+    def services(self) -> list[Service]:
+        return [self.detokenizer, *self.schedulers, self.gateway]
+
+    def start(self, timeout: float = 300.0) -> None:
+        for s in self.services:
+            s.start()
+        deadline = time.monotonic() + timeout
+        pending = list(self.services)
+        while pending:
+            for s in list(pending):
+                if not s.alive():
+                    self.stop()
+                    raise RuntimeError(
+                        f"{s.name} exited with {s.proc.returncode if s.proc else '?'} during start"
+                    )
+                if s.healthy():
+                    pending.remove(s)
+            if pending and time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"not healthy after {timeout:.0f} s: {[s.name for s in pending]}")
+            time.sleep(0.2)
+
+    def stop(self, drain_timeout: float = 30.0) -> None:
+        self.gateway.stop(10)
+        for s in self.schedulers:  # in parallel: each drains on its own
+            if s.alive() and s.proc is not None:
+                s.proc.send_signal(signal.SIGTERM)
+        for s in self.schedulers:
+            s.stop(drain_timeout + 10)
+        self.detokenizer.stop(10)
+
+
+def build_cluster(
+    model: Path,
+    model_name: str,
+    port: int = 8000,
+    host: str = "127.0.0.1",
+    grpc_port: int | None = None,
+    schedulers: int = 1,
+    scheduler_args: Sequence[str] = (),
+    gateway_args: Sequence[str] = (),
+    torch_threads: int | None = None,
+) -> Cluster:
+    detok_port = free_port()
+    detok = Service(
+        "detokenizer",
+        ["radixserve.detokenizer", "--model", str(model), "--host", "127.0.0.1", "--port", str(detok_port)],
+        grpc_address=f"127.0.0.1:{detok_port}",
+    )
+    if torch_threads is None:  # share the cores: one left for the gateway and the detokenizer
+        torch_threads = max(1, ((os.cpu_count() or 2) - 1) // schedulers)
+    scheds = []
+    for i in range(schedulers):
+        p = free_port()
+        argv = ["radixserve.scheduler", "--model", str(model), "--host", "127.0.0.1", "--port", str(p)]
+        argv += ["--advertise-address", f"127.0.0.1:{p}", "--detokenizer", f"127.0.0.1:{detok_port}"]
+        argv += ["--torch-threads", str(torch_threads), *scheduler_args]
+        scheds.append(Service(f"scheduler-{i}", argv, grpc_address=f"127.0.0.1:{p}"))
+    gport = grpc_port or free_port()
+    argv = ["radixserve.tokenizer", "--model", str(model), "--served-model-name", model_name]
+    argv += ["--host", host, "--port", str(port), "--grpc-port", str(gport)]
+    argv += [
+        "--advertise-address",
+        f"127.0.0.1:{gport}",
+        "--schedulers",
+        *[s.grpc_address or "" for s in scheds],
+    ]
+    argv += list(gateway_args)
+    url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    gateway = Service("gateway", argv, http_url=f"http://{url_host}:{port}")
+    return Cluster(gateway, scheds, detok, f"http://{url_host}:{port}", f"{url_host}:{gport}")

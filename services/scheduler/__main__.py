@@ -1,0 +1,97 @@
+"""python -m radixserve.scheduler: one scheduler pod (engine + gRPC server).
+
+    python -m radixserve.scheduler --model PATH|demo --port 50051 --detokenizer HOST:PORT [engine flags]
+
+Every engine argument of ``radixserve.Engine`` is a flag (``--page-size 16``, ``--disable-overlap``,
+...), and every flag can come from ``RADIXSERVE_<FLAG>`` (``RADIXSERVE_PAGE_SIZE=16``); see --help.
+SIGTERM / Ctrl-C: stop admitting (health NOT_SERVING), let running requests finish for up to
+--drain-timeout seconds, abort the rest with a reason the client sees, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+import typing
+from collections.abc import Sequence
+
+from radixserve.common.config import add_model_flag, parse_args, resolve_model
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    from radixserve.scheduler.engine import EngineConfig
+
+    hints = typing.get_type_hints(EngineConfig)
+    group = parser.add_argument_group("engine (radixserve.Engine arguments)")
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        hint = str(hints[f.name])
+        if f.name == "disable_overlap":  # None means "by device"; the flag forces it off
+            group.add_argument(
+                flag, action="store_true", default=None, help="the normal loop (default on CPU)"
+            )
+            group.add_argument(
+                "--enable-overlap",
+                dest="disable_overlap",
+                action="store_false",
+                help="the overlap loop (default on CUDA)",
+            )
+        elif "bool" in hint:
+            group.add_argument(flag, action="store_true", default=f.default)
+        else:
+            typ = int if "int" in hint else float if "float" in hint else str
+            group.add_argument(flag, type=typ, default=f.default, help=f"default {f.default}")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, typing.Any]:
+    from radixserve.scheduler.engine import EngineConfig
+
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m radixserve.scheduler",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_flag(p)
+    p.add_argument("--host", default="0.0.0.0", help="listen address")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port")
+    p.add_argument("--advertise-address", help="HOST:PORT others reach this pod at (default localhost:PORT)")
+    p.add_argument("--detokenizer", required=True, help="HOST:PORT of the detokenizer")
+    p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests at SIGTERM")
+    add_engine_flags(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
+    import torch
+
+    from radixserve.scheduler.engine import Engine
+    from radixserve.scheduler.server import serve, shutdown
+
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    engine = Engine(resolve_model(args.model), **engine_kwargs(args))
+    address = args.advertise_address or f"localhost:{args.port}"
+    server, service, health = serve(engine, f"{args.host}:{args.port}", args.detokenizer, address)
+    logging.info("serving on %s:%d (KV %d tokens)", args.host, args.port, engine.scheduler.kv.capacity)
+    stop.wait()
+    logging.info("shutting down (drain up to %.0f s)", args.drain_timeout)
+    shutdown(server, service, health, args.drain_timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""python -m radixserve.tokenizer: the gateway pod (OpenAI HTTP + gRPC Generate, routing, fan-in).
+
+    python -m radixserve.tokenizer --model PATH|demo --schedulers HOST:PORT [HOST:PORT ...] \\
+        [--port 8000] [--grpc-port 50050] [--advertise-address HOST:GRPC_PORT]
+
+--advertise-address is what the detokenizer dials to deliver results (the pod's own address in a
+cluster). Every flag can come from ``RADIXSERVE_<FLAG>`` (lists space-separated); see --help.
+SIGTERM / Ctrl-C: stop accepting, give in-flight responses a few seconds, exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from radixserve.common.config import add_model_flag, parse_args, resolve_model, served_model_name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m radixserve.tokenizer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_flag(p)
+    p.add_argument("--host", default="0.0.0.0", help="listen address (HTTP and gRPC)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (OpenAI API)")
+    p.add_argument(
+        "--grpc-port", type=int, default=50050, help="gRPC port (Generate; the detokenizer's Deliver)"
+    )
+    p.add_argument(
+        "--advertise-address",
+        help="HOST:PORT the detokenizer reaches the gRPC port at (default localhost:GRPC_PORT)",
+    )
+    p.add_argument("--schedulers", nargs="+", required=True, help="scheduler pods, HOST:PORT each")
+    p.add_argument("--router", choices=("least-load", "round-robin"), default="least-load")
+    return p
+
+
+async def run(args: argparse.Namespace) -> None:
+    import grpc
+    import uvicorn
+
+    from radixserve.common.rpc import SERVER_OPTIONS, add_health, pb_grpc
+    from radixserve.tokenizer.gateway import Gateway
+    from radixserve.tokenizer.grpc_api import GatewayService
+    from radixserve.tokenizer.http_app import build_app
+    from radixserve.tokenizer.metrics import GatewayMetrics
+
+    gw = Gateway(
+        resolve_model(args.model),
+        served_model_name(args),
+        args.schedulers,
+        args.advertise_address or f"localhost:{args.grpc_port}",
+        router=args.router,
+    )
+    await gw.start()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pb_grpc.add_GatewayServicer_to_server(GatewayService(gw), server)
+    add_health(server, ["radixserve.v1.Gateway"])
+    if server.add_insecure_port(f"{args.host}:{args.grpc_port}") == 0:
+        raise OSError(f"cannot listen on {args.host}:{args.grpc_port}")
+    await server.start()
+    http = uvicorn.Server(
+        uvicorn.Config(
+            build_app(gw, GatewayMetrics()),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    http.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # ours, below
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    serving = asyncio.create_task(http.serve())
+    logging.info(
+        "HTTP on %s:%d, gRPC on %s:%d, model %s",
+        args.host,
+        args.port,
+        args.host,
+        args.grpc_port,
+        gw.model_name,
+    )
+    await asyncio.wait({serving, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    http.should_exit = True
+    await serving
+    await server.stop(grace=2)
+    await gw.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""The gateway's core, shared by the HTTP and the gRPC front: tokenize, pick a scheduler, submit
+with ``reply_to`` naming this gateway, and fan the detokenizer's results back to each client.
+
+One client request with ``n`` choices is ``n`` scheduler requests (rids ``<id>-<i>``) whose results
+share one queue. Whatever ends a client's wait early (disconnect, error, a stop string the
+detokenizer found) aborts what is still running on the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from radixserve.common.rpc import pb, sampling_to_proto
+from radixserve.common.sampling import SamplingParams
+from radixserve.tokenizer.router import ROUTERS, SchedulerHandle, SchedulerPool
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """An error a client sees: HTTP status + OpenAI error body, or the matching gRPC status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+_FROM_GRPC = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.ALREADY_EXISTS: (400, "invalid_request_error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    grpc.StatusCode.UNAVAILABLE: (503, "server_error"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "server_error"),
+}
+
+
+def error_from_grpc(e: grpc.aio.AioRpcError, where: str) -> ApiError:
+    status, type_ = _FROM_GRPC.get(e.code(), (500, "server_error"))
+    msg = e.details() or e.code().name
+    return ApiError(status, msg if status < 500 else f"{where}: {msg}", type_)
+
+
+@dataclass(eq=False, slots=True)
+class Choice:
+    """One scheduler request: a choice of a client request."""
+
+    rid: str
+    index: int
+    scheduler: SchedulerHandle
+    queue: asyncio.Queue[tuple[int, Any]]  # (index, pb.RequestText | ApiError), shared by a request's choices
+    prompt_tokens: int
+    prompt_index: int = 0  # which prompt of a multi-prompt request
+
+
+class Gateway:
+    def __init__(
+        self,
+        model_path: str | Path,
+        model_name: str,
+        schedulers: Sequence[str],
+        reply_to: str,
+        router: str = "least-load",
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        self.model_name = model_name
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.reply_to = reply_to
+        self.pool = SchedulerPool(schedulers, self.scheduler_down)
+        self.router = ROUTERS[router]()
+        self.choices: dict[str, Choice] = {}  # live rids of this gateway
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        self.pool.start()
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    # --------------------------------------------------------------------------- prompts
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if not messages:
+            raise ApiError(400, "messages must not be empty", param="messages")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # the template's own checks (roles, order) raise
+            raise ApiError(400, f"messages do not fit the chat template: {e}", param="messages") from e
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def max_context(self) -> int | None:
+        known = [h.load.max_context_len for h in self.pool.healthy() if h.load is not None]
+        return min(known) if known else None
+
+    # -------------------------------------------------------------------------- requests
+    async def submit(
+        self,
+        input_ids: list[int],
+        sp: SamplingParams,
+        n: int = 1,
+        skip_special_tokens: bool = True,
+        trace_context: dict[str, str] | None = None,
+        queue: asyncio.Queue[tuple[int, Any]] | None = None,
+        prompt_index: int = 0,
+    ) -> list[Choice]:
+        """Send ``n`` requests for one prompt to one scheduler; raises ApiError.
+
+        The choices' results go to ``queue`` (a new one if None) indexed ``prompt_index * n + i``."""
+        try:
+            sp.validate()
+        except (ValueError, TypeError) as e:
+            raise ApiError(400, str(e)) from e
+        candidates = self.pool.healthy()
+        if not candidates:
+            raise ApiError(503, "no scheduler is available", "server_error")
+        h = self.router.choose(input_ids, candidates)
+        queue = queue if queue is not None else asyncio.Queue()
+        base = uuid.uuid4().hex
+        choices = []
+        for i in range(n):
+            c = Choice(f"{base}-{i}", prompt_index * n + i, h, queue, len(input_ids), prompt_index)
+            self.choices[c.rid] = c
+            h.outstanding.add(c.rid)
+            choices.append(c)
+        try:
+            for i, c in enumerate(choices):
+                sp_i = replace(sp, seed=sp.seed + i) if sp.seed is not None and n > 1 else sp
+                await h.stub.Submit(
+                    pb.TokenizedRequest(
+                        rid=c.rid,
+                        input_ids=input_ids,
+                        sampling=sampling_to_proto(sp_i, skip_special_tokens),
+                        reply_to=self.reply_to,
+                        trace_context=trace_context or {},
+                    ),
+                    timeout=30,
+                )
+        except grpc.aio.AioRpcError as e:
+            self.release(choices, "submission failed")
+            raise error_from_grpc(e, f"scheduler {h.address}") from e
+        return choices
+
+    async def events(self, choices: list[Choice]) -> AsyncIterator[list[tuple[int, Any]]]:
+        """Results as they come, a list of (choice index, pb.RequestText) at a time, until every choice
+        has finished; raises ApiError if a choice failed (its scheduler went away, ...)."""
+        queue = choices[0].queue
+        left = len(choices)
+        while left:
+            got = [await queue.get()]
+            while not queue.empty():
+                got.append(queue.get_nowait())
+            for _, item in got:
+                if isinstance(item, ApiError):
+                    raise item
+                if item.finish_reason:
+                    left -= 1
+            yield got
+
+    def release(self, choices: list[Choice], reason: str) -> None:
+        """The client is done with these choices: abort those still running (no-op for ended ones)."""
+        live = [c for c in choices if self.choices.pop(c.rid, None) is not None]
+        for c in live:
+            c.scheduler.outstanding.discard(c.rid)
+        if live:
+            self._abort(live[0].scheduler, [c.rid for c in live], reason)
+
+    def _abort(self, h: SchedulerHandle, rids: list[str], reason: str) -> None:
+        async def call() -> None:
+            try:
+                await h.stub.Abort(pb.AbortRequest(rids=rids, reason=reason), timeout=10)
+            except grpc.aio.AioRpcError as e:  # the pod is gone: nothing of the request is left to free
+                log.info("abort of %d requests on %s failed: %s", len(rids), h.address, e.code().name)
+
+        task = asyncio.create_task(call())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------------ from the detokenizer
+    def deliver(self, batch: Any) -> None:
+        stopped: dict[SchedulerHandle, list[str]] = {}
+        for t in batch.reqs:
+            c = self.choices.get(t.rid)
+            if c is None:
+                continue  # released: the client went away, or an abort's final message
+            c.queue.put_nowait((c.index, t))
+            if t.finish_reason:
+                del self.choices[t.rid]
+                c.scheduler.outstanding.discard(t.rid)
+                if t.matched_stop:  # ended by a stop string here; the scheduler may still run it
+                    stopped.setdefault(c.scheduler, []).append(t.rid)
+        for h, rids in stopped.items():
+            self._abort(h, rids, "stop string")
+
+    def scheduler_down(self, h: SchedulerHandle, why: str) -> None:
+        err = ApiError(503, f"scheduler {h.address} went away mid-request ({why})", "server_error")
+        for rid in list(h.outstanding):
+            c = self.choices.pop(rid, None)
+            if c is not None:
+                c.queue.put_nowait((c.index, err))
+        h.outstanding.clear()

@@ -1,0 +1,91 @@
+"""The gateway's gRPC face: public Generate (server-streaming) and the detokenizer's Deliver stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from radixserve.common.rpc import pb, pb_grpc, sampling_from_proto
+from radixserve.tokenizer.gateway import ApiError, Gateway
+
+GENERATE_DEFAULT_MAX_TOKENS = 16  # as /v1/completions
+
+_TO_GRPC = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+class GatewayService(pb_grpc.GatewayServicer):
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    async def Deliver(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        async for batch in request_iterator:
+            self.gw.deliver(batch)
+        return pb.DeliverReply()
+
+    async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        gw = self.gw
+        choices = []
+        try:
+            if request.model and request.model != gw.model_name:
+                raise ApiError(
+                    404, f"model {request.model!r} is not served here (this server serves {gw.model_name!r})"
+                )
+            which = request.WhichOneof("input")
+            if which == "text":
+                ids = gw.encode(request.text)
+            elif which == "input_ids":
+                ids = list(request.input_ids.ids)
+            elif which == "chat":
+                ids = gw.encode_chat([{"role": m.role, "content": m.content} for m in request.chat.messages])
+            else:
+                raise ApiError(400, "one of text, input_ids or chat is required")
+            sp = sampling_from_proto(request.sampling, GENERATE_DEFAULT_MAX_TOKENS)
+            s = request.sampling
+            skip = s.skip_special_tokens if s.HasField("skip_special_tokens") else True
+            choices = await gw.submit(ids, sp, 1, skip)
+            text: list[str] = []
+            tokens: list[int] = []
+            async for got in gw.events(choices):
+                for _, t in got:
+                    if t.finish_reason == "abort":
+                        raise ApiError(503, t.error or "the request was aborted")
+                    usage = (
+                        pb.Usage(
+                            prompt_tokens=t.prompt_tokens,
+                            completion_tokens=t.completion_tokens,
+                            cached_tokens=t.cached_tokens,
+                        )
+                        if t.finish_reason
+                        else None
+                    )
+                    if request.stream:
+                        yield pb.GenerateResponse(
+                            rid=t.rid,
+                            text=t.text,
+                            token_ids=t.token_ids,
+                            finish_reason=t.finish_reason,
+                            usage=usage,
+                        )
+                    else:
+                        text.append(t.text)
+                        tokens += t.token_ids
+                        if t.finish_reason:
+                            yield pb.GenerateResponse(
+                                rid=t.rid,
+                                text="".join(text),
+                                token_ids=tokens,
+                                finish_reason=t.finish_reason,
+                                usage=usage,
+                            )
+        except ApiError as e:
+            await context.abort(_TO_GRPC.get(e.status, grpc.StatusCode.INTERNAL), e.message)
+        finally:  # also when the client cancels the call
+            if choices:
+                gw.release(choices, "client cancelled")

@@ -1,0 +1,37 @@
+"""The gateway's Prometheus metrics (served at GET /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "radixserve_requests",
+            "Client requests by endpoint and HTTP status",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "radixserve_prompt_tokens", "Prompt tokens of finished requests", registry=r
+        )
+        self.cached_tokens = Counter(
+            "radixserve_cached_prompt_tokens", "Prompt tokens served from the prefix cache", registry=r
+        )
+        self.generation_tokens = Counter("radixserve_generation_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram(
+            "radixserve_time_to_first_token_seconds",
+            "Time to the first text",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.e2e = Histogram(
+            "radixserve_e2e_request_latency_seconds", "Request latency", registry=r, buckets=_LATENCY_BUCKETS
+        )
+        self.in_flight = Gauge("radixserve_requests_in_flight", "Client requests being served", registry=r)
+        self.schedulers_up = Gauge("radixserve_schedulers_healthy", "Scheduler pods reachable", registry=r)
