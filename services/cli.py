@@ -7,6 +7,7 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
     radixserve make-demo-model PATH [--arch llama|qwen2|qwen3] [--size tiny|small] [--seed N]
     radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [-- scheduler flags]
     radixserve bench offline [--model PATH] [--num-requests N] [--input-range MIN MAX] [--quick] ...
+    radixserve bench serving [--model PATH] [--rates 1 2 4 inf] [--num-requests N] [--quick] ...
 """
 
 from __future__ import annotations
@@ -58,6 +59,41 @@ def _cmd_bench_offline(args: argparse.Namespace) -> int:
             values = value if isinstance(value, list) else [value]
             argv += [f"--{flag.replace('_', '-')}", *map(str, values)]
     argv += ["--quick"] * args.quick + ["--profile"] * args.profile
+    return int(mod.main(argv))
+
+
+_BENCH_SERVING_VALUE_FLAGS = (
+    "model",
+    "rates",
+    "num_requests",
+    "input_range",
+    "output_range",
+    "max_running_requests",
+    "threads",
+    "seed",
+    "out",
+)
+
+
+def _cmd_bench_serving(args: argparse.Namespace) -> int:
+    """Runs benchmarks/serving.py (a repository file, not part of the package) with the given flags."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "serving.py"
+    if not script.is_file():
+        print(f"radixserve bench serving: {script} not found (run from a source checkout)")
+        return 2
+    spec = importlib.util.spec_from_file_location("radixserve_bench_serving", script)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    argv: list[str] = []
+    for flag, value in vars(args).items():
+        if flag in _BENCH_SERVING_VALUE_FLAGS and value is not None:
+            values = value if isinstance(value, list) else [value]
+            argv += [f"--{flag.replace('_', '-')}", *map(str, values)]
+    argv += ["--quick"] * args.quick
     return int(mod.main(argv))
 
 
@@ -134,6 +170,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="also profile a normal-mode engine run")
     p.add_argument("--out", help="output folder (default benchmarks/results)")
     p.set_defaults(func=_cmd_bench_offline)
+
+    p = bench.add_parser(
+        "serving",
+        help="online serving: the HTTP server vs the Engine in-process, Poisson arrivals at several rates",
+        description="Writes OUT/serving.json and OUT/serving.png. Unset flags take benchmarks/serving.py's "
+        "defaults (full run ~5 min on 2 CPU cores; --quick < 90 s).",
+    )
+    p.add_argument("--model", help="HF model folder (default: build the small demo model in a temp dir)")
+    p.add_argument("--rates", nargs="+", help="request rates in req/s, inf = all at once (1 2 4 inf)")
+    p.add_argument("--num-requests", type=int, help="requests per rate (48; quick: 8)")
+    p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 64 256")
+    p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 32 128")
+    p.add_argument("--max-running-requests", type=int, help="engine's running-batch limit (128)")
+    p.add_argument("--threads", type=int, help="torch threads: the scheduler process and in-process (1)")
+    p.add_argument("--seed", type=int, help="workload seed (0)")
+    p.add_argument("--quick", action="store_true", help="tiny model, few short requests: smoke test < 90 s")
+    p.add_argument("--out", help="output folder (default benchmarks/results)")
+    p.set_defaults(func=_cmd_bench_serving)
 
     p = sub.add_parser(
         "serve",

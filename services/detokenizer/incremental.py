@@ -81,6 +81,20 @@ class IncrementalDetokenizer:
         self._max_finished = max_finished_memory
 
     def process(self, updates: list[TokenUpdate]) -> list[TextDelta]:
+        """One delta per update, in order; none for an update dropped after its request's stop string.
+
+        A request named twice in ``updates`` is taken in order, as if the second entry came in a later
+        call (decoding one state twice in one batch would append its new text twice)."""
+        out: list[TextDelta] = []
+        start, seen = 0, set()
+        for i, u in enumerate(updates):
+            if u.rid in seen:
+                out += self._process(updates[start:i])
+                start, seen = i, set()
+            seen.add(u.rid)
+        return out + self._process(updates[start:])
+
+    def _process(self, updates: list[TokenUpdate]) -> list[TextDelta]:
         todo: list[tuple[DecodeState, TokenUpdate]] = []
         for u in updates:
             if u.rid in self._stopped:

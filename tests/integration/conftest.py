@@ -1,0 +1,48 @@
+"""Real processes on loopback: the gateway, scheduler(s) and detokenizer that `radixserve serve` runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from radixserve.common.demo_model import make_demo_model
+from radixserve.launcher import Cluster, build_cluster, free_port
+
+MODEL_NAME = "tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory):
+    return make_demo_model(tmp_path_factory.mktemp("model") / "tiny", arch="llama", size="tiny")
+
+
+def start_cluster(model_dir, schedulers: int, scheduler_args: list[str] | None = None) -> Cluster:
+    cluster = build_cluster(
+        model_dir,
+        MODEL_NAME,
+        port=free_port(),
+        schedulers=schedulers,
+        scheduler_args=scheduler_args or [],
+        gateway_args=["--router", "round-robin"],
+        torch_threads=1,
+    )
+    cluster.start(timeout=180)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def cluster(model_dir) -> Iterator[Cluster]:
+    """Two schedulers behind one gateway (round-robin, so tests know where requests go)."""
+    c = start_cluster(model_dir, schedulers=2)
+    yield c
+    c.stop(drain_timeout=5)
+
+
+@pytest.fixture(scope="session")
+def engine(model_dir):
+    """The in-process engine on the same weights: the reference for what the services return."""
+    from radixserve import Engine
+
+    with Engine(model_dir) as e:
+        yield e

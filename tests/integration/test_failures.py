@@ -1,0 +1,131 @@
+"""Pods that die or are stopped: clients get a prompt, clear error; everyone else is unaffected."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.integration.conftest import MODEL_NAME, start_cluster
+
+LONG = {
+    "model": MODEL_NAME,
+    "prompt": "x" * 40,
+    "max_tokens": 1500,
+    "temperature": 0,
+    "ignore_eos": True,
+    "stream": True,
+}
+SHORT = {**LONG, "max_tokens": 40}
+
+
+async def _stream(h: httpx.AsyncClient, body: dict, on_first=None) -> dict:
+    """Reads an SSE completion; returns its text, finish reason, error and when it ended."""
+    out: dict = {"text": "", "finish": None, "error": None}
+    async with h.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            msg = json.loads(line[6:])
+            if "error" in msg:
+                out["error"] = msg["error"]
+                break
+            out["text"] += msg["choices"][0]["text"]
+            out["finish"] = msg["choices"][0]["finish_reason"] or out["finish"]
+            if on_first is not None:
+                on_first.set()
+    out["ended"] = time.monotonic()
+    return out
+
+
+def test_killed_scheduler_fails_its_clients_promptly_and_spares_the_others(model_dir):
+    cluster = start_cluster(model_dir, schedulers=2)
+    try:
+
+        async def go():
+            async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
+                started = [asyncio.Event() for _ in range(4)]
+                # round-robin: requests 0 and 2 go to scheduler 0, 1 and 3 to scheduler 1
+                tasks = [
+                    asyncio.create_task(_stream(h, LONG if i % 2 == 0 else SHORT, started[i]))
+                    for i in range(4)
+                ]
+                for e in started:
+                    await e.wait()
+                killed_at = time.monotonic()
+                cluster.schedulers[0].proc.send_signal(signal.SIGKILL)
+                results = await asyncio.gather(*tasks)
+                after = await h.post("/v1/completions", json={**SHORT, "stream": False, "max_tokens": 4})
+                return killed_at, results, after
+
+        killed_at, results, after = asyncio.run(go())
+        for r in results[0::2]:  # on the killed pod
+            assert r["error"] is not None and "went away" in r["error"]["message"]
+            assert r["ended"] - killed_at < 5.0
+        for r in results[1::2]:  # on the other pod
+            assert r["error"] is None and r["finish"] == "length"
+        assert after.status_code == 200  # routed to the live pod
+        assert after.json()["usage"]["completion_tokens"] == 4
+    finally:
+        cluster.stop(drain_timeout=2)
+
+
+def test_sigterm_drains_finishes_short_requests_and_aborts_long_ones_with_a_reason(model_dir):
+    cluster = start_cluster(model_dir, schedulers=1, scheduler_args=["--drain-timeout", "1.5"])
+    try:
+        sched = cluster.schedulers[0]
+
+        async def go():
+            async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
+                started = [asyncio.Event(), asyncio.Event()]
+                tasks = [
+                    asyncio.create_task(_stream(h, b, e)) for b, e in zip((LONG, SHORT), started, strict=True)
+                ]
+                for e in started:
+                    await e.wait()
+                sched.proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.3)
+                refused = await h.post("/v1/completions", json={**SHORT, "stream": False})
+                return await asyncio.gather(*tasks), refused
+
+        (long, short), refused = asyncio.run(go())
+        assert short["error"] is None and short["finish"] == "length"
+        assert long["error"] is not None and "shut down" in long["error"]["message"]
+        assert refused.status_code == 503
+        assert sched.proc.wait(timeout=20) == 0
+    finally:
+        cluster.stop(drain_timeout=2)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_radixserve_serve_starts_prints_the_url_and_stops_on_a_signal(model_dir, signum):
+    import subprocess
+    import sys
+
+    from radixserve.launcher import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixserve.cli", "serve", "--model", str(model_dir), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}/v1" in line
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            json={"model": model_dir.name, "prompt": "hi", "max_tokens": 3, "ignore_eos": True},
+        )
+        assert r.json()["usage"]["completion_tokens"] == 3
+        proc.send_signal(signum)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health")
