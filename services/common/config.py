@@ -68,11 +68,13 @@ def resolve_model(spec: str) -> Path:
     return path
 
 
-def add_model_flag(parser: argparse.ArgumentParser) -> None:
+def add_model_flag(parser: argparse.ArgumentParser, served_name: bool = False) -> None:
     parser.add_argument("--model", required=True, help='HF model folder, or "demo" (generated on first use)')
-    parser.add_argument(
-        "--served-model-name", help="the name clients use (default: the folder's name; demo: radixserve-demo)"
-    )
+    if served_name:
+        parser.add_argument(
+            "--served-model-name",
+            help="the name clients use (default: the folder's name; demo: radixserve-demo)",
+        )
 
 
 def served_model_name(args: argparse.Namespace) -> str:

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_flag(p)
+    add_model_flag(p, served_name=True)
     p.add_argument("--host", default="0.0.0.0", help="listen address (HTTP and gRPC)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (OpenAI API)")
     p.add_argument(
@@ -74,7 +74,7 @@ async def run(args: argparse.Namespace) -> None:
             timeout_graceful_shutdown=5,
         )
     )
-    http.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # ours, below
+    # uvicorn captures SIGTERM/SIGINT while it serves (and stops); ours end the wait if it is not serving.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -113,7 +113,11 @@ async def _serve(
     chat: bool,
 ) -> Response:
     if max_tokens < 1:
-        field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+        field = (
+            "max_completion_tokens"
+            if getattr(body, "max_completion_tokens", None) is not None
+            else "max_tokens"
+        )
         raise ApiError(400, f"{field} must be at least 1, got {max_tokens}", param=field)
     sp = body.sampling_params(max_tokens)
     started = time.perf_counter()

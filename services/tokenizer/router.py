@@ -54,8 +54,8 @@ class LeastLoadRouter:
         self._n = itertools.count()
 
     def choose(self, input_ids: Sequence[int], candidates: Sequence[SchedulerHandle]) -> SchedulerHandle:
-        start = next(self._n)
-        order = candidates[start % len(candidates) :] + candidates[: start % len(candidates)]
+        k = next(self._n) % len(candidates)
+        order = [*candidates[k:], *candidates[:k]]
         return min(order, key=lambda h: len(h.outstanding))
 
 
