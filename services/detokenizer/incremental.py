@@ -86,7 +86,7 @@ class IncrementalDetokenizer:
         A request named twice in ``updates`` is taken in order, as if the second entry came in a later
         call (decoding one state twice in one batch would append its new text twice)."""
         out: list[TextDelta] = []
-        start, seen = 0, set()
+        start, seen = 0, set[str]()
         for i, u in enumerate(updates):
             if u.rid in seen:
                 out += self._process(updates[start:i])
