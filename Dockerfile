@@ -1,8 +1,9 @@
 # One image for every radixserve service. Minimal until the Kubernetes issue adds the
-# CUDA base, the service entrypoints and the flashinfer wheel.
+# CUDA base and the flashinfer wheel. Pods run e.g. `radixserve.scheduler --model ...`;
+# setup.py generates the gRPC stubs from proto/ during `pip install .`.
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY setup.py pyproject.toml README.md ./
 COPY services ./services
 COPY operator ./operator
 COPY proto ./proto
