@@ -2,8 +2,9 @@
 
 The embedded default for one machine: the same programs the pods run (``python -m
 radixserve.<service>``), wired by flags. Internal gRPC ports are picked free; the HTTP port is
-``--port``. Ready when every service reports healthy; Ctrl-C / SIGTERM stops the gateway first
-(no new clients), then the schedulers (they drain), then the detokenizer.
+``--port``. Ready when every service reports healthy. Ctrl-C / SIGTERM stops the gateway and the
+schedulers together (no new requests anywhere; running ones finish within the schedulers' drain
+timeout and reach their clients, or end with an error that says why), then the detokenizer.
 """
 
 from __future__ import annotations
@@ -111,13 +112,14 @@ class Cluster:
                 raise TimeoutError(f"not healthy after {timeout:.0f} s: {[s.name for s in pending]}")
             time.sleep(0.2)
 
-    def stop(self, drain_timeout: float = 30.0) -> None:
-        self.gateway.stop(10)
-        for s in self.schedulers:  # in parallel: each drains on its own
+    def stop(self, drain_timeout: float = 10.0) -> None:
+        """``drain_timeout``: how long to wait for schedulers beyond their own drain timeout."""
+        for s in [self.gateway, *self.schedulers]:  # in parallel: each drains on its own
             if s.alive() and s.proc is not None:
                 s.proc.send_signal(signal.SIGTERM)
         for s in self.schedulers:
             s.stop(drain_timeout + 10)
+        self.gateway.stop(10)
         self.detokenizer.stop(10)
 
 
@@ -131,7 +133,9 @@ def build_cluster(
     scheduler_args: Sequence[str] = (),
     gateway_args: Sequence[str] = (),
     torch_threads: int | None = None,
+    drain_timeout: float = 5.0,
 ) -> Cluster:
+    """The services' command lines; ``scheduler_args`` come last, so they override the defaults here."""
     detok_port = free_port()
     detok = Service(
         "detokenizer",
@@ -145,7 +149,13 @@ def build_cluster(
         p = free_port()
         argv = ["radixserve.scheduler", "--model", str(model), "--host", "127.0.0.1", "--port", str(p)]
         argv += ["--advertise-address", f"127.0.0.1:{p}", "--detokenizer", f"127.0.0.1:{detok_port}"]
-        argv += ["--torch-threads", str(torch_threads), *scheduler_args]
+        argv += [
+            "--torch-threads",
+            str(torch_threads),
+            "--drain-timeout",
+            str(drain_timeout),
+            *scheduler_args,
+        ]
         scheds.append(Service(f"scheduler-{i}", argv, grpc_address=f"127.0.0.1:{p}"))
     gport = grpc_port or free_port()
     argv = ["radixserve.tokenizer", "--model", str(model), "--served-model-name", model_name]
@@ -156,7 +166,7 @@ def build_cluster(
         "--schedulers",
         *[s.grpc_address or "" for s in scheds],
     ]
-    argv += list(gateway_args)
+    argv += ["--drain-timeout", str(drain_timeout + 2), *gateway_args]
     url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     gateway = Service("gateway", argv, http_url=f"http://{url_host}:{port}")
     return Cluster(gateway, scheds, detok, f"http://{url_host}:{port}", f"{url_host}:{gport}")

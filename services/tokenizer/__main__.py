@@ -5,7 +5,7 @@
 
 --advertise-address is what the detokenizer dials to deliver results (the pod's own address in a
 cluster). Every flag can come from ``RADIXSERVE_<FLAG>`` (lists space-separated); see --help.
-SIGTERM / Ctrl-C: stop accepting, give in-flight responses a few seconds, exit.
+SIGTERM / Ctrl-C: stop accepting, give open responses --drain-timeout seconds, exit.
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="HOST:PORT the detokenizer reaches the gRPC port at (default localhost:GRPC_PORT)",
     )
     p.add_argument("--schedulers", nargs="+", required=True, help="scheduler pods, HOST:PORT each")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="at SIGTERM, seconds open responses get to finish (match the schedulers')",
+    )
     p.add_argument("--router", choices=("least-load", "round-robin"), default="least-load")
     return p
 
@@ -71,7 +77,7 @@ async def run(args: argparse.Namespace) -> None:
             host=args.host,
             port=args.port,
             log_level="warning",
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=max(1, int(args.drain_timeout)),
         )
     )
     # uvicorn captures SIGTERM/SIGINT while it serves (and stops); ours end the wait if it is not serving.
