@@ -66,6 +66,8 @@ _BENCH_SERVING_VALUE_FLAGS = (
     "model",
     "rates",
     "num_requests",
+    "concurrency",
+    "requests_per_client",
     "input_range",
     "output_range",
     "max_running_requests",

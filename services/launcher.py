@@ -134,6 +134,7 @@ def build_cluster(
     gateway_args: Sequence[str] = (),
     torch_threads: int | None = None,
     drain_timeout: float = 5.0,
+    prefix_index: str = "memory",
 ) -> Cluster:
     """The services' command lines; ``scheduler_args`` come last, so they override the defaults here."""
     detok_port = free_port()
@@ -147,7 +148,10 @@ def build_cluster(
     scheds = []
     for i in range(schedulers):
         p = free_port()
-        argv = ["radixserve.scheduler", "--model", str(model), "--host", "127.0.0.1", "--port", str(p)]
+        argv = ["radixserve.scheduler", "--model", str(model), "--served-model-name", model_name]
+        argv += ["--host", "127.0.0.1", "--port", str(p)]
+        if prefix_index != "memory":  # Redis: the pods publish there themselves
+            argv += ["--prefix-index", prefix_index]
         argv += ["--advertise-address", f"127.0.0.1:{p}", "--detokenizer", f"127.0.0.1:{detok_port}"]
         argv += [
             "--torch-threads",
@@ -166,7 +170,7 @@ def build_cluster(
         "--schedulers",
         *[s.grpc_address or "" for s in scheds],
     ]
-    argv += ["--drain-timeout", str(drain_timeout + 2), *gateway_args]
+    argv += ["--drain-timeout", str(drain_timeout + 2), "--prefix-index", prefix_index, *gateway_args]
     url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     gateway = Service("gateway", argv, http_url=f"http://{url_host}:{port}")
     return Cluster(gateway, scheds, detok, f"http://{url_host}:{port}", f"{url_host}:{gport}")

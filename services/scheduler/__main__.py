@@ -19,7 +19,7 @@ import threading
 import typing
 from collections.abc import Sequence
 
-from radixserve.common.config import add_model_flag, parse_args, resolve_model
+from radixserve.common.config import add_model_flag, parse_args, resolve_model, served_model_name
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,13 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_flag(p)
+    add_model_flag(p, served_name=True)
     p.add_argument("--host", default="0.0.0.0", help="listen address")
     p.add_argument("--port", type=int, default=50051, help="gRPC port")
     p.add_argument("--advertise-address", help="HOST:PORT others reach this pod at (default localhost:PORT)")
     p.add_argument("--detokenizer", required=True, help="HOST:PORT of the detokenizer")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests at SIGTERM")
+    p.add_argument(
+        "--prefix-index",
+        default="",
+        help="redis:// or rediss:// URL to publish KV block events "
+        "and heartbeats to (default: none; gateways with an in-memory index get them over Watch)",
+    )
+    p.add_argument("--block-size", type=int, default=16, help="tokens per hashed block (0: no block events)")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats (Redis)")
+    p.add_argument("--heartbeat-ttl", type=float, default=5.0, help="seconds a heartbeat stays valid (Redis)")
     add_engine_flags(p)
     return p
 
@@ -85,10 +94,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     engine = Engine(resolve_model(args.model), **engine_kwargs(args))
     address = args.advertise_address or f"localhost:{args.port}"
-    server, service, health = serve(engine, f"{args.host}:{args.port}", args.detokenizer, address)
+    server, service, health = serve(
+        engine,
+        f"{args.host}:{args.port}",
+        args.detokenizer,
+        address,
+        model_name=served_model_name(args),
+        block_size=args.block_size,
+    )
+    publisher = None
+    if args.prefix_index:
+        from radixserve.common.prefix_index import RedisPrefixIndex
+        from radixserve.scheduler.kv_events import EventSubscriber, RedisPublisher
+
+        publisher = RedisPublisher(
+            RedisPrefixIndex(args.prefix_index),
+            address,
+            service.events.subscribe(EventSubscriber()),
+            service.load_dict,
+            args.heartbeat_interval,
+            args.heartbeat_ttl,
+        )
+        publisher.start()
     logging.info("serving on %s:%d (KV %d tokens)", args.host, args.port, engine.scheduler.kv.capacity)
     stop.wait()
     logging.info("shutting down (drain up to %.0f s)", args.drain_timeout)
+    if publisher is not None:
+        publisher.close()
     shutdown(server, service, health, args.drain_timeout)
     return 0
 

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, root_hash
 from radixserve.common.rpc import (
     SERVER_OPTIONS,
     StreamSender,
@@ -34,6 +35,7 @@ from radixserve.common.rpc import (
     set_not_serving,
 )
 from radixserve.scheduler.engine import Engine
+from radixserve.scheduler.kv_events import EventHub, EventSubscriber
 from radixserve.scheduler.policy.req import FinishReason, Req
 
 log = logging.getLogger(__name__)
@@ -53,8 +55,22 @@ class _Live:
 
 
 class SchedulerService(pb_grpc.SchedulerServicer):
-    def __init__(self, engine: Engine, address: str, detokenizer: str, load_interval_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        address: str,
+        detokenizer: str,
+        load_interval_s: float = 0.2,
+        model_name: str = "",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> None:
         self.engine = engine
+        self.model_name = model_name
+        self.block_size = block_size
+        self.events = EventHub()
+        cache = engine.scheduler.kv.cache
+        if block_size > 0 and not cache.disabled:
+            cache.enable_block_events(block_size, root_hash(model_name))
         self.scheduler = engine.scheduler
         self.loop = engine.loop
         self.address = address
@@ -123,11 +139,26 @@ class SchedulerService(pb_grpc.SchedulerServicer):
     def GetLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self.load()
 
-    def WatchLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def Watch(self, request: Any, context: grpc.ServicerContext) -> Any:
         interval = request.interval_s or self.load_interval_s
-        while context.is_active() and not self._stop.is_set():
-            yield self.load()
-            self._stop.wait(interval)
+        sub = self.events.subscribe(EventSubscriber()) if request.kv_events else None
+        self._wake.set()  # the engine thread sends the snapshot at its next iteration
+        try:
+            while context.is_active() and not self._stop.is_set():
+                update = pb.PodUpdate(block_size=self.block_size, model_name=self.model_name)
+                if sub is None:
+                    self._stop.wait(interval)
+                else:
+                    got = sub.take(interval)
+                    if got is not None:
+                        update.cleared = got[0]
+                        update.stored.extend(got[1])
+                        update.removed.extend(got[2])
+                update.load.CopyFrom(self.load())
+                yield update
+        finally:
+            if sub is not None:
+                self.events.unsubscribe(sub)
 
     def MatchPrefix(self, request: Any, context: grpc.ServicerContext) -> Any:
         # The tree is the engine thread's; a read-only walk here could see a split half done.
@@ -136,6 +167,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self._inbox.put(("match", (list(request.input_ids), answer)))
         self._wake.set()
         return pb.MatchPrefixReply(cached_tokens=answer.result(timeout=30))
+
+    def load_dict(self) -> dict[str, Any]:
+        lo = self.load()
+        return {f.name: getattr(lo, f.name) for f in lo.DESCRIPTOR.fields}
 
     def load(self) -> Any:
         kv = self.scheduler.kv
@@ -156,15 +191,18 @@ class SchedulerService(pb_grpc.SchedulerServicer):
     # ---------------------------------------------------------------------- engine thread
     def _run(self) -> None:
         try:
+            cache = self.scheduler.kv.cache
             while not self._stop.is_set():
                 self._drain_inbox()
-                if not self.loop.busy:
+                if self.loop.busy:
+                    finished = self.loop.step()
+                    self.steps += 1
+                    self._emit(finished)
+                else:
                     self._wake.wait(0.05)
                     self._wake.clear()
-                    continue
-                finished = self.loop.step()
-                self.steps += 1
-                self._emit(finished)
+                # Aborts and finished requests change the tree too: publish after both.
+                self.events.publish(cache.take_block_events(), cache.all_block_hashes)
         except BaseException as e:  # a bug or a device error: end every request with it, loudly
             log.exception("engine loop failed")
             self.error = e
@@ -287,10 +325,18 @@ class SchedulerService(pb_grpc.SchedulerServicer):
 
 
 def serve(
-    engine: Engine, listen: str, detokenizer: str, advertise: str | None = None, workers: int = 16
+    engine: Engine,
+    listen: str,
+    detokenizer: str,
+    advertise: str | None = None,
+    workers: int = 16,
+    model_name: str = "",
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> tuple[grpc.Server, SchedulerService, Any]:
     """Start the engine thread and the gRPC server on ``listen``; others reach it at ``advertise``."""
-    service = SchedulerService(engine, advertise or listen, detokenizer)
+    service = SchedulerService(
+        engine, advertise or listen, detokenizer, model_name=model_name, block_size=block_size
+    )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=SERVER_OPTIONS)
     pb_grpc.add_SchedulerServicer_to_server(service, server)
     health = add_health(server, [SERVICE_NAME])

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from radixserve.common.config import add_model_flag, parse_args, resolve_model, served_model_name
+from radixserve.tokenizer.router import ROUTERS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +44,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="at SIGTERM, seconds open responses get to finish (match the schedulers')",
     )
-    p.add_argument("--router", choices=("least-load", "round-robin"), default="least-load")
+    p.add_argument("--router", choices=ROUTERS, default="cache-aware", help="routing policy")
+    p.add_argument(
+        "--prefix-index",
+        default="memory",
+        help='"memory" (fed by the schedulers\' Watch '
+        "streams; one gateway) or a redis:// / rediss:// URL (password in the URL)",
+    )
+    p.add_argument("--block-size", type=int, default=16, help="tokens per hashed block (as the schedulers)")
+    p.add_argument(
+        "--balance-abs-threshold",
+        type=int,
+        default=16,
+        help="cache-aware: route to the least loaded pod when loads differ by more than this ...",
+    )
+    p.add_argument(
+        "--balance-rel-threshold", type=float, default=1.5, help="... and by more than this factor"
+    )
+    p.add_argument(
+        "--recent-ttl",
+        type=float,
+        default=10.0,
+        help="seconds a prefix counts as held by the pod it was just routed to",
+    )
     return p
 
 
@@ -52,17 +75,25 @@ async def run(args: argparse.Namespace) -> None:
     import uvicorn
 
     from radixserve.common.rpc import SERVER_OPTIONS, add_health, pb_grpc
-    from radixserve.tokenizer.gateway import Gateway
+    from radixserve.tokenizer.gateway import Gateway, RoutingConfig
     from radixserve.tokenizer.grpc_api import GatewayService
     from radixserve.tokenizer.http_app import build_app
     from radixserve.tokenizer.metrics import GatewayMetrics
 
+    routing = RoutingConfig(
+        policy=args.router,
+        prefix_index=args.prefix_index,
+        block_size=args.block_size,
+        balance_abs=args.balance_abs_threshold,
+        balance_rel=args.balance_rel_threshold,
+        recent_ttl_s=args.recent_ttl,
+    )
     gw = Gateway(
         resolve_model(args.model),
         served_model_name(args),
         args.schedulers,
         args.advertise_address or f"localhost:{args.grpc_port}",
-        router=args.router,
+        routing,
     )
     await gw.start()
     server = grpc.aio.server(options=SERVER_OPTIONS)

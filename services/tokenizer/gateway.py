@@ -18,9 +18,17 @@ from typing import Any
 
 import grpc
 
+from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
 from radixserve.common.rpc import pb, sampling_to_proto
 from radixserve.common.sampling import SamplingParams
-from radixserve.tokenizer.router import ROUTERS, SchedulerHandle, SchedulerPool
+from radixserve.tokenizer.router import (
+    CacheAwareRouter,
+    LeastLoadRouter,
+    RoundRobinRouter,
+    Router,
+    SchedulerHandle,
+    SchedulerPool,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,17 @@ class Choice:
     prompt_index: int = 0  # which prompt of a multi-prompt request
 
 
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    policy: str = "cache-aware"  # cache-aware | least-load | round-robin
+    prefix_index: str = "memory"  # "memory" (fed by the pods' Watch streams) or a redis:// URL
+    block_size: int = 16
+    balance_abs: int = 16  # cache-aware: loads (waiting + running) differing by more than this ...
+    balance_rel: float = 1.5  # ... and by more than this factor go to the least loaded pod
+    recent_ttl_s: float = 10.0  # how long a routed prefix counts as held by its pod before it publishes
+    sweep_s: float = 1.0  # Redis: how often expired pods are looked for (and removed)
+
+
 class Gateway:
     def __init__(
         self,
@@ -77,23 +96,71 @@ class Gateway:
         model_name: str,
         schedulers: Sequence[str],
         reply_to: str,
-        router: str = "least-load",
+        routing: RoutingConfig | None = None,
     ) -> None:
         from transformers import AutoTokenizer
 
         self.model_name = model_name
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.reply_to = reply_to
-        self.pool = SchedulerPool(schedulers, self.scheduler_down)
-        self.router = ROUTERS[router]()
+        self.routing = routing = routing or RoutingConfig()
+        self.index = open_index(routing.prefix_index)
+        memory = self.index if isinstance(self.index, InMemoryPrefixIndex) else None
+        self.pool = SchedulerPool(schedulers, self.scheduler_down, memory_index=memory)
+        self.router: Router
+        if routing.policy == "cache-aware":
+            self.router = CacheAwareRouter(
+                self.index,
+                model_name,
+                routing.block_size,
+                routing.balance_abs,
+                routing.balance_rel,
+                routing.recent_ttl_s,
+            )
+        elif routing.policy == "least-load":
+            self.router = LeastLoadRouter()
+        elif routing.policy == "round-robin":
+            self.router = RoundRobinRouter()
+        else:
+            raise ValueError(f"unknown routing policy {routing.policy!r}")
+        self.live_in_index: set[str] | None = None  # Redis: pods with a live heartbeat (None: unknown)
         self.choices: dict[str, Choice] = {}  # live rids of this gateway
         self._background: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
         self.pool.start()
+        if self.pool.memory_index is None:
+            self._spawn(self._sweep())
 
     async def close(self) -> None:
+        for t in list(self._background):
+            t.cancel()
         await self.pool.close()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _sweep(self) -> None:
+        """Redis: learn which pods' heartbeats are live; remove the entries of expired ones."""
+        while True:
+            try:
+                self.live_in_index = set(self.index.live_pods())
+                dead = self.index.sweep()
+                if dead:
+                    log.warning("pods with expired heartbeats removed from the prefix index: %s", dead)
+            except Exception as e:  # Redis down: route without it (the router degrades too)
+                if self.live_in_index is not None:
+                    log.warning("prefix index unreachable: %s", e)
+                self.live_in_index = None
+            await asyncio.sleep(self.routing.sweep_s)
+
+    def candidates(self) -> list[SchedulerHandle]:
+        healthy = self.pool.healthy()
+        live = self.live_in_index
+        # A pod whose heartbeat expired is never chosen (while Redis can say so).
+        return healthy if live is None else [h for h in healthy if h.address in live]
 
     # --------------------------------------------------------------------------- prompts
     def encode(self, text: str) -> list[int]:
@@ -130,7 +197,7 @@ class Gateway:
             sp.validate()
         except (ValueError, TypeError) as e:
             raise ApiError(400, str(e)) from e
-        candidates = self.pool.healthy()
+        candidates = self.candidates()
         if not candidates:
             raise ApiError(503, "no scheduler is available", "server_error")
         h = self.router.choose(input_ids, candidates)
@@ -191,9 +258,7 @@ class Gateway:
             except grpc.aio.AioRpcError as e:  # the pod is gone: nothing of the request is left to free
                 log.info("abort of %d requests on %s failed: %s", len(rids), h.address, e.code().name)
 
-        task = asyncio.create_task(call())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(call())
 
     # ------------------------------------------------------------------ from the detokenizer
     def deliver(self, batch: Any) -> None:

@@ -1,11 +1,22 @@
 """Scheduler pods as the gateway sees them, and the policy that picks one per request.
 
-``SchedulerPool`` keeps a channel and a WatchLoad stream open to every scheduler: each Load
-message refreshes the pod's load, and a broken stream marks the pod down at once (its waiting
-clients get an error; see Gateway.scheduler_down) until the stream reopens.
+``SchedulerPool`` keeps a channel and a Watch stream open to every scheduler: each update
+refreshes the pod's load (and, with the in-memory prefix index, applies its KV block events);
+a broken stream marks the pod down at once (its waiting clients get an error, see
+Gateway.scheduler_down, and its index entries go) until the stream reopens.
 
-Routers are behind one small interface (``Router.choose``) so the prefix-index router can
-replace them without touching the gateway.
+Routers share one small interface (``choose``); ``cache-aware`` is the default:
+
+    hashes  = chained block hashes of the prompt (radixserve.common.block_hash)
+    matched = per pod, leading blocks it holds: the prefix index (Redis or in-memory), or what
+              this router recently sent there (a burst sharing a new prefix lands together
+              before the first prefill has published anything)
+    if the load is out of balance (max - min > abs AND max > rel x min): least loaded
+    elif nobody holds any block: least loaded
+    else: the longest match (ties: least loaded)
+
+If the index fails (Redis down), routing degrades to least-load with a warning and retries the
+index after ``retry_s``.
 """
 
 from __future__ import annotations
@@ -13,12 +24,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
 
+from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
+from radixserve.common.prefix_index import InMemoryPrefixIndex
 from radixserve.common.rpc import CHANNEL_OPTIONS, pb, pb_grpc
 
 log = logging.getLogger(__name__)
@@ -33,45 +48,176 @@ class SchedulerHandle:
     load: Any = None  # the last pb.Load
     outstanding: set[str] = field(default_factory=set)  # rids this gateway sent here, not ended
 
+    @property
+    def busy(self) -> int:
+        """Requests on the pod: what it reported, or what this gateway alone has there if more
+        (reports lag by up to one interval)."""
+        reported = self.load.waiting + self.load.running if self.load is not None else 0
+        return max(reported, len(self.outstanding))
+
+
+@dataclass(slots=True)
+class Decision:
+    pod: str
+    reason: str  # prefix | balance | no-match | index-down | policy
+    matched_blocks: int
+    seconds: float
+
 
 class Router(Protocol):
+    name: str
+
     def choose(self, input_ids: Sequence[int], candidates: Sequence[SchedulerHandle]) -> SchedulerHandle: ...
 
 
-class RoundRobinRouter:
+class _Recorder:
+    """The last decisions, for metrics, benchmarks and tests."""
+
     def __init__(self) -> None:
+        self.decisions: deque[Decision] = deque(maxlen=100_000)
+
+    def record(self, d: Decision) -> None:
+        self.decisions.append(d)
+
+
+class RoundRobinRouter(_Recorder):
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        super().__init__()
         self._n = itertools.count()
 
     def choose(self, input_ids: Sequence[int], candidates: Sequence[SchedulerHandle]) -> SchedulerHandle:
-        return candidates[next(self._n) % len(candidates)]
+        t = time.perf_counter()
+        h = candidates[next(self._n) % len(candidates)]
+        self.record(Decision(h.address, "policy", 0, time.perf_counter() - t))
+        return h
 
 
-class LeastLoadRouter:
-    """Fewest requests outstanding from this gateway (exact and current, unlike the pod's load
-    report, which is up to one report interval old); ties go round-robin."""
+def least_loaded(candidates: Sequence[SchedulerHandle], rotate: int) -> SchedulerHandle:
+    k = rotate % len(candidates)
+    return min([*candidates[k:], *candidates[:k]], key=lambda h: h.busy)  # ties: rotating order
+
+
+class LeastLoadRouter(_Recorder):
+    name = "least-load"
 
     def __init__(self) -> None:
+        super().__init__()
         self._n = itertools.count()
 
     def choose(self, input_ids: Sequence[int], candidates: Sequence[SchedulerHandle]) -> SchedulerHandle:
-        k = next(self._n) % len(candidates)
-        order = [*candidates[k:], *candidates[:k]]
-        return min(order, key=lambda h: len(h.outstanding))
+        t = time.perf_counter()
+        h = least_loaded(candidates, next(self._n))
+        self.record(Decision(h.address, "policy", 0, time.perf_counter() - t))
+        return h
 
 
-ROUTERS: dict[str, Callable[[], Router]] = {"least-load": LeastLoadRouter, "round-robin": RoundRobinRouter}
+class RecentRoutes:
+    """Where this router sent each block lately: hash -> (pod, expires at), bounded."""
+
+    def __init__(self, ttl_s: float, max_entries: int = 200_000) -> None:
+        self.ttl_s = ttl_s
+        self._max = max_entries
+        self._where: OrderedDict[int, tuple[str, float]] = OrderedDict()
+
+    def remember(self, hashes: Sequence[int], pod: str, now: float) -> None:
+        for h in hashes:
+            self._where[h] = (pod, now + self.ttl_s)
+            self._where.move_to_end(h)
+        while len(self._where) > self._max:
+            self._where.popitem(last=False)
+
+    def match(self, hashes: Sequence[int], now: float) -> tuple[str | None, int]:
+        pod, n = None, 0
+        for h in hashes:
+            got = self._where.get(h)
+            if got is None or got[1] < now or (pod is not None and got[0] != pod):
+                break
+            pod, n = got[0], n + 1
+        return pod, n
+
+
+class CacheAwareRouter(_Recorder):
+    name = "cache-aware"
+
+    def __init__(
+        self,
+        index: Any,
+        model_name: str,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        balance_abs: int = 16,
+        balance_rel: float = 1.5,
+        recent_ttl_s: float = 10.0,
+        retry_s: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.index = index
+        self.model_name = model_name
+        self.block_size = block_size
+        self.balance_abs, self.balance_rel = balance_abs, balance_rel
+        self.recent = RecentRoutes(recent_ttl_s)
+        self.retry_s = retry_s
+        self._index_down_until = 0.0
+        self._n = itertools.count()
+
+    def choose(self, input_ids: Sequence[int], candidates: Sequence[SchedulerHandle]) -> SchedulerHandle:
+        t = time.perf_counter()
+        now = time.monotonic()
+        rotate = next(self._n)
+        hashes = block_hashes(input_ids, self.model_name, self.block_size)
+        matched: dict[str, int] = {}
+        index_ok = now >= self._index_down_until
+        if index_ok and hashes:
+            try:
+                matched = self.index.match(hashes)
+            except Exception as e:  # redis.RedisError, timeouts: degrade, retry later
+                log.warning("prefix index unreachable (%s): least-load routing for %.1f s", e, self.retry_s)
+                self._index_down_until = now + self.retry_s
+                index_ok = False
+        if not index_ok:
+            h = least_loaded(candidates, rotate)
+            self.record(Decision(h.address, "index-down", 0, time.perf_counter() - t))
+            return h
+        pod, n = self.recent.match(hashes, now)
+        if pod is not None and n > matched.get(pod, 0):
+            matched[pod] = n
+        loads = [h.busy for h in candidates]
+        hi, lo = max(loads), min(loads)
+        if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
+            h, reason, best = least_loaded(candidates, rotate), "balance", 0
+        else:
+            best = max((matched.get(h.address, 0) for h in candidates), default=0)
+            if best == 0:
+                h, reason = least_loaded(candidates, rotate), "no-match"
+            else:
+                h, reason = (
+                    least_loaded([c for c in candidates if matched.get(c.address, 0) == best], rotate),
+                    "prefix",
+                )
+        self.recent.remember(hashes, h.address, now)
+        self.record(Decision(h.address, reason, matched.get(h.address, 0), time.perf_counter() - t))
+        return h
+
+
+ROUTERS = ("cache-aware", "least-load", "round-robin")
 
 
 class SchedulerPool:
+    """``memory_index``: an InMemoryPrefixIndex to feed from the pods' Watch streams (None when the
+    index lives in Redis: the pods publish there themselves)."""
+
     def __init__(
         self,
         addresses: Sequence[str],
         on_down: Callable[[SchedulerHandle, str], None],
         watch_interval_s: float = 0.2,
+        memory_index: InMemoryPrefixIndex | None = None,
     ) -> None:
         self.handles = [SchedulerHandle(a) for a in addresses]
         self._on_down = on_down
         self._interval = watch_interval_s
+        self.memory_index = memory_index
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -85,15 +231,20 @@ class SchedulerPool:
 
     async def _watch(self, h: SchedulerHandle) -> None:
         backoff = 0.05
+        index = self.memory_index
+        request = pb.WatchRequest(interval_s=self._interval, kv_events=index is not None)
         while True:
             try:
-                call = h.stub.WatchLoad(pb.WatchLoadRequest(interval_s=self._interval), wait_for_ready=True)
-                async for load in call:
+                call = h.stub.Watch(request, wait_for_ready=True)
+                async for update in call:
                     if not h.healthy:
                         log.info("scheduler %s is up", h.address)
-                    h.load, h.healthy = load, True
+                    h.load, h.healthy = update.load, True
+                    if index is not None:
+                        index.apply(h.address, update.stored, update.removed, update.cleared)
+                        index.heartbeat(h.address, {}, 10 * self._interval + 1)
                     backoff = 0.05
-                why = "ended its load stream"
+                why = "ended its watch stream"
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
@@ -101,6 +252,8 @@ class SchedulerPool:
             if h.healthy:
                 log.warning("scheduler %s is down (%s)", h.address, why)
                 h.healthy = False
+            if index is not None:
+                index.remove_pod(h.address)
             if h.outstanding:
                 self._on_down(h, why)
             await asyncio.sleep(backoff)

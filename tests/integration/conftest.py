@@ -17,15 +17,22 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory):
     return make_demo_model(tmp_path_factory.mktemp("model") / "tiny", arch="llama", size="tiny")
 
 
-def start_cluster(model_dir, schedulers: int, scheduler_args: list[str] | None = None) -> Cluster:
+def start_cluster(
+    model_dir,
+    schedulers: int,
+    scheduler_args: list[str] | None = None,
+    router: str = "round-robin",
+    prefix_index: str = "memory",
+) -> Cluster:
     cluster = build_cluster(
         model_dir,
         MODEL_NAME,
         port=free_port(),
         schedulers=schedulers,
         scheduler_args=scheduler_args or [],
-        gateway_args=["--router", "round-robin"],
+        gateway_args=["--router", router],
         torch_threads=1,
+        prefix_index=prefix_index,
     )
     cluster.start(timeout=180)
     return cluster

@@ -49,14 +49,13 @@ def test_killed_scheduler_fails_its_clients_promptly_and_spares_the_others(model
 
         async def go():
             async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
-                started = [asyncio.Event() for _ in range(4)]
-                # round-robin: requests 0 and 2 go to scheduler 0, 1 and 3 to scheduler 1
-                tasks = [
-                    asyncio.create_task(_stream(h, LONG if i % 2 == 0 else SHORT, started[i]))
-                    for i in range(4)
-                ]
-                for e in started:
-                    await e.wait()
+                # round-robin: requests 0 and 2 go to scheduler 0, 1 and 3 to scheduler 1 (each is
+                # started once the one before it streams, so they reach the gateway in order)
+                tasks = []
+                for i in range(4):
+                    started = asyncio.Event()
+                    tasks.append(asyncio.create_task(_stream(h, LONG if i % 2 == 0 else SHORT, started)))
+                    await started.wait()
                 killed_at = time.monotonic()
                 cluster.schedulers[0].proc.send_signal(signal.SIGKILL)
                 results = await asyncio.gather(*tasks)
@@ -65,7 +64,7 @@ def test_killed_scheduler_fails_its_clients_promptly_and_spares_the_others(model
 
         killed_at, results, after = asyncio.run(go())
         for r in results[0::2]:  # on the killed pod
-            assert r["error"] is not None and "went away" in r["error"]["message"]
+            assert r["error"] is not None and "went away" in r["error"]["message"], results
             assert r["ended"] - killed_at < 5.0
         for r in results[1::2]:  # on the other pod
             assert r["error"] is None and r["finish"] == "length"

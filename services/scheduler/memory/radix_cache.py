@@ -22,6 +22,12 @@ split only at page boundaries, and children are indexed by their first page.
 
 Accounting: ``free + evictable + protected + sum(private pages of live requests)``
 equals the pool's capacity after every operation (``KVCacheManager.check``).
+
+Block events (for the cluster's prefix index; off unless ``enable_block_events``): every full
+block of ``block_size`` tokens in the tree has a chained hash (radixserve.common.block_hash) kept
+on the node its last token lives in. Creating a node records ``stored`` for the blocks ending in
+it; evicting one records ``removed`` for its blocks; a split moves them with their tokens. So the
+hashes on the tree's nodes are, at all times, exactly the full blocks it holds.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from radixserve.common.block_hash import chain
 from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 
@@ -43,7 +50,7 @@ _node_ids = itertools.count()
 
 
 class TreeNode:
-    __slots__ = ("children", "id", "key", "last_access", "lock_ref", "parent", "value")
+    __slots__ = ("blocks", "children", "depth", "id", "key", "last_access", "lock_ref", "parent", "value")
 
     def __init__(self, key: np.ndarray, value: np.ndarray, parent: TreeNode | None) -> None:
         self.key = key  # token ids (int32), length a multiple of page_size
@@ -53,6 +60,8 @@ class TreeNode:
         self.lock_ref = 0
         self.last_access = 0  # logical time of the last match or insert through this node
         self.id = next(_node_ids)
+        self.depth = 0  # tokens before this node on its path
+        self.blocks: list[int] = []  # hashes of the full blocks whose last token is in this node
 
     def __len__(self) -> int:
         return len(self.key)
@@ -92,7 +101,24 @@ class RadixCache:
         self.allocator = allocator
         self.req_to_token = req_to_token
         self.page_size = allocator.page_size
+        self.block_size = 0  # 0: no block events
+        self._root_block_hash = 0
+        self.block_events: list[tuple[str, list[int]]] = []  # ("stored" | "removed" | "cleared", hashes)
         self.reset()
+
+    def enable_block_events(self, block_size: int, root_block_hash: int) -> None:
+        """Record stored/removed block hashes from now on (see the module docstring)."""
+        if self.total_size:
+            raise RuntimeError("enable block events on an empty cache")
+        self.block_size = block_size
+        self._root_block_hash = root_block_hash
+
+    def take_block_events(self) -> list[tuple[str, list[int]]]:
+        events, self.block_events = self.block_events, []
+        return events
+
+    def all_block_hashes(self) -> list[int]:
+        return [h for node in self.nodes() for h in node.blocks]
 
     def reset(self) -> None:
         """Drop every node. Only valid when no request holds a lock."""
@@ -104,6 +130,8 @@ class RadixCache:
         self.version = 0
         self.evictable_size = 0  # tokens in nodes with lock_ref == 0
         self.protected_size = 0  # tokens in nodes with lock_ref > 0
+        if self.block_size:
+            self.block_events.append(("cleared", []))
 
     def _tick(self) -> int:
         self._clock += 1
@@ -153,6 +181,12 @@ class RadixCache:
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
         upper.children = {self._child_key(child.key[n:]): child}
+        upper.depth = child.depth
+        child.depth += n
+        if child.blocks:
+            bs = self.block_size
+            k = (upper.depth + n) // bs - upper.depth // bs  # blocks ending in the upper part
+            upper.blocks, child.blocks = child.blocks[:k], child.blocks[k:]
         child.parent.children[self._child_key(child.key)] = upper
         child.parent = upper
         child.key = child.key[n:]
@@ -175,6 +209,9 @@ class RadixCache:
         if pos < len(tokens):
             leaf = TreeNode(tokens[pos:].copy(), np.asarray(slots[pos:], dtype=np.int64).copy(), node)
             leaf.last_access = self._clock
+            leaf.depth = pos
+            if self.block_size:
+                self._hash_blocks(leaf, tokens)
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_size += len(leaf)
             self.version += 1
@@ -182,6 +219,25 @@ class RadixCache:
             node = leaf
         tree_slots = np.concatenate(parts) if parts else _EMPTY_SLOTS
         return InsertResult(present, node, tree_slots)
+
+    def _hash_blocks(self, leaf: TreeNode, tokens: np.ndarray) -> None:
+        """Hash the full blocks ending in the new ``leaf``; ``tokens`` is its whole path's key."""
+        bs = self.block_size
+        first, last = leaf.depth // bs + 1, (leaf.depth + len(leaf)) // bs  # block numbers (1-based)
+        if last < first:
+            return
+        start = (first - 1) * bs
+        leaf.blocks = chain(self._block_hash_ending_at(leaf.parent, start), tokens[start : last * bs], bs)  # type: ignore[arg-type]
+        self.block_events.append(("stored", leaf.blocks))
+
+    def _block_hash_ending_at(self, node: TreeNode, end: int) -> int:
+        """Hash of the block ending at ``end`` (a multiple of block_size) on ``node``'s path."""
+        if end == 0:
+            return self._root_block_hash
+        while not node.depth < end <= node.depth + len(node):
+            node = node.parent  # type: ignore[assignment]
+        bs = self.block_size
+        return node.blocks[(end - (node.depth // bs + 1) * bs) // bs]
 
     # ------------------------------------------------------------ lock/unlock
     def lock(self, node: TreeNode) -> None:
@@ -219,6 +275,8 @@ class RadixCache:
             assert parent is not None
             self.allocator.free_slots(leaf.value)
             del parent.children[self._child_key(leaf.key)]
+            if leaf.blocks:
+                self.block_events.append(("removed", leaf.blocks))
             self.evictable_size -= len(leaf)
             freed += len(leaf)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:

@@ -1,0 +1,230 @@
+"""The cluster's prefix index: which scheduler pod holds which KV blocks (chained block hashes,
+radixserve.common.block_hash), and which pods are alive (heartbeats that expire).
+
+Two backends behind one interface:
+
+* ``InMemoryPrefixIndex``: one process's dicts. The embedded default (``radixserve serve``): the
+  gateway keeps it, fed by each scheduler's Watch stream (snapshot + block events + load).
+* ``RedisPrefixIndex``: the cluster default. Schedulers write to it (their KV-event publisher),
+  gateways read it. A whole prompt is looked up in one round trip (a server-side script that walks
+  the prompt's blocks and stops at the first one no candidate pod holds).
+
+Writers: ``apply`` (block events; ``cleared`` first drops everything the pod had), ``heartbeat``,
+``remove_pod``. Readers: ``match`` (pod -> leading blocks held), ``live_pods``, ``sweep`` (remove
+the entries of pods whose heartbeat expired).
+
+Because the hash chains, a pod that holds block i holds the whole prefix up to it (the radix tree
+evicts leaves first), so a pod's match is the longest run of leading blocks it appears in.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class PrefixIndex(Protocol):
+    def apply(
+        self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False
+    ) -> None: ...
+    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> None: ...
+    def remove_pod(self, pod: str) -> None: ...
+    def match(self, hashes: Sequence[int]) -> dict[str, int]: ...
+    def live_pods(self) -> dict[str, dict[str, Any]]: ...
+    def sweep(self) -> list[str]: ...
+
+
+class InMemoryPrefixIndex:
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        self._pods_of: dict[int, set[str]] = {}  # block hash -> pods holding it
+        self._blocks_of: dict[str, set[int]] = {}  # pod -> its block hashes
+        self._heartbeats: dict[str, tuple[dict[str, Any], float]] = {}  # pod -> (load, expires at)
+
+    def apply(self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False) -> None:
+        if cleared:
+            self._drop_blocks(pod)
+        mine = self._blocks_of.setdefault(pod, set())
+        for h in stored:
+            self._pods_of.setdefault(h, set()).add(pod)
+            mine.add(h)
+        for h in removed:
+            pods = self._pods_of.get(h)
+            if pods is not None:
+                pods.discard(pod)
+                if not pods:
+                    del self._pods_of[h]
+            mine.discard(h)
+
+    def _drop_blocks(self, pod: str) -> None:
+        for h in self._blocks_of.pop(pod, ()):
+            pods = self._pods_of.get(h)
+            if pods is not None:
+                pods.discard(pod)
+                if not pods:
+                    del self._pods_of[h]
+
+    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> None:
+        self._heartbeats[pod] = (load, self._clock() + ttl_s)
+
+    def remove_pod(self, pod: str) -> None:
+        self._drop_blocks(pod)
+        self._heartbeats.pop(pod, None)
+
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        alive: set[str] | None = None
+        for i, h in enumerate(hashes):
+            pods = self._pods_of.get(h)
+            if not pods:
+                break
+            alive = set(pods) if alive is None else alive & pods
+            if not alive:
+                break
+            for p in alive:
+                counts[p] = i + 1
+        return counts
+
+    def live_pods(self) -> dict[str, dict[str, Any]]:
+        now = self._clock()
+        return {p: load for p, (load, exp) in self._heartbeats.items() if exp > now}
+
+    def sweep(self) -> list[str]:
+        now = self._clock()
+        dead = [p for p, (_, exp) in self._heartbeats.items() if exp <= now]
+        dead += [p for p in self._blocks_of if p not in self._heartbeats]
+        for p in dead:
+            self.remove_pod(p)
+        return dead
+
+    def num_blocks(self, pod: str) -> int:
+        return len(self._blocks_of.get(pod, ()))
+
+
+# --------------------------------------------------------------------------------------- Redis
+# Keys (standalone Redis; the scripts touch keys they compute, so not for Redis Cluster):
+#   {ns}b:{hash}          SET of pods holding the block
+#   {ns}p:{pod}:blocks    SET of the pod's block hashes (to drop them all at once)
+#   {ns}p:{pod}:hb        the pod's last load (JSON), expiring: its heartbeat
+#   {ns}pods              SET of pods that ever published (for sweeping)
+_APPLY = """
+local ns, pod = ARGV[1], ARGV[2]
+local blocks = ns .. 'p:' .. pod .. ':blocks'
+if ARGV[3] == '1' then
+  for _, h in ipairs(redis.call('SMEMBERS', blocks)) do redis.call('SREM', ns .. 'b:' .. h, pod) end
+  redis.call('DEL', blocks)
+end
+local n = tonumber(ARGV[4])
+for i = 5, 4 + n do
+  redis.call('SADD', ns .. 'b:' .. ARGV[i], pod)
+  redis.call('SADD', blocks, ARGV[i])
+end
+for i = 5 + n, #ARGV do
+  redis.call('SREM', ns .. 'b:' .. ARGV[i], pod)
+  redis.call('SREM', blocks, ARGV[i])
+end
+redis.call('SADD', ns .. 'pods', pod)
+return 1
+"""
+
+_REMOVE_POD = """
+local ns, pod = ARGV[1], ARGV[2]
+local blocks = ns .. 'p:' .. pod .. ':blocks'
+for _, h in ipairs(redis.call('SMEMBERS', blocks)) do redis.call('SREM', ns .. 'b:' .. h, pod) end
+redis.call('DEL', blocks, ns .. 'p:' .. pod .. ':hb')
+redis.call('SREM', ns .. 'pods', pod)
+return 1
+"""
+
+_MATCH = """
+local ns = ARGV[1]
+local alive = nil
+local counts = {}
+for i = 2, #ARGV do
+  local members = redis.call('SMEMBERS', ns .. 'b:' .. ARGV[i])
+  local next_alive = {}
+  local any = false
+  for _, m in ipairs(members) do
+    if alive == nil or alive[m] then
+      next_alive[m] = true
+      counts[m] = i - 1
+      any = true
+    end
+  end
+  if not any then break end
+  alive = next_alive
+end
+local out = {}
+for m, c in pairs(counts) do
+  table.insert(out, m)
+  table.insert(out, c)
+end
+return out
+"""
+
+
+class RedisPrefixIndex:
+    """``url``: redis://[:password@]host:port/db or rediss:// (TLS). Every call is one round trip;
+    errors (Redis down, timeouts) raise redis.RedisError for the caller to degrade on."""
+
+    def __init__(self, url: str, namespace: str = "radixserve:", timeout_s: float = 0.25) -> None:
+        import redis
+
+        self.url = url
+        self.ns = namespace
+        self.redis = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
+        )
+        self._apply = self.redis.register_script(_APPLY)
+        self._remove = self.redis.register_script(_REMOVE_POD)
+        self._match = self.redis.register_script(_MATCH)
+
+    def apply(self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False) -> None:
+        args = [self.ns, pod, "1" if cleared else "0", len(stored), *stored, *removed]
+        self._apply(args=args)
+
+    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(f"{self.ns}p:{pod}:hb", json.dumps(load), px=max(1, int(ttl_s * 1000)))
+        pipe.sadd(f"{self.ns}pods", pod)
+        pipe.execute()
+
+    def remove_pod(self, pod: str) -> None:
+        self._remove(args=[self.ns, pod])
+
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        if not hashes:
+            return {}
+        flat = self._match(args=[self.ns, *hashes])
+        return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    def live_pods(self) -> dict[str, dict[str, Any]]:
+        pods = sorted(map(str, self.redis.smembers(f"{self.ns}pods")))  # type: ignore[arg-type]
+        if not pods:
+            return {}
+        loads = self.redis.mget([f"{self.ns}p:{p}:hb" for p in pods])
+        return {p: json.loads(v) for p, v in zip(pods, loads, strict=True) if v is not None}
+
+    def sweep(self) -> list[str]:
+        pods = sorted(map(str, self.redis.smembers(f"{self.ns}pods")))  # type: ignore[arg-type]
+        if not pods:
+            return []
+        beats = self.redis.mget([f"{self.ns}p:{p}:hb" for p in pods])
+        dead = [p for p, v in zip(pods, beats, strict=True) if v is None]
+        for p in dead:
+            self.remove_pod(p)
+        return dead
+
+    def num_blocks(self, pod: str) -> int:
+        return int(self.redis.scard(f"{self.ns}p:{pod}:blocks"))
+
+
+def open_index(spec: str) -> InMemoryPrefixIndex | RedisPrefixIndex:
+    """ "memory" or a redis:// / rediss:// URL."""
+    if spec == "memory":
+        return InMemoryPrefixIndex()
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        return RedisPrefixIndex(spec)
+    raise ValueError(f"prefix index {spec!r}: expected 'memory' or a redis:// / rediss:// URL")

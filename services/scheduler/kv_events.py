@@ -1,0 +1,163 @@
+"""Block events leave the engine here, off its critical path.
+
+The engine thread, once per step, hands the radix cache's block events to every
+``EventSubscriber`` (a Watch stream of a gateway, the Redis publisher). A subscriber's backlog is
+bounded: one that falls behind (or whose sink failed) drops its backlog and asks for a snapshot,
+which the engine thread provides at its next step (``cleared`` + every block it holds), so every
+index heals itself. Consumers take the net effect of everything pending in one go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class EventSubscriber:
+    def __init__(self, max_pending: int = 200_000) -> None:
+        self._cond = threading.Condition()
+        self._net: dict[int, bool] = {}  # hash -> stored (True) / removed (False): the net effect
+        self._cleared = False
+        self._max = max_pending
+        self.need_snapshot = True  # the first thing a subscriber gets is the whole state
+        self.snapshots = 0
+
+    # engine thread
+    def push(self, events: list[tuple[str, list[int]]]) -> None:
+        with self._cond:
+            if self.need_snapshot:
+                return  # a snapshot will cover these
+            for kind, hashes in events:
+                if kind == "cleared":
+                    self._net.clear()
+                    self._cleared = True
+                else:
+                    stored = kind == "stored"
+                    for h in hashes:
+                        self._net[h] = stored
+            if len(self._net) > self._max:  # fallen behind: resynchronise instead of growing
+                self.request_snapshot()
+            self._cond.notify()
+
+    def snapshot(self, hashes: list[int]) -> None:
+        with self._cond:
+            self._net = dict.fromkeys(hashes, True)
+            self._cleared = True
+            self.need_snapshot = False
+            self.snapshots += 1
+            self._cond.notify()
+
+    # any thread
+    def request_snapshot(self) -> None:
+        with self._cond:
+            self._net.clear()
+            self._cleared = False
+            self.need_snapshot = True
+
+    # consumer
+    def take(self, timeout: float) -> tuple[bool, list[int], list[int]] | None:
+        """(cleared, stored, removed) pending since the last take, or None if nothing came in time."""
+        with self._cond:
+            if not self._net and not self._cleared:
+                self._cond.wait(timeout)
+            if self.need_snapshot or (not self._net and not self._cleared):
+                return None
+            net, cleared = self._net, self._cleared
+            self._net, self._cleared = {}, False
+        stored = [h for h, s in net.items() if s]
+        removed = [h for h, s in net.items() if not s]
+        return cleared, stored, removed
+
+
+class EventHub:
+    """The engine's side: subscribers come and go from other threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subs: list[EventSubscriber] = []
+
+    def subscribe(self, sub: EventSubscriber) -> EventSubscriber:
+        with self._lock:
+            self._subs.append(sub)
+        return sub
+
+    def unsubscribe(self, sub: EventSubscriber) -> None:
+        with self._lock:
+            if sub in self._subs:
+                self._subs.remove(sub)
+
+    def publish(self, events: list[tuple[str, list[int]]], all_hashes: Callable[[], list[int]]) -> None:
+        """Engine thread, once per step."""
+        with self._lock:
+            subs = list(self._subs)
+        snapshot: list[int] | None = None
+        for sub in subs:
+            if sub.need_snapshot:
+                if snapshot is None:
+                    snapshot = all_hashes()
+                sub.snapshot(snapshot)
+            elif events:
+                sub.push(events)
+
+
+class RedisPublisher:
+    """Writes one pod's block events and heartbeats to a RedisPrefixIndex from its own thread.
+
+    Redis being slow or down never blocks the engine: events wait in the subscriber (bounded),
+    failures are logged once per outage, and on reconnect the pod clears its old entries and
+    republishes everything it holds.
+    """
+
+    def __init__(
+        self,
+        index: Any,
+        pod: str,
+        sub: EventSubscriber,
+        load: Callable[[], dict[str, Any]],
+        heartbeat_s: float = 1.0,
+        ttl_s: float = 5.0,
+    ) -> None:
+        self.index, self.pod, self.sub, self.load = index, pod, sub, load
+        self.heartbeat_s, self.ttl_s = heartbeat_s, ttl_s
+        self.connected = False
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        next_beat = 0.0
+        while not self._stop.is_set():
+            got = self.sub.take(timeout=min(0.05, self.heartbeat_s))
+            try:
+                if got is not None:
+                    cleared, stored, removed = got
+                    self.index.apply(self.pod, stored, removed, cleared)
+                now = time.monotonic()
+                if now >= next_beat:
+                    self.index.heartbeat(self.pod, self.load(), self.ttl_s)
+                    next_beat = now + self.heartbeat_s
+                if not self.connected:
+                    log.info("prefix index %s: publishing", getattr(self.index, "url", self.index))
+                    self.connected = True
+            except Exception as e:  # redis.RedisError and OS errors alike: degrade, never stall
+                self.failures += 1
+                if self.connected or self.failures == 1:
+                    log.warning("prefix index unreachable (%s); will resync when it is back", e)
+                self.connected = False
+                self.sub.request_snapshot()  # what it had may be stale or gone (a restarted Redis)
+                self._stop.wait(0.5)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        with contextlib.suppress(Exception):  # leave no entries behind for routers to chase
+            self.index.remove_pod(self.pod)
