@@ -1,0 +1,95 @@
+"""Cache-aware routing across real scheduler processes: a shared prefix lands on one pod."""
+
+from __future__ import annotations
+
+import grpc
+import httpx
+import pytest
+
+from radixserve.common.rpc import pb, pb_grpc
+from tests.integration.conftest import MODEL_NAME, start_cluster
+
+
+def cached_on_each_pod(cluster, ids: list[int]) -> list[int]:
+    out = []
+    for s in cluster.schedulers:
+        with grpc.insecure_channel(s.grpc_address) as ch:
+            reply = pb_grpc.SchedulerStub(ch).MatchPrefix(pb.MatchPrefixRequest(input_ids=ids), timeout=10)
+            out.append(reply.cached_tokens)
+    return out
+
+
+@pytest.fixture(scope="module")
+def four_pods(model_dir):
+    c = start_cluster(model_dir, schedulers=4, router="cache-aware")
+    yield c
+    c.stop(drain_timeout=2)
+
+
+def complete(cluster, prompt: list[int], max_tokens: int = 4) -> dict:
+    r = httpx.post(
+        f"{cluster.url}/v1/completions",
+        timeout=60,
+        json={
+            "model": MODEL_NAME,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]
+
+
+def test_requests_sharing_a_prefix_go_to_one_pod_and_hit_its_cache(four_pods):
+    for tenant in range(3):
+        system = [100 + tenant * 7 + (i % 50) for i in range(160)]  # 10 full blocks of 16
+        usages = [complete(four_pods, system + [1000 + tenant * 10 + k, 1500 + k]) for k in range(6)]
+        assert usages[0]["prompt_tokens_details"]["cached_tokens"] == 0
+        for u in usages[1:]:  # every later request found the shared prefix where it was sent
+            assert u["prompt_tokens_details"]["cached_tokens"] >= 160
+        holders = [n for n in cached_on_each_pod(four_pods, system) if n >= 160]
+        assert len(holders) == 1, cached_on_each_pod(four_pods, system)
+
+
+def test_a_burst_with_a_new_prefix_lands_together(four_pods):
+    import asyncio
+
+    system = [700 + (i % 90) for i in range(320)]
+
+    async def burst() -> list[dict]:
+        async with httpx.AsyncClient(base_url=four_pods.url, timeout=60) as h:
+            rs = await asyncio.gather(
+                *[
+                    h.post(
+                        "/v1/completions",
+                        json={
+                            "model": MODEL_NAME,
+                            "prompt": system + [1900 + k],
+                            "max_tokens": 2,
+                            "temperature": 0,
+                            "ignore_eos": True,
+                        },
+                    )
+                    for k in range(8)
+                ]
+            )
+        return [r.json()["usage"] for r in rs]
+
+    usages = asyncio.run(burst())
+    assert len(usages) == 8
+    # Sent before any pod published the prefix: the router's memory of where it just sent it
+    # keeps the burst on one pod, so only that pod holds it.
+    holders = [n for n in cached_on_each_pod(four_pods, system) if n >= 320]
+    assert len(holders) == 1, cached_on_each_pod(four_pods, system)
+
+
+def test_unrelated_requests_spread_over_the_pods(four_pods):
+    for k in range(8):
+        complete(four_pods, [50 + k * 31 + (i % 13) for i in range(40)], max_tokens=2)
+    with_cache = []
+    for k in range(8):
+        ids = [50 + k * 31 + (i % 13) for i in range(40)]
+        with_cache.append(max(range(4), key=lambda p, ids=ids: cached_on_each_pod(four_pods, ids)[p]))
+    assert len(set(with_cache)) >= 3  # least-loaded / rotating choice when nothing matches
