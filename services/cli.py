@@ -175,19 +175,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = bench.add_parser(
         "serving",
-        help="online serving: the HTTP server vs the Engine in-process, Poisson arrivals at several rates",
+        help="online serving: the HTTP server vs the Engine in-process, Poisson arrivals at several rates"
+        " and closed loops at fixed concurrency",
         description="Writes OUT/serving.json and OUT/serving.png. Unset flags take benchmarks/serving.py's "
-        "defaults (full run ~5 min on 2 CPU cores; --quick < 90 s).",
+        "defaults (full run ~6 min on 2 CPU cores; --quick < 60 s).",
     )
     p.add_argument("--model", help="HF model folder (default: build the small demo model in a temp dir)")
     p.add_argument("--rates", nargs="+", help="request rates in req/s, inf = all at once (1 2 4 inf)")
-    p.add_argument("--num-requests", type=int, help="requests per rate (48; quick: 8)")
+    p.add_argument("--num-requests", type=int, help="requests per rate (32; quick: 8)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        help="closed loop: concurrent clients, each running its requests back to back (1 8 32; quick: 4)",
+    )
+    p.add_argument(
+        "--requests-per-client", type=int, help="closed loop: requests each client runs (5; quick: 2)"
+    )
     p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 64 256")
     p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 32 128")
     p.add_argument("--max-running-requests", type=int, help="engine's running-batch limit (128)")
     p.add_argument("--threads", type=int, help="torch threads: the scheduler process and in-process (1)")
     p.add_argument("--seed", type=int, help="workload seed (0)")
-    p.add_argument("--quick", action="store_true", help="tiny model, few short requests: smoke test < 90 s")
+    p.add_argument("--quick", action="store_true", help="tiny model, few short requests: smoke test < 60 s")
     p.add_argument("--out", help="output folder (default benchmarks/results)")
     p.set_defaults(func=_cmd_bench_serving)
 

@@ -5,6 +5,7 @@ The quick run starts a real cluster (gateway, scheduler, detokenizer processes) 
 """
 
 import importlib.util
+import itertools
 import json
 import math
 import sys
@@ -37,13 +38,28 @@ def test_workload_is_seeded_poisson_and_avoids_special_ids(serving):
     assert all(r["arrival"] == 0 for r in serving.build_workload(5, math.inf, (8, 8), (2, 2), 64, seed=0))
 
 
+def test_closed_loop_workload_deals_requests_to_clients_round_robin(serving):
+    w = serving.build_closed_workload(3, 4, (8, 16), (2, 5), 2048, seed=7)
+    assert w == serving.build_closed_workload(3, 4, (8, 16), (2, 5), 2048, seed=7)
+    assert len(w) == 12 and [r["client"] for r in w] == [0, 1, 2] * 4
+    assert all(min(r["input_ids"]) >= serving.SPECIAL_IDS and 2 <= r["output_len"] <= 5 for r in w)
+    # the KV pool holds any C requests of a closed-loop run at once
+    eargs = serving.engine_args([w[:1]], 8, page_size=16, closed=[(3, w)])
+    biggest = sorted(len(r["input_ids"]) + r["output_len"] + 16 for r in w)[-3:]
+    assert eargs["max_total_tokens"] >= sum(biggest)
+
+
 def test_itl_spreads_a_multi_token_event_over_its_tokens(serving):
     assert serving.itl_samples([1.0, 1.5, 2.5], [1, 1, 2]) == [0.5, 0.5, 0.5]
 
 
 def test_cli_parses_bench_serving_flags():
-    args = build_parser().parse_args(["bench", "serving", "--quick", "--rates", "2", "inf", "--threads", "1"])
+    args = build_parser().parse_args(
+        ["bench", "serving", "--quick", "--rates", "2", "inf", "--threads", "1", "--concurrency", "1", "4"]
+        + ["--requests-per-client", "3"]
+    )
     assert args.quick and args.rates == ["2", "inf"] and args.threads == 1
+    assert args.concurrency == [1, 4] and args.requests_per_client == 3
     assert args.func.__name__ == "_cmd_bench_serving"
 
 
@@ -69,5 +85,28 @@ def test_quick_run_reports_both_systems_with_exact_token_counts(serving, tmp_pat
                 assert 0 <= r["ttft"] <= r["e2e"]
             assert s["output_tok_s"] > 0 and s["itl_ms_p50"] >= 0
         assert "output_tok_s_ratio" in data["verdict"]["per_rate"][rate]
+    conc = data["config"]["concurrency"]
+    assert len(conc) == 1  # quick covers one concurrency
+    for c in conc:
+        wl = data["config"]["closed_loop_workloads"][c]
+        assert wl["num_requests"] == int(c) * data["config"]["requests_per_client"]
+        for system in ("served", "inprocess"):
+            entry = results[system]["concurrency"][c]
+            s = entry["summary"]
+            assert s["completed"] == wl["num_requests"] and s["failed"] == 0, (system, c, s)
+            assert s["all_exact"] and s["output_tokens"] == wl["output_tokens"]
+            assert len(entry["requests"]) == wl["num_requests"]
+            for i, r in enumerate(entry["requests"]):
+                assert r["ok"] and r["output_tokens"] == r["expected_tokens"]
+                assert r["client"] == i % int(c) and 0 <= r["ttft"] <= r["e2e"]
+            # each client's requests ran back to back, never overlapping
+            for j in range(int(c)):
+                mine = entry["requests"][j :: int(c)]
+                for a, b in itertools.pairwise(mine):
+                    assert b["arrival"] >= a["arrival"] + a["e2e"] - 1e-6
+            assert s["output_tok_s"] > 0 and s["tpot_ms_p50"] >= 0 and s["itl_ms_p50"] >= 0
+        v = data["verdict"]["per_concurrency"][c]
+        assert {"tpot_ms_p50_added", "itl_ms_p50_added", "output_tok_s_ratio"} <= set(v)
+    assert "closed_loop_max_tpot_ms_p50_added" in data["verdict"]
     assert data["verdict"]["every_request_exact"]
     assert {"cpu_count", "torch_threads", "python", "torch", "date"} <= set(data["machine"])

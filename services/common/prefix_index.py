@@ -9,7 +9,9 @@ Two backends behind one interface:
   gateways read it. A whole prompt is looked up in one round trip (a server-side script that walks
   the prompt's blocks and stops at the first one no candidate pod holds).
 
-Writers: ``apply`` (block events; ``cleared`` first drops everything the pod had), ``heartbeat``,
+Writers: ``apply`` (block events; ``cleared`` first drops everything the pod had), ``heartbeat``
+(returns whether the pod's previous heartbeat was still live: False tells a publisher its entries
+may be gone, a restarted or flushed Redis or a sweep after a stall, so it must republish them),
 ``remove_pod``. Readers: ``match`` (pod -> leading blocks held), ``live_pods``, ``sweep`` (remove
 the entries of pods whose heartbeat expired).
 
@@ -29,7 +31,7 @@ class PrefixIndex(Protocol):
     def apply(
         self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False
     ) -> None: ...
-    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> None: ...
+    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> bool: ...
     def remove_pod(self, pod: str) -> None: ...
     def match(self, hashes: Sequence[int]) -> dict[str, int]: ...
     def live_pods(self) -> dict[str, dict[str, Any]]: ...
@@ -66,8 +68,11 @@ class InMemoryPrefixIndex:
                 if not pods:
                     del self._pods_of[h]
 
-    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> None:
-        self._heartbeats[pod] = (load, self._clock() + ttl_s)
+    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> bool:
+        now = self._clock()
+        prev = self._heartbeats.get(pod)
+        self._heartbeats[pod] = (load, now + ttl_s)
+        return prev is not None and prev[1] > now
 
     def remove_pod(self, pod: str) -> None:
         self._drop_blocks(pod)
@@ -112,16 +117,12 @@ class InMemoryPrefixIndex:
 _APPLY = """
 local ns, pod = ARGV[1], ARGV[2]
 local blocks = ns .. 'p:' .. pod .. ':blocks'
-if ARGV[3] == '1' then
-  for _, h in ipairs(redis.call('SMEMBERS', blocks)) do redis.call('SREM', ns .. 'b:' .. h, pod) end
-  redis.call('DEL', blocks)
-end
-local n = tonumber(ARGV[4])
-for i = 5, 4 + n do
+local n = tonumber(ARGV[3])
+for i = 4, 3 + n do
   redis.call('SADD', ns .. 'b:' .. ARGV[i], pod)
   redis.call('SADD', blocks, ARGV[i])
 end
-for i = 5 + n, #ARGV do
+for i = 4 + n, #ARGV do
   redis.call('SREM', ns .. 'b:' .. ARGV[i], pod)
   redis.call('SREM', blocks, ARGV[i])
 end
@@ -129,13 +130,15 @@ redis.call('SADD', ns .. 'pods', pod)
 return 1
 """
 
-_REMOVE_POD = """
+# Drops up to ARGV[3] of the pod's blocks and returns how many it still has: called until 0, so no
+# single call blocks Redis for long however many blocks the pod had.
+_CLEAR = """
 local ns, pod = ARGV[1], ARGV[2]
 local blocks = ns .. 'p:' .. pod .. ':blocks'
-for _, h in ipairs(redis.call('SMEMBERS', blocks)) do redis.call('SREM', ns .. 'b:' .. h, pod) end
-redis.call('DEL', blocks, ns .. 'p:' .. pod .. ':hb')
-redis.call('SREM', ns .. 'pods', pod)
-return 1
+for _, h in ipairs(redis.call('SPOP', blocks, tonumber(ARGV[3]))) do
+  redis.call('SREM', ns .. 'b:' .. h, pod)
+end
+return redis.call('SCARD', blocks)
 """
 
 _MATCH = """
@@ -166,8 +169,15 @@ return out
 
 
 class RedisPrefixIndex:
-    """``url``: redis://[:password@]host:port/db or rediss:// (TLS). Every call is one round trip;
-    errors (Redis down, timeouts) raise redis.RedisError for the caller to degrade on."""
+    """``url``: redis://[:password@]host:port/db or rediss:// (TLS). A lookup is one round trip;
+    errors (Redis down, timeouts) raise redis.RedisError for the caller to degrade on.
+
+    Writes go in scripts of at most ``CHUNK`` hashes, so a pod's snapshot (100k+ blocks on a big
+    GPU) never runs into the socket timeout nor blocks Redis, and every router's lookup, for long.
+    A snapshot is therefore not atomic: while it lands, routers see part of the pod's blocks (a
+    shorter match, never a wrong one)."""
+
+    CHUNK = 1024
 
     def __init__(self, url: str, namespace: str = "radixserve:", timeout_s: float = 0.25) -> None:
         import redis
@@ -178,21 +188,40 @@ class RedisPrefixIndex:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
         )
         self._apply = self.redis.register_script(_APPLY)
-        self._remove = self.redis.register_script(_REMOVE_POD)
+        self._clear = self.redis.register_script(_CLEAR)
         self._match = self.redis.register_script(_MATCH)
 
     def apply(self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False) -> None:
-        args = [self.ns, pod, "1" if cleared else "0", len(stored), *stored, *removed]
-        self._apply(args=args)
+        if cleared:
+            self._drop_blocks(pod)
+        if len(stored) + len(removed) <= self.CHUNK:  # a step's events: one round trip
+            self._apply(args=[self.ns, pod, len(stored), *stored, *removed])
+            return
+        for i in range(0, len(stored), self.CHUNK):
+            chunk = stored[i : i + self.CHUNK]
+            self._apply(args=[self.ns, pod, len(chunk), *chunk])
+        for i in range(0, len(removed), self.CHUNK):
+            self._apply(args=[self.ns, pod, 0, *removed[i : i + self.CHUNK]])
 
-    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(f"{self.ns}p:{pod}:hb", json.dumps(load), px=max(1, int(ttl_s * 1000)))
+    def _drop_blocks(self, pod: str) -> None:
+        while int(self._clear(args=[self.ns, pod, self.CHUNK])) > 0:
+            pass
+
+    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> bool:
+        key = f"{self.ns}p:{pod}:hb"
+        pipe = self.redis.pipeline(transaction=True)  # one round trip (SET ... GET needs Redis 6.2)
+        pipe.exists(key)
+        pipe.set(key, json.dumps(load), px=max(1, int(ttl_s * 1000)))
         pipe.sadd(f"{self.ns}pods", pod)
-        pipe.execute()
+        existed, _, _ = pipe.execute()
+        return bool(existed)
 
     def remove_pod(self, pod: str) -> None:
-        self._remove(args=[self.ns, pod])
+        self._drop_blocks(pod)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(f"{self.ns}p:{pod}:blocks", f"{self.ns}p:{pod}:hb")
+        pipe.srem(f"{self.ns}pods", pod)
+        pipe.execute()
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         if not hashes:

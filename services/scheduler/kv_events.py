@@ -111,7 +111,9 @@ class RedisPublisher:
 
     Redis being slow or down never blocks the engine: events wait in the subscriber (bounded),
     failures are logged once per outage, and on reconnect the pod clears its old entries and
-    republishes everything it holds.
+    republishes everything it holds. It does the same when a heartbeat finds its previous one gone
+    although no call failed (Redis restarted or flushed between two calls, or a gateway swept the
+    pod after it stalled past the TTL): the index heals either way.
     """
 
     def __init__(
@@ -143,8 +145,14 @@ class RedisPublisher:
                     self.index.apply(self.pod, stored, removed, cleared)
                 now = time.monotonic()
                 if now >= next_beat:
-                    self.index.heartbeat(self.pod, self.load(), self.ttl_s)
+                    was_live = self.index.heartbeat(self.pod, self.load(), self.ttl_s)
                     next_beat = now + self.heartbeat_s
+                    if self.connected and was_live is False:
+                        # Our heartbeat was gone though every call succeeded: Redis restarted or
+                        # was flushed between two calls (the client reconnects silently), or we
+                        # stalled past the TTL and a gateway swept our blocks. Republish them.
+                        log.warning("prefix index lost this pod's entries; republishing them")
+                        self.sub.request_snapshot()
                 if not self.connected:
                     log.info("prefix index %s: publishing", getattr(self.index, "url", self.index))
                     self.connected = True

@@ -146,8 +146,9 @@ class Gateway:
         """Redis: learn which pods' heartbeats are live; remove the entries of expired ones."""
         while True:
             try:
-                self.live_in_index = set(self.index.live_pods())
-                dead = self.index.sweep()
+                # Off the event loop: removing a dead pod's blocks takes several round trips.
+                self.live_in_index = set(await asyncio.to_thread(self.index.live_pods))
+                dead = await asyncio.to_thread(self.index.sweep)
                 if dead:
                     log.warning("pods with expired heartbeats removed from the prefix index: %s", dead)
             except Exception as e:  # Redis down: route without it (the router degrades too)

@@ -1,0 +1,446 @@
+"""The prefix index (in-memory and Redis backends, one suite for both) and the KV-event publisher
+that keeps a pod's entries in Redis, against a real redis-server (tests/redis_server.py)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from radixserve.common.block_hash import block_hashes
+from radixserve.common.prefix_index import InMemoryPrefixIndex, RedisPrefixIndex
+from radixserve.scheduler.kv_events import EventHub, EventSubscriber, RedisPublisher
+from tests.redis_server import RedisServer, redis_server_fixture  # noqa: F401
+
+MODEL = "m"
+BS = 16
+
+
+def hashes_of(tokens: list[int]) -> list[int]:
+    return block_hashes(tokens, MODEL, BS)
+
+
+def prompt(seed: int, blocks: int) -> list[int]:
+    """``blocks`` full blocks of tokens; different seeds share no block."""
+    return [seed * 100_000 + i for i in range(blocks * BS)]
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> float:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"{what} did not happen within {timeout_s} s")
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+# ------------------------------------------------------------------------- both backends, one suite
+@dataclass
+class Backend:
+    index: Any
+    advance: Callable[[float], None]  # let time pass (a fake clock, or really sleep)
+    ttl_s: float
+
+
+@pytest.fixture(params=["memory", "redis"])
+def backend(request: pytest.FixtureRequest, clock: Any) -> Iterator[Backend]:
+    if request.param == "memory":
+
+        def tick(s: float) -> None:
+            clock.t += s
+
+        yield Backend(InMemoryPrefixIndex(clock=clock), tick, ttl_s=5.0)
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        yield Backend(RedisPrefixIndex(server.url, namespace="test:"), time.sleep, ttl_s=0.2)
+
+
+def test_match_counts_the_leading_blocks_each_pod_holds(backend: Backend) -> None:
+    idx = backend.index
+    h = hashes_of(prompt(1, 8))
+    idx.apply("a", h, [])
+    idx.apply("b", h[:3], [])
+    assert idx.match(h) == {"a": 8, "b": 3}
+    assert idx.match(h[:2]) == {"a": 2, "b": 2}
+    assert idx.match([]) == {}
+    # a prompt that leaves the cached path after block 5: only the shared prefix counts
+    other = hashes_of(prompt(1, 8)[: 5 * BS] + prompt(2, 3))
+    assert other[:5] == h[:5] and other[5] != h[5]
+    assert idx.match(other) == {"a": 5, "b": 3}
+    assert idx.match(hashes_of(prompt(3, 4))) == {}  # nobody holds the first block
+
+
+def test_several_pods_with_different_prefix_lengths(backend: Backend) -> None:
+    idx = backend.index
+    h = hashes_of(prompt(7, 12))
+    for n, pod in enumerate(["p1", "p2", "p3", "p4", "p5"], start=1):
+        idx.apply(pod, h[: 2 * n], [])
+    assert idx.match(h) == {"p1": 2, "p2": 4, "p3": 6, "p4": 8, "p5": 10}
+    assert idx.match(h[:5]) == {"p1": 2, "p2": 4, "p3": 5, "p4": 5, "p5": 5}
+
+
+def test_match_stops_at_the_first_block_no_still_matching_pod_holds(backend: Backend) -> None:
+    idx = backend.index
+    h = hashes_of(prompt(1, 6))
+    idx.apply("a", [h[0], h[1], h[3], h[4]], [])  # a hole at block 2
+    assert idx.match(h) == {"a": 2}
+    # b holds blocks 2..5 but not the start: it never matched, so the walk still stops at block 2
+    idx.apply("b", h[2:], [])
+    assert idx.match(h) == {"a": 2}
+    assert idx.match(h[2:]) == {"b": 4}  # a joins at block 3, after the walk started without it
+    # c holds block 0 only: it drops out after block 0, a carries on
+    idx.apply("c", h[:1], [])
+    assert idx.match(h) == {"a": 2, "c": 1}
+
+
+def test_stored_then_removed(backend: Backend) -> None:
+    idx = backend.index
+    h = hashes_of(prompt(1, 6))
+    idx.apply("a", h, [])
+    idx.apply("a", [], h[4:])  # the radix cache evicts leaves first
+    assert idx.match(h) == {"a": 4}
+    assert idx.num_blocks("a") == 4
+    idx.apply("a", [], [12345, h[3]])  # removing a block it never had is harmless
+    assert idx.match(h) == {"a": 3}
+    idx.apply("a", h[3:5], h[:0])
+    assert idx.match(h) == {"a": 5}
+
+
+def test_cleared_drops_the_pods_old_entries_first(backend: Backend) -> None:
+    idx = backend.index
+    old, new = hashes_of(prompt(1, 5)), hashes_of(prompt(2, 3))
+    idx.apply("a", old, [])
+    idx.apply("b", old[:2], [])
+    idx.apply("a", new, [], cleared=True)  # a snapshot: exactly what a holds now
+    assert idx.match(old) == {"b": 2}
+    assert idx.match(new) == {"a": 3}
+    assert idx.num_blocks("a") == 3
+    idx.apply("a", [], [], cleared=True)  # an empty snapshot: a holds nothing
+    assert idx.match(new) == {} and idx.num_blocks("a") == 0
+
+
+def test_a_snapshot_larger_than_one_write_replaces_a_large_old_one(backend: Backend) -> None:
+    """Thousands of blocks (more than RedisPrefixIndex.CHUNK) cleared and written in pieces."""
+    idx = backend.index
+    old = hashes_of(prompt(1, 2500))
+    new = hashes_of(prompt(2, 3000))
+    idx.apply("a", old, [])
+    idx.apply("b", old[:10], [])
+    idx.apply("a", new, old[:0], cleared=True)
+    assert idx.num_blocks("a") == 3000
+    assert idx.match(old) == {"b": 10}
+    assert idx.match(new[:125]) == {"a": 125}
+    idx.apply("a", [], new[1500:])  # a large removal, in pieces too
+    assert idx.num_blocks("a") == 1500
+    assert idx.match(new[1490:1510]) == {"a": 10}
+
+
+def test_remove_pod_leaves_the_other_pods_entries(backend: Backend) -> None:
+    idx = backend.index
+    h = hashes_of(prompt(1, 4))
+    idx.apply("a", h, [])
+    idx.apply("b", h[:2], [])
+    idx.heartbeat("a", {"waiting": 1}, 60)
+    idx.heartbeat("b", {"waiting": 2}, 60)
+    idx.remove_pod("a")
+    assert idx.match(h) == {"b": 2}
+    assert idx.num_blocks("a") == 0 and idx.num_blocks("b") == 2
+    assert idx.live_pods() == {"b": {"waiting": 2}}
+    idx.remove_pod("nobody")  # harmless
+
+
+def test_heartbeats_expire_and_sweep_removes_only_dead_pods(backend: Backend) -> None:
+    idx, ttl = backend.index, backend.ttl_s
+    h = hashes_of(prompt(1, 4))
+    idx.apply("a", h, [])
+    idx.apply("b", h[:3], [])
+    assert idx.heartbeat("a", {"waiting": 3, "running": 1}, ttl) is False  # a first heartbeat
+    assert idx.heartbeat("b", {"waiting": 0, "running": 2}, 100 * ttl) is False
+    assert idx.heartbeat("a", {"waiting": 4, "running": 1}, ttl) is True  # still live: the latest load
+    assert idx.live_pods() == {"a": {"waiting": 4, "running": 1}, "b": {"waiting": 0, "running": 2}}
+    assert idx.sweep() == []
+    backend.advance(ttl * 1.5)
+    assert idx.live_pods() == {"b": {"waiting": 0, "running": 2}}  # a's heartbeat lapsed
+    assert idx.match(h) == {"a": 4, "b": 3}  # its blocks stay until a sweep
+    assert idx.sweep() == ["a"]
+    assert idx.match(h) == {"b": 3}
+    assert idx.num_blocks("a") == 0
+    assert idx.sweep() == []
+    assert idx.heartbeat("a", {}, ttl) is False  # a pod coming back learns it was gone
+
+
+def test_sweep_removes_a_pod_that_published_blocks_but_never_a_heartbeat(backend: Backend) -> None:
+    idx = backend.index
+    h = hashes_of(prompt(1, 2))
+    idx.apply("ghost", h, [])
+    idx.apply("live", h, [])
+    idx.heartbeat("live", {}, 60)
+    assert idx.sweep() == ["ghost"]
+    assert idx.match(h) == {"live": 2}
+
+
+# ----------------------------------------------------------------------------------- Redis only
+def test_redis_url_with_a_password() -> None:
+    import redis
+
+    with RedisServer(password="s3cret") as s:
+        idx = RedisPrefixIndex(f"redis://:s3cret@{s.host}:{s.port}/0")
+        h = hashes_of(prompt(1, 3))
+        idx.apply("a", h, [])
+        idx.heartbeat("a", {"waiting": 1}, 10)
+        assert idx.match(h) == {"a": 3}
+        assert idx.live_pods() == {"a": {"waiting": 1}}
+        wrong = RedisPrefixIndex(f"redis://:nope@{s.host}:{s.port}/0")
+        with pytest.raises(redis.AuthenticationError):
+            wrong.match(h)
+        anonymous = RedisPrefixIndex(f"redis://{s.host}:{s.port}/0")
+        with pytest.raises(redis.RedisError, match=r"(?i)auth"):
+            anonymous.match(h)
+
+
+def _top_level_calls(client: Any) -> dict[str, int]:
+    """Per command, calls so far, without what scripts run inside (SMEMBERS) or INFO itself."""
+    stats = client.info("commandstats")
+    skip = {"cmdstat_smembers", "cmdstat_info"}
+    return {k: v["calls"] for k, v in stats.items() if k not in skip}
+
+
+def test_redis_lookup_of_a_2000_token_prompt_is_one_call_and_fast(redis_server: RedisServer) -> None:
+    idx = RedisPrefixIndex(redis_server.url)
+    h = hashes_of(prompt(1, 125))  # 2000 tokens
+    assert len(h) == 125
+    idx.apply("a", h, [])
+    idx.apply("b", h[:100], [])
+    idx.apply("c", h[:60], [])
+    assert idx.match(h) == {"a": 125, "b": 100, "c": 60}  # also loads the script
+    stats = redis_server.client()
+    before = _top_level_calls(stats)
+    assert idx.match(h) == {"a": 125, "b": 100, "c": 60}
+    after = _top_level_calls(stats)
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    delta = {k: d for k, d in delta.items() if d}
+    assert delta == {"cmdstat_evalsha": 1}, delta
+
+    times = []
+    for _ in range(200):
+        t = time.perf_counter()
+        idx.match(h)
+        times.append(time.perf_counter() - t)
+    times.sort()
+    p50, p99 = statistics.median(times), times[int(0.99 * len(times)) - 1]
+    print(f"\nRedis lookup of 125 block hashes (3 pods): p50 {p50 * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms")
+    assert p99 < 0.020  # generous: the machine is shared; the benchmark owns the real figure
+
+
+def test_redis_down_fails_fast_and_a_restarted_server_is_used_again(redis_server: RedisServer) -> None:
+    import redis
+
+    idx = RedisPrefixIndex(redis_server.url)
+    h = hashes_of(prompt(1, 4))
+    idx.apply("a", h, [])
+    assert idx.match(h) == {"a": 4}
+    redis_server.stop()
+    for call in (lambda: idx.match(h), lambda: idx.apply("a", h, []), lambda: idx.heartbeat("a", {}, 1)):
+        t = time.perf_counter()
+        with pytest.raises(redis.ConnectionError):
+            call()
+        assert time.perf_counter() - t < 0.5  # no retries with backoff: the caller degrades at once
+    redis_server.start()  # empty
+    assert idx.match(h) == {}  # the pooled connection was stale: reconnected without an error
+    idx.apply("a", h, [])
+    assert idx.match(h) == {"a": 4}
+
+
+def test_a_big_snapshot_lands_in_pieces_well_within_the_socket_timeout(redis_server: RedisServer) -> None:
+    """One script for 20k blocks would run past a 0.1 s socket timeout (and block Redis, and every
+    router's lookup, meanwhile); a publisher would then retry its snapshot forever."""
+    idx = RedisPrefixIndex(redis_server.url, timeout_s=0.1)
+    old, new = hashes_of(prompt(1, 20_000)), hashes_of(prompt(2, 20_000))
+    idx.apply("a", old, [], cleared=True)
+    idx.apply("a", new, [], cleared=True)
+    assert idx.num_blocks("a") == 20_000
+    assert idx.match(old[:10]) == {} and idx.match(new[-125:]) == {"a": 125}
+    idx.remove_pod("a")
+    assert idx.num_blocks("a") == 0 and idx.match(new[:10]) == {}
+    assert redis_server.client().dbsize() == 0  # nothing left behind
+    scripts = redis_server.client().info("commandstats")["cmdstat_evalsha"]
+    assert scripts["usec_per_call"] < 50_000, scripts  # each a short while
+
+
+def test_namespaces_do_not_see_each_other(redis_server: RedisServer) -> None:
+    one, two = RedisPrefixIndex(redis_server.url, "one:"), RedisPrefixIndex(redis_server.url, "two:")
+    h = hashes_of(prompt(1, 2))
+    one.apply("a", h, [])
+    two.heartbeat("b", {}, 10)
+    assert one.match(h) == {"a": 2} and two.match(h) == {}
+    assert one.live_pods() == {} and list(two.live_pods()) == ["b"]
+
+
+# ------------------------------------------------------------------------- events and publisher
+def test_a_subscriber_that_falls_behind_gets_a_snapshot_instead() -> None:
+    hub = EventHub()
+    sub = hub.subscribe(EventSubscriber(max_pending=10))
+    held = list(range(100, 130))
+    hub.publish([], lambda: held[:5])  # the first thing a subscriber gets: the whole state
+    assert sub.take(0) == (True, held[:5], [])
+    hub.publish([("stored", held[5:8]), ("removed", held[:1])], lambda: held)
+    assert sub.take(0) == (False, held[5:8], held[:1])
+    hub.publish([("stored", held[8:30])], lambda: held)  # more than max_pending: dropped
+    assert sub.need_snapshot and sub.take(0) is None
+    hub.publish([], lambda: held)
+    assert sub.take(0) == (True, held, [])
+    assert sub.snapshots == 2
+
+
+class FakeEngine:
+    """The scheduler's engine thread, as far as block events go: a set of held block hashes that
+    the test changes, and a loop that hands the changes to the EventHub every few milliseconds."""
+
+    def __init__(self, hub: EventHub) -> None:
+        self.hub = hub
+        self.held: set[int] = set()
+        self._events: list[tuple[str, list[int]]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.publish_s: list[float] = []  # how long each hub.publish took
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def store(self, hashes: list[int]) -> None:
+        with self._lock:
+            new = [h for h in hashes if h not in self.held]
+            self.held.update(new)
+            self._events.append(("stored", new))
+
+    def evict(self, hashes: list[int]) -> None:
+        with self._lock:
+            gone = [h for h in hashes if h in self.held]
+            self.held.difference_update(gone)
+            self._events.append(("removed", gone))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                events, self._events = self._events, []
+                snapshot = sorted(self.held)
+            t = time.perf_counter()
+            self.hub.publish(events, lambda s=snapshot: s)  # type: ignore[misc]
+            self.publish_s.append(time.perf_counter() - t)
+            self._stop.wait(0.005)
+
+    def __enter__(self) -> FakeEngine:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+LOAD = {"waiting": 2, "running": 3}
+
+
+@pytest.fixture
+def publishing(redis_server: RedisServer) -> Iterator[tuple[FakeEngine, RedisPublisher, RedisPrefixIndex]]:
+    """A pod "pod-a" publishing to Redis, and a gateway's index reading it."""
+    hub = EventHub()
+    with FakeEngine(hub) as engine:
+        engine.store(hashes_of(prompt(1, 4)))  # held before the publisher starts: the snapshot
+        pub = RedisPublisher(
+            RedisPrefixIndex(redis_server.url),
+            "pod-a",
+            hub.subscribe(EventSubscriber()),
+            lambda: LOAD,
+            heartbeat_s=0.05,
+            ttl_s=1.0,
+        )
+        pub.start()
+        try:
+            yield engine, pub, RedisPrefixIndex(redis_server.url)
+        finally:
+            pub.close()
+
+
+def test_publisher_writes_block_events_and_heartbeats(publishing: Any) -> None:
+    engine, pub, index = publishing
+    first, second = hashes_of(prompt(1, 4)), hashes_of(prompt(2, 6))
+    wait_until(lambda: index.match(first) == {"pod-a": 4}, what="the snapshot")
+    wait_until(lambda: index.live_pods() == {"pod-a": LOAD}, what="a heartbeat")
+    engine.store(second)
+    wait_until(lambda: index.match(second) == {"pod-a": 6}, what="stored blocks")
+    engine.evict(second[3:])
+    wait_until(lambda: index.match(second) == {"pod-a": 3}, what="removed blocks")
+    assert index.num_blocks("pod-a") == 7
+    pub.close()
+    assert index.match(first) == {} and index.match(second) == {}
+    assert index.live_pods() == {} and index.num_blocks("pod-a") == 0
+
+
+def test_publisher_survives_redis_going_away_and_heals_when_it_restarts_empty(
+    publishing: Any, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine, pub, index = publishing
+    caplog.set_level(logging.INFO, logger="radixserve.scheduler.kv_events")
+    first, second, third = hashes_of(prompt(1, 4)), hashes_of(prompt(2, 5)), hashes_of(prompt(3, 3))
+    engine.store(second)
+    wait_until(lambda: index.match(second) == {"pod-a": 5}, what="publishing")
+
+    redis_server.stop()
+    wait_until(lambda: not pub.connected, what="the publisher noticing the outage")
+    engine.publish_s.clear()
+    engine.store(third)  # the engine goes on while Redis is down
+    engine.evict(second[2:])
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.0:
+        engine.store(hashes_of(prompt(random.randrange(10, 10_000), 2)))
+        time.sleep(0.01)
+    assert len(engine.publish_s) > 20  # the engine thread kept stepping
+    assert max(engine.publish_s) < 0.05, max(engine.publish_s)  # hub.publish never waits on Redis
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "unreachable" in r.message]
+    assert len(warnings) == 1, [r.message for r in caplog.records]  # once per outage
+
+    redis_server.start()  # on the same port, EMPTY
+    healed = wait_until(
+        lambda: (
+            index.match(first) == {"pod-a": 4}
+            and index.match(second) == {"pod-a": 2}
+            and index.match(third) == {"pod-a": 3}
+        ),
+        timeout_s=5.0,
+        what="the publisher republishing its snapshot",
+    )
+    assert index.live_pods() == {"pod-a": LOAD}
+    assert index.num_blocks("pod-a") == len(engine.held)
+    assert pub.connected
+    print(f"\nindex healed {healed:.2f} s after Redis came back")
+
+
+def test_publisher_republishes_after_redis_is_flushed_without_any_failed_call(
+    publishing: Any, redis_server: RedisServer
+) -> None:
+    """A restart between two calls looks like this to the publisher: every call succeeds (the
+    client reconnects), but its heartbeat and blocks are gone."""
+    _engine, pub, index = publishing
+    first = hashes_of(prompt(1, 4))
+    wait_until(lambda: index.match(first) == {"pod-a": 4}, what="publishing")
+    failures = pub.failures
+    redis_server.client().flushall()
+    assert index.match(first) == {}
+    wait_until(lambda: index.match(first) == {"pod-a": 4}, what="republishing after FLUSHALL")
+    assert pub.failures == failures
+
+
+def test_publisher_republishes_after_a_gateway_swept_the_pod(publishing: Any) -> None:
+    """A pod that stalled past its TTL is swept by a gateway; when it beats again, it republishes."""
+    _engine, _pub, index = publishing
+    first = hashes_of(prompt(1, 4))
+    wait_until(lambda: index.match(first) == {"pod-a": 4}, what="publishing")
+    index.remove_pod("pod-a")  # what sweep() does to a pod whose heartbeat lapsed
+    wait_until(lambda: index.match(first) == {"pod-a": 4}, what="republishing after a sweep")
+    assert index.live_pods() == {"pod-a": LOAD}

@@ -1,0 +1,232 @@
+"""The gateway's routing policies: cache-aware (prefix index + recent routes + balance guard, and
+least-load while the index is down), least-load and round-robin."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from radixserve.common.block_hash import block_hashes
+from radixserve.common.prefix_index import InMemoryPrefixIndex, RedisPrefixIndex
+from radixserve.common.rpc import pb
+from radixserve.tokenizer.router import (
+    CacheAwareRouter,
+    LeastLoadRouter,
+    RecentRoutes,
+    RoundRobinRouter,
+    SchedulerHandle,
+)
+from tests.redis_server import RedisServer, free_port, redis_server_fixture  # noqa: F401
+
+MODEL = "m"
+BS = 16
+
+
+def pod(address: str, waiting: int = 0, running: int = 0, outstanding: int = 0) -> SchedulerHandle:
+    h = SchedulerHandle(address, healthy=True, load=pb.Load(waiting=waiting, running=running))
+    h.outstanding = {f"{address}-r{i}" for i in range(outstanding)}
+    return h
+
+
+def set_load(h: SchedulerHandle, waiting: int = 0, running: int = 0) -> None:
+    h.load = pb.Load(waiting=waiting, running=running)
+
+
+def tokens(seed: int, blocks: int, tail: int = 5) -> list[int]:
+    """``blocks`` full blocks (different seeds share none) and a partial block."""
+    return [seed * 100_000 + i for i in range(blocks * BS + tail)]
+
+
+def hashes_of(ids: list[int]) -> list[int]:
+    return block_hashes(ids, MODEL, BS)
+
+
+@pytest.fixture
+def index() -> InMemoryPrefixIndex:
+    return InMemoryPrefixIndex()
+
+
+def test_busy_is_what_the_pod_reported_or_what_this_gateway_sent_if_more() -> None:
+    assert pod("a").busy == 0
+    assert pod("a", waiting=3, running=4).busy == 7
+    assert pod("a", waiting=1, running=1, outstanding=5).busy == 5
+    assert SchedulerHandle("x").busy == 0  # no report yet
+
+
+def test_cache_aware_picks_the_pod_with_the_longest_match(index: InMemoryPrefixIndex) -> None:
+    a, b, c = pod("a"), pod("b", running=3), pod("c")
+    ids = tokens(1, 8)
+    h = hashes_of(ids)
+    index.apply("a", h[:2], [])
+    index.apply("b", h[:6], [])  # the longest, though busier
+    router = CacheAwareRouter(index, MODEL, BS)
+    assert router.choose(ids, [a, b, c]) is b
+    d = router.decisions[-1]
+    assert (d.pod, d.reason, d.matched_blocks) == ("b", "prefix", 6)
+    assert d.seconds < 0.1
+    # a pod the index knows but that is not a candidate (down, draining) is not chosen
+    assert router.choose(ids, [a, c]) is a
+    assert (router.decisions[-1].reason, router.decisions[-1].matched_blocks) == ("prefix", 2)
+
+
+def test_cache_aware_ties_go_to_the_least_loaded(index: InMemoryPrefixIndex) -> None:
+    a, b, c = pod("a", waiting=5), pod("b", running=1), pod("c")
+    ids = tokens(1, 4)
+    index.apply("a", hashes_of(ids), [])
+    index.apply("b", hashes_of(ids), [])
+    router = CacheAwareRouter(index, MODEL, BS)
+    assert router.choose(ids, [a, b, c]) is b  # c is idler, but holds nothing
+    assert router.decisions[-1].reason == "prefix"
+    set_load(a, 0)
+    set_load(b, waiting=4)
+    assert router.choose(ids, [a, b, c]) is a
+
+
+def test_cache_aware_without_any_match_picks_the_least_loaded(index: InMemoryPrefixIndex) -> None:
+    a, b = pod("a", waiting=2), pod("b", running=1)
+    router = CacheAwareRouter(index, MODEL, BS)
+    assert router.choose(tokens(1, 3), [a, b]) is b
+    assert router.decisions[-1].reason == "no-match"
+    assert router.choose(list(range(5)), [a, b]) is b  # shorter than a block: nothing to match
+    assert router.decisions[-1].reason == "no-match"
+
+
+@pytest.mark.parametrize(
+    ("busy_a", "busy_b", "expect"),
+    [
+        (20, 2, "b"),  # 18 > 16 apart and 20 > 1.5 x 2: out of balance
+        (100, 80, "a"),  # far apart (20 > 16), but 100 < 1.5 x 80: in balance
+        (10, 1, "a"),  # 10 > 1.5 x 1, but only 9 apart: in balance
+        (17, 0, "b"),  # 17 > 16 and 17 > 0
+        (16, 0, "a"),  # exactly the absolute threshold: not beyond it
+    ],
+)
+def test_an_out_of_balance_load_overrides_the_prefix(
+    index: InMemoryPrefixIndex, busy_a: int, busy_b: int, expect: str
+) -> None:
+    a, b = pod("a", running=busy_a), pod("b", outstanding=busy_b)
+    ids = tokens(1, 4)
+    index.apply("a", hashes_of(ids), [])
+    router = CacheAwareRouter(index, MODEL, BS, balance_abs=16, balance_rel=1.5)
+    assert router.choose(ids, [a, b]).address == expect
+    assert router.decisions[-1].reason == ("balance" if expect == "b" else "prefix")
+
+
+def test_a_burst_sharing_a_new_prefix_lands_on_one_pod_until_recent_routes_expire(
+    index: InMemoryPrefixIndex,
+) -> None:
+    pods = [pod("a"), pod("b"), pod("c")]
+    router = CacheAwareRouter(index, MODEL, BS, recent_ttl_s=0.3)
+    shared = tokens(1, 6, tail=0)  # a long system prompt nobody has cached (or published) yet
+    chosen = []
+    for i in range(8):
+        h = router.choose([*shared, *tokens(100 + i, 1)], pods)
+        h.outstanding.add(f"burst-{i}")  # what the gateway does with each request it sends
+        chosen.append(h.address)
+    assert len(set(chosen)) == 1, chosen
+    reasons = [d.reason for d in router.decisions]
+    assert reasons == ["no-match"] + ["prefix"] * 7
+    assert [d.matched_blocks for d in router.decisions][1:] == [6] * 7
+    # without the memory of recent routes the burst would have spread over the idler pods
+    spread = CacheAwareRouter(InMemoryPrefixIndex(), MODEL, BS, recent_ttl_s=0)
+    fresh = [pod("a"), pod("b"), pod("c")]
+    spread_to = set()
+    for i in range(3):
+        h = spread.choose([*shared, *tokens(100 + i, 1)], fresh)
+        h.outstanding.add(f"x-{i}")
+        spread_to.add(h.address)
+    assert len(spread_to) == 3
+
+    time.sleep(0.4)  # past recent_ttl_s, and nobody published the prefix: it is forgotten
+    h = router.choose([*shared, *tokens(999, 1)], pods)
+    assert h.address != chosen[0]  # the idler pods win now
+    assert router.decisions[-1].reason == "no-match"
+
+
+def test_recent_routes_follow_one_pod_and_expire() -> None:
+    r = RecentRoutes(ttl_s=1.0)
+    r.remember([1, 2, 3], "a", now=0.0)
+    r.remember([4], "b", now=0.0)
+    assert r.match([1, 2, 3, 4], now=0.5) == ("a", 3)  # stops where the pod changes
+    assert r.match([9, 1], now=0.5) == (None, 0)  # leading blocks only
+    assert r.match([1, 2], now=1.5) == (None, 0)  # expired
+    small = RecentRoutes(ttl_s=1.0, max_entries=2)
+    small.remember([1, 2, 3], "a", now=0.0)
+    assert small.match([1], now=0.0) == (None, 0) and small.match([2, 3], now=0.0) == ("a", 2)
+
+
+def test_the_index_is_used_alongside_recent_routes(index: InMemoryPrefixIndex) -> None:
+    a, b = pod("a"), pod("b")
+    ids = tokens(1, 6)
+    router = CacheAwareRouter(index, MODEL, BS)
+    first = router.choose(ids, [a, b])
+    other = b if first is a else a
+    index.apply(other.address, hashes_of(ids), [])  # the other pod publishes the whole prefix
+    # first: 6 blocks from recent routes; other: 6 from the index; a tie goes to the idler
+    first.outstanding.add("r1")
+    assert router.choose(ids, [a, b]) is other
+    assert router.decisions[-1].matched_blocks == 6
+
+
+def test_index_down_falls_back_to_least_load_and_retries_later(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="radixserve.tokenizer.router")
+    index = RedisPrefixIndex(redis_server.url)
+    a, b = pod("a", running=3), pod("b")
+    ids = tokens(1, 5)
+    index.apply("a", hashes_of(ids), [])
+    router = CacheAwareRouter(index, MODEL, BS, retry_s=0.5)
+    assert router.choose(ids, [a, b]) is a
+    assert router.decisions[-1].reason == "prefix"
+
+    redis_server.stop()
+    t = time.perf_counter()
+    assert router.choose(ids, [a, b]) is b
+    assert time.perf_counter() - t < 0.5  # a refused connection does not stall the gateway
+    d = router.decisions[-1]
+    assert (d.pod, d.reason, d.matched_blocks) == ("b", "index-down", 0)
+    warnings = [r.message for r in caplog.records if r.name == "radixserve.tokenizer.router"]
+    assert len(warnings) == 1 and "prefix index unreachable" in warnings[0]
+    for _ in range(3):  # within retry_s the index is not even tried
+        assert router.choose(ids, [a, b]) is b
+        assert router.decisions[-1].reason == "index-down"
+    assert len([r for r in caplog.records if r.name == "radixserve.tokenizer.router"]) == 1
+
+    redis_server.start()  # empty: the pod republishes (its RedisPublisher does that)
+    index.apply("a", hashes_of(ids), [])
+    assert router.choose(ids, [a, b]).address == "b"  # still within retry_s
+    assert router.decisions[-1].reason == "index-down"
+    time.sleep(0.6)
+    assert router.choose(ids, [a, b]) is a
+    d = router.decisions[-1]
+    assert (d.pod, d.reason, d.matched_blocks) == ("a", "prefix", 5)
+
+
+def test_an_index_nobody_listens_on_means_least_load() -> None:
+    closed = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    router = CacheAwareRouter(RedisPrefixIndex(closed), MODEL, BS)
+    a, b = pod("a", waiting=1), pod("b")
+    assert router.choose(tokens(1, 3), [a, b]) is b
+    assert router.decisions[-1].reason == "index-down"
+
+
+def test_round_robin_cycles_through_the_candidates() -> None:
+    pods = [pod("a", running=9), pod("b"), pod("c")]
+    router = RoundRobinRouter()
+    picked = [router.choose(tokens(1, 2), pods).address for _ in range(7)]
+    assert picked == ["a", "b", "c", "a", "b", "c", "a"]
+    assert {d.reason for d in router.decisions} == {"policy"}
+    assert len(router.decisions) == 7
+
+
+def test_least_load_picks_the_least_busy_and_rotates_among_ties() -> None:
+    a, b, c = pod("a", waiting=2), pod("b", running=1), pod("c", running=1)
+    router = LeastLoadRouter()
+    picked = {router.choose(tokens(1, 2), [a, b, c]).address for _ in range(4)}
+    assert picked == {"b", "c"}  # both least loaded: ties rotate, a never
+    c.outstanding = {"r1", "r2", "r3"}  # sent here, not yet in its report
+    assert [router.choose([], [a, b, c]).address for _ in range(3)] == ["b", "b", "b"]
+    assert router.decisions[-1].reason == "policy"
