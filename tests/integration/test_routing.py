@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import httpx
 import pytest
@@ -93,3 +95,40 @@ def test_unrelated_requests_spread_over_the_pods(four_pods):
         ids = [50 + k * 31 + (i % 13) for i in range(40)]
         with_cache.append(max(range(4), key=lambda p, ids=ids: cached_on_each_pod(four_pods, ids)[p]))
     assert len(set(with_cache)) >= 3  # least-loaded / rotating choice when nothing matches
+
+
+def test_with_redis_a_shared_prefix_lands_on_one_pod_and_routing_survives_a_redis_outage(model_dir):
+    from tests.redis_server import RedisServer
+
+    with RedisServer() as redis:
+        cluster = start_cluster(model_dir, schedulers=2, router="cache-aware", prefix_index=redis.url)
+        try:
+            system = [300 + (i % 70) for i in range(192)]
+            usages = [complete(cluster, system + [1700 + k]) for k in range(4)]
+            assert all(u["prompt_tokens_details"]["cached_tokens"] >= 192 for u in usages[1:])
+            assert sorted(n >= 192 for n in cached_on_each_pod(cluster, system)) == [False, True]
+            assert redis.client().exists(f"radixserve:p:{cluster.schedulers[0].grpc_address}:hb")
+
+            redis.stop()  # routing degrades to least-load; every request is still served
+            for k in range(4):
+                complete(cluster, [400 + k] * 40, max_tokens=2)
+
+            redis.start()  # empty: the pods notice their heartbeat was gone and republish
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                c = redis.client()
+                if c.exists(f"radixserve:b:{_first_block(system)}"):
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError("the index did not heal after Redis came back")
+            u = complete(cluster, system + [1799])
+            assert u["prompt_tokens_details"]["cached_tokens"] >= 192
+        finally:
+            cluster.stop(drain_timeout=2)
+
+
+def _first_block(ids: list[int]) -> int:
+    from radixserve.common.block_hash import block_hashes
+
+    return block_hashes(ids, MODEL_NAME, 16)[0]
