@@ -46,6 +46,7 @@ class Service:
     argv: list[str]
     grpc_address: str | None = None  # checked with grpc.health.v1
     http_url: str | None = None  # checked with GET /health
+    metrics_url: str | None = None  # Prometheus /metrics
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -135,21 +136,33 @@ def build_cluster(
     torch_threads: int | None = None,
     drain_timeout: float = 5.0,
     prefix_index: str = "memory",
+    env: dict[str, str] | None = None,
 ) -> Cluster:
     """The services' command lines; ``scheduler_args`` come last, so they override the defaults here."""
-    detok_port = free_port()
+    detok_port, detok_metrics = free_port(), free_port()
     detok = Service(
         "detokenizer",
-        ["radixserve.detokenizer", "--model", str(model), "--host", "127.0.0.1", "--port", str(detok_port)],
+        [
+            "radixserve.detokenizer",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(detok_port),
+            "--metrics-port",
+            str(detok_metrics),
+        ],
         grpc_address=f"127.0.0.1:{detok_port}",
+        metrics_url=f"http://127.0.0.1:{detok_metrics}/metrics",
     )
     if torch_threads is None:  # share the cores: one left for the gateway and the detokenizer
         torch_threads = max(1, ((os.cpu_count() or 2) - 1) // schedulers)
     scheds = []
     for i in range(schedulers):
-        p = free_port()
+        p, mp = free_port(), free_port()
         argv = ["radixserve.scheduler", "--model", str(model), "--served-model-name", model_name]
-        argv += ["--host", "127.0.0.1", "--port", str(p)]
+        argv += ["--host", "127.0.0.1", "--port", str(p), "--metrics-port", str(mp)]
         if prefix_index != "memory":  # Redis: the pods publish there themselves
             argv += ["--prefix-index", prefix_index]
         argv += ["--advertise-address", f"127.0.0.1:{p}", "--detokenizer", f"127.0.0.1:{detok_port}"]
@@ -160,7 +173,14 @@ def build_cluster(
             str(drain_timeout),
             *scheduler_args,
         ]
-        scheds.append(Service(f"scheduler-{i}", argv, grpc_address=f"127.0.0.1:{p}"))
+        scheds.append(
+            Service(
+                f"scheduler-{i}",
+                argv,
+                grpc_address=f"127.0.0.1:{p}",
+                metrics_url=f"http://127.0.0.1:{mp}/metrics",
+            )
+        )
     gport = grpc_port or free_port()
     argv = ["radixserve.tokenizer", "--model", str(model), "--served-model-name", model_name]
     argv += ["--host", host, "--port", str(port), "--grpc-port", str(gport)]
@@ -172,5 +192,9 @@ def build_cluster(
     ]
     argv += ["--drain-timeout", str(drain_timeout + 2), "--prefix-index", prefix_index, *gateway_args]
     url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    gateway = Service("gateway", argv, http_url=f"http://{url_host}:{port}")
+    gateway = Service(
+        "gateway", argv, http_url=f"http://{url_host}:{port}", metrics_url=f"http://{url_host}:{port}/metrics"
+    )
+    for svc in (detok, *scheds, gateway):
+        svc.env = dict(env or {})  # e.g. OTEL_EXPORTER_OTLP_ENDPOINT: each names itself radixserve-<kind>
     return Cluster(gateway, scheds, detok, f"http://{url_host}:{port}", f"{url_host}:{gport}")

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flag(p)
     p.add_argument("--host", default="0.0.0.0", help="listen address")
     p.add_argument("--port", type=int, default=50052, help="gRPC port")
+    p.add_argument("--metrics-port", type=int, default=9401, help="Prometheus /metrics port (0: off)")
     p.add_argument(
         "--workers", type=int, default=64, help="gRPC threads (one per connected scheduler + spare)"
     )
@@ -37,16 +38,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s detokenizer %(levelname)s %(message)s")
+    from radixserve.common import telemetry
     from radixserve.detokenizer.server import serve
+
+    telemetry.setup_tracing("radixserve-detokenizer")
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server, service = serve(str(resolve_model(args.model)), f"{args.host}:{args.port}", args.workers)
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.host, registry=service.metrics.registry)
     logging.info("serving on %s:%d", args.host, args.port)
     stop.wait()
     server.stop(grace=2).wait()
     service.close()
+    telemetry.shutdown()
     return 0
 
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from concurrent import futures
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from radixserve.common import telemetry
 from radixserve.common.rpc import SERVER_OPTIONS, StreamSender, add_health, pb, pb_grpc
 from radixserve.detokenizer.incremental import IncrementalDetokenizer, TextDelta, TokenUpdate
 
@@ -45,12 +48,35 @@ def text_to_proto(d: TextDelta) -> Any:
     )
 
 
+class DetokenizerMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.batches = Counter("radixserve_detokenizer_batches", "TokenBatches received", registry=r)
+        self.tokens = Counter("radixserve_detokenizer_tokens", "Tokens detokenized", registry=r)
+        self.finished = Counter(
+            "radixserve_detokenizer_requests",
+            "Requests ended, by finish reason",
+            ["finish_reason"],
+            registry=r,
+        )
+        self.stop_hits = Counter("radixserve_stop_string_hits", "Requests ended by a stop string", registry=r)
+        self.batch_seconds = Histogram(
+            "radixserve_detokenize_batch_seconds",
+            "Time to detokenize one batch",
+            registry=r,
+            buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
+        )
+
+
 class DetokenizerService(pb_grpc.DetokenizerServicer):
     def __init__(self, tokenizer: Any) -> None:
         self.detok = IncrementalDetokenizer(tokenizer)
         self._lock = threading.Lock()  # one stream per scheduler, one detokenizer state
         self._senders: dict[str, StreamSender] = {}
         self.batches_in = 0
+        self.metrics = DetokenizerMetrics()
+        self.tracing = telemetry.enabled()
+        self._traced: dict[str, tuple[dict[str, str], float]] = {}  # rid -> (trace headers, first seen)
 
     def PushTokens(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:
         for batch in request_iterator:
@@ -58,7 +84,13 @@ class DetokenizerService(pb_grpc.DetokenizerServicer):
         return pb.PushReply()
 
     def handle(self, batch: Any) -> None:
+        t0 = time.perf_counter()
         updates = updates_from_proto(batch)
+        if self.tracing:
+            now = time.monotonic()
+            for e in batch.reqs:
+                if e.HasField("options") and e.options.trace_context:
+                    self._traced[e.rid] = (dict(e.options.trace_context), now)
         with self._lock:
             self.batches_in += 1
             deltas = self.detok.process(updates)
@@ -67,6 +99,33 @@ class DetokenizerService(pb_grpc.DetokenizerServicer):
                 by_gateway[d.reply_to].append(text_to_proto(d))
             for gateway, reqs in by_gateway.items():
                 self._sender(gateway).send(pb.TextBatch(reqs=reqs))
+        m = self.metrics
+        m.batches.inc()
+        m.tokens.inc(sum(len(u.token_ids) for u in updates))
+        for d in deltas:
+            if d.finish_reason:
+                m.finished.labels(d.finish_reason).inc()
+                if d.matched_stop:
+                    m.stop_hits.inc()
+                if self._traced:
+                    self._trace(d)
+        m.batch_seconds.observe(time.perf_counter() - t0)
+
+    def _trace(self, d: TextDelta) -> None:
+        got = self._traced.pop(d.rid, None)
+        if got is not None:
+            carrier, first_seen = got
+            telemetry.span_between(
+                "detokenize",
+                telemetry.extract(carrier),
+                first_seen,
+                time.monotonic(),
+                {
+                    "gen_ai.usage.output_tokens": d.completion_tokens,
+                    "gen_ai.response.finish_reasons": [d.finish_reason],
+                    "radixserve.matched_stop": d.matched_stop,
+                },
+            )
 
     def _sender(self, gateway: str) -> StreamSender:
         s = self._senders.get(gateway)

@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="redis:// or rediss:// URL to publish KV block events "
         "and heartbeats to (default: none; gateways with an in-memory index get them over Watch)",
     )
+    p.add_argument("--metrics-port", type=int, default=9400, help="Prometheus /metrics port (0: off)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per hashed block (0: no block events)")
     p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats (Redis)")
     p.add_argument("--heartbeat-ttl", type=float, default=5.0, help="seconds a heartbeat stays valid (Redis)")
@@ -84,9 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
     import torch
 
+    from radixserve.common import telemetry
     from radixserve.scheduler.engine import Engine
     from radixserve.scheduler.server import serve, shutdown
 
+    telemetry.setup_tracing("radixserve-scheduler")
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     stop = threading.Event()
@@ -116,12 +119,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.heartbeat_ttl,
         )
         publisher.start()
+        service.publisher = publisher
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.host, registry=service.metrics.registry)
     logging.info("serving on %s:%d (KV %d tokens)", args.host, args.port, engine.scheduler.kv.capacity)
     stop.wait()
     logging.info("shutting down (drain up to %.0f s)", args.drain_timeout)
     if publisher is not None:
         publisher.close()
     shutdown(server, service, health, args.drain_timeout)
+    telemetry.shutdown()
     return 0
 
 

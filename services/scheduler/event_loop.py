@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -78,8 +79,11 @@ class EventLoop:
         self.runner = runner
         self.overlap = overlap
         self.stream = _DeviceStream(runner) if overlap else None
-        self.in_flight: deque[tuple[ScheduleBatch, object]] = deque()
+        self.in_flight: deque[tuple[ScheduleBatch, object, float]] = deque()  # batch, handle, launched at
         self.stats = LoopStats()
+        # Called with (batch, launched at, results processed at; time.perf_counter()) after each batch,
+        # when set: tracing and metrics, off the loop's path when unset.
+        self.on_batch: Callable[[ScheduleBatch, float, float], None] | None = None
 
     def step(self) -> list[Req]:
         """One iteration; returns the requests that finished in it."""
@@ -99,7 +103,10 @@ class EventLoop:
         tokens = self.runner.forward(fb).tolist()
         t2 = time.perf_counter()
         finished = self.scheduler.process(batch, tokens)
-        self._account(t1 - t0 + time.perf_counter() - t2, 0.0)
+        t3 = time.perf_counter()
+        self._account(t1 - t0 + t3 - t2, 0.0)
+        if self.on_batch is not None:
+            self.on_batch(batch, t0, t3)
         return finished
 
     def _step_overlap(self) -> list[Req]:
@@ -107,15 +114,17 @@ class EventLoop:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch is not None:
-            self.in_flight.append((batch, self.stream.launch(self.runner.prepare(batch))))
+            self.in_flight.append((batch, self.stream.launch(self.runner.prepare(batch)), t0))
         finished, waited = [], 0.0
         # Keep one batch running on the device while the host processes the one before it.
         while len(self.in_flight) > (1 if batch is not None else 0):
-            done_batch, handle = self.in_flight.popleft()
+            done_batch, handle, launched = self.in_flight.popleft()
             w0 = time.perf_counter()
             tokens = self.stream.result(handle)
             waited += time.perf_counter() - w0
             finished += self.scheduler.process(done_batch, tokens)
+            if self.on_batch is not None:
+                self.on_batch(done_batch, launched, time.perf_counter())
         self._account(time.perf_counter() - t0 - waited, waited)
         return finished
 
@@ -129,7 +138,7 @@ class EventLoop:
         """Process whatever is still in flight (shutdown)."""
         finished: list[Req] = []
         while self.in_flight:
-            batch, handle = self.in_flight.popleft()
+            batch, handle, _ = self.in_flight.popleft()
             finished += self.scheduler.process(batch, self.stream.result(handle))  # type: ignore[union-attr]
         return finished
 

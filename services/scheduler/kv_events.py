@@ -27,6 +27,7 @@ class EventSubscriber:
         self._max = max_pending
         self.need_snapshot = True  # the first thing a subscriber gets is the whole state
         self.snapshots = 0
+        self.pending_since: float | None = None  # when the oldest event not yet taken came in
 
     # engine thread
     def push(self, events: list[tuple[str, list[int]]]) -> None:
@@ -41,6 +42,8 @@ class EventSubscriber:
                     stored = kind == "stored"
                     for h in hashes:
                         self._net[h] = stored
+            if self.pending_since is None and self._net:
+                self.pending_since = time.monotonic()
             if len(self._net) > self._max:  # fallen behind: resynchronise instead of growing
                 self.request_snapshot()
             self._cond.notify()
@@ -70,6 +73,7 @@ class EventSubscriber:
                 return None
             net, cleared = self._net, self._cleared
             self._net, self._cleared = {}, False
+            self.pending_since = None
         stored = [h for h, s in net.items() if s]
         removed = [h for h, s in net.items() if not s]
         return cleared, stored, removed
@@ -129,6 +133,7 @@ class RedisPublisher:
         self.heartbeat_s, self.ttl_s = heartbeat_s, ttl_s
         self.connected = False
         self.failures = 0
+        self.published = 0  # block events written
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
 
@@ -143,6 +148,7 @@ class RedisPublisher:
                 if got is not None:
                     cleared, stored, removed = got
                     self.index.apply(self.pod, stored, removed, cleared)
+                    self.published += len(stored) + len(removed)
                 now = time.monotonic()
                 if now >= next_beat:
                     was_live = self.index.heartbeat(self.pod, self.load(), self.ttl_s)

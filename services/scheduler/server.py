@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from radixserve.common import telemetry
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, root_hash
 from radixserve.common.rpc import (
     SERVER_OPTIONS,
@@ -36,7 +37,9 @@ from radixserve.common.rpc import (
 )
 from radixserve.scheduler.engine import Engine
 from radixserve.scheduler.kv_events import EventHub, EventSubscriber
+from radixserve.scheduler.metrics import SchedulerMetrics
 from radixserve.scheduler.policy.req import FinishReason, Req
+from radixserve.scheduler.tracing import SchedulerTracer
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ class _Live:
     options: Any  # pb.DetokenizeOptions, sent with the first tokens
     sent: int = 0  # output tokens already sent
     first: bool = True
+    trace: dict[str, str] | None = None  # W3C headers when the request is traced
 
 
 class SchedulerService(pb_grpc.SchedulerServicer):
@@ -68,6 +72,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self.model_name = model_name
         self.block_size = block_size
         self.events = EventHub()
+        self.publisher: Any = None  # a RedisPublisher, when the pod publishes to Redis
+        self.tracer = SchedulerTracer(address, engine.config.schedule_policy) if telemetry.enabled() else None
+        self.metrics = SchedulerMetrics(self)
+        engine.loop.on_batch = self._on_batch
         cache = engine.scheduler.kv.cache
         if block_size > 0 and not cache.disabled:
             cache.enable_block_events(block_size, root_hash(model_name))
@@ -119,12 +127,15 @@ class SchedulerService(pb_grpc.SchedulerServicer):
                 )
             self._rids.add(request.rid)
             self._queued_adds += 1
+        trace = dict(request.trace_context) if self.tracer is not None and request.trace_context else None
         options = pb.DetokenizeOptions(
             stop=list(sp.stop),
             skip_special_tokens=request.sampling.skip_special_tokens,
             prompt_tokens=len(ids),
         )
-        self._inbox.put(("add", _Live(req, request.reply_to, options)))
+        if trace:
+            options.trace_context.update(trace)
+        self._inbox.put(("add", _Live(req, request.reply_to, options, trace=trace)))
         self._wake.set()
         return pb.SubmitReply()
 
@@ -167,6 +178,23 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self._inbox.put(("match", (list(request.input_ids), answer)))
         self._wake.set()
         return pb.MatchPrefixReply(cached_tokens=answer.result(timeout=30))
+
+    def _on_batch(self, batch: Any, start: float, end: float) -> None:
+        self.metrics.on_batch(batch, start, end)
+        if self.tracer is not None:
+            self.tracer.on_batch(batch, start, end)
+
+    def kv_event_stats(self) -> dict[str, float]:
+        p = self.publisher
+        if p is None:
+            return {"published": 0, "snapshots": 0, "failures": 0, "lag_s": 0.0}
+        since = p.sub.pending_since
+        return {
+            "published": p.published,
+            "snapshots": p.sub.snapshots,
+            "failures": p.failures,
+            "lag_s": time.monotonic() - since if since is not None else 0.0,
+        }
 
     def load_dict(self) -> dict[str, Any]:
         lo = self.load()
@@ -221,6 +249,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):
                 try:
                     self.scheduler.add(arg.req)
                     self._live[arg.req.rid] = arg
+                    if arg.trace is not None and self.tracer is not None:
+                        self.tracer.track(arg.req.rid, arg.trace)
                 except Exception as e:  # the queue filled between the check and here
                     self._forget(arg.req.rid)
                     entries.append(self._entry(arg, [], FinishReason.ABORT.value, str(e)))
@@ -259,6 +289,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):
 
     def _final(self, lv: _Live, error: str, reason: str = FinishReason.ABORT.value) -> Any:
         r = lv.req
+        self.metrics.requests.labels(reason).inc()
+        if lv.trace is not None and self.tracer is not None:
+            self.tracer.finish(r, reason)
         known = r.known_len - r.prompt_len
         return self._entry(lv, r.output_ids[lv.sent : known], reason, error)
 
@@ -270,6 +303,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             lv.options.cached_tokens = lv.req.num_cached_tokens
             e.options.CopyFrom(lv.options)
             lv.first = False
+            self.metrics.prompt_tokens.inc(lv.req.prompt_len)
+            self.metrics.cache_hit_tokens.inc(lv.req.num_cached_tokens)
+            if lv.trace is not None and self.tracer is not None:
+                self.tracer.first_token(lv.req.rid)
         lv.sent += len(tokens)
         return e
 
@@ -321,6 +358,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         if self._thread.is_alive():
             self._thread.join(10)
         self.out.close()
+        if self.tracer is not None:
+            self.tracer.close()
         self.engine.shutdown()
 
 

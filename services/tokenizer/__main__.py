@@ -78,7 +78,6 @@ async def run(args: argparse.Namespace) -> None:
     from radixserve.tokenizer.gateway import Gateway, RoutingConfig
     from radixserve.tokenizer.grpc_api import GatewayService
     from radixserve.tokenizer.http_app import build_app
-    from radixserve.tokenizer.metrics import GatewayMetrics
 
     routing = RoutingConfig(
         policy=args.router,
@@ -104,7 +103,7 @@ async def run(args: argparse.Namespace) -> None:
     await server.start()
     http = uvicorn.Server(
         uvicorn.Config(
-            build_app(gw, GatewayMetrics()),
+            build_app(gw),
             host=args.host,
             port=args.port,
             log_level="warning",
@@ -135,7 +134,13 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
-    asyncio.run(run(args))
+    from radixserve.common import telemetry
+
+    telemetry.setup_tracing("radixserve-gateway")
+    try:
+        asyncio.run(run(args))
+    finally:
+        telemetry.shutdown()
     return 0
 
 

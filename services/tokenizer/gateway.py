@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -21,6 +22,7 @@ import grpc
 from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
 from radixserve.common.rpc import pb, sampling_to_proto
 from radixserve.common.sampling import SamplingParams
+from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.router import (
     CacheAwareRouter,
     LeastLoadRouter,
@@ -29,6 +31,7 @@ from radixserve.tokenizer.router import (
     SchedulerHandle,
     SchedulerPool,
 )
+from radixserve.tokenizer.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,7 @@ class Gateway:
             self.router = RoundRobinRouter()
         else:
             raise ValueError(f"unknown routing policy {routing.policy!r}")
+        self.metrics = GatewayMetrics()
         self.live_in_index: set[str] | None = None  # Redis: pods with a live heartbeat (None: unknown)
         self.choices: dict[str, Choice] = {}  # live rids of this gateway
         self._background: set[asyncio.Task[Any]] = set()
@@ -160,8 +164,10 @@ class Gateway:
     def candidates(self) -> list[SchedulerHandle]:
         healthy = self.pool.healthy()
         live = self.live_in_index
-        # A pod whose heartbeat expired is never chosen (while Redis can say so).
-        return healthy if live is None else [h for h in healthy if h.address in live]
+        if not live:  # Redis unreachable, or empty (just restarted: heartbeats are on their way)
+            return healthy
+        # A pod whose heartbeat expired while others' are live is never chosen.
+        return [h for h in healthy if h.address in live] or healthy
 
     # --------------------------------------------------------------------------- prompts
     def encode(self, text: str) -> list[int]:
@@ -187,7 +193,7 @@ class Gateway:
         sp: SamplingParams,
         n: int = 1,
         skip_special_tokens: bool = True,
-        trace_context: dict[str, str] | None = None,
+        trace: RequestTrace | None = None,
         queue: asyncio.Queue[tuple[int, Any]] | None = None,
         prompt_index: int = 0,
     ) -> list[Choice]:
@@ -201,7 +207,16 @@ class Gateway:
         candidates = self.candidates()
         if not candidates:
             raise ApiError(503, "no scheduler is available", "server_error")
+        r0 = time.monotonic()
         h = self.router.choose(input_ids, candidates)
+        r1 = time.monotonic()
+        decision = self.router.decisions[-1] if self.router.decisions else None
+        if decision is not None:
+            self.metrics.route_decisions.labels(self.router.name, decision.reason).inc()
+            self.metrics.route_seconds.observe(decision.seconds)
+        if trace is not None:
+            trace.routed(decision, self.router.name, r0, r1)
+        trace_context = trace.carrier() if trace is not None else {}
         queue = queue if queue is not None else asyncio.Queue()
         base = uuid.uuid4().hex
         choices = []
@@ -210,6 +225,7 @@ class Gateway:
             self.choices[c.rid] = c
             h.outstanding.add(c.rid)
             choices.append(c)
+        s0 = time.monotonic()
         try:
             for i, c in enumerate(choices):
                 sp_i = replace(sp, seed=sp.seed + i) if sp.seed is not None and n > 1 else sp
@@ -219,13 +235,18 @@ class Gateway:
                         input_ids=input_ids,
                         sampling=sampling_to_proto(sp_i, skip_special_tokens),
                         reply_to=self.reply_to,
-                        trace_context=trace_context or {},
+                        trace_context=trace_context,
                     ),
                     timeout=30,
                 )
         except grpc.aio.AioRpcError as e:
+            self.metrics.grpc_errors.labels(h.address, e.code().name).inc()
             self.release(choices, "submission failed")
             raise error_from_grpc(e, f"scheduler {h.address}") from e
+        if trace is not None:
+            trace.child(
+                "submit", s0, time.monotonic(), {"radixserve.pod": h.address, "radixserve.choices": n}
+            )
         return choices
 
     async def events(self, choices: list[Choice]) -> AsyncIterator[list[tuple[int, Any]]]:
@@ -257,6 +278,7 @@ class Gateway:
             try:
                 await h.stub.Abort(pb.AbortRequest(rids=rids, reason=reason), timeout=10)
             except grpc.aio.AioRpcError as e:  # the pod is gone: nothing of the request is left to free
+                self.metrics.grpc_errors.labels(h.address, e.code().name).inc()
                 log.info("abort of %d requests on %s failed: %s", len(rids), h.address, e.code().name)
 
         self._spawn(call())
@@ -279,6 +301,7 @@ class Gateway:
 
     def scheduler_down(self, h: SchedulerHandle, why: str) -> None:
         err = ApiError(503, f"scheduler {h.address} went away mid-request ({why})", "server_error")
+        self.metrics.grpc_errors.labels(h.address, "STREAM_BROKEN").inc()
         for rid in list(h.outstanding):
             c = self.choices.pop(rid, None)
             if c is not None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
 
 from radixserve.common.rpc import pb, pb_grpc, sampling_from_proto
 from radixserve.tokenizer.gateway import ApiError, Gateway
+from radixserve.tokenizer.tracing import RequestTrace
 
 GENERATE_DEFAULT_MAX_TOKENS = 16  # as /v1/completions
 
@@ -32,6 +34,12 @@ class GatewayService(pb_grpc.GatewayServicer):
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         gw = self.gw
         choices = []
+        trace = RequestTrace(
+            "radixserve.v1.Gateway/Generate",
+            {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)},
+            {"gen_ai.request.model": request.model or gw.model_name, "radixserve.stream": request.stream},
+        )
+        usage, reasons, error = None, [], None
         try:
             if request.model and request.model != gw.model_name:
                 raise ApiError(
@@ -49,14 +57,23 @@ class GatewayService(pb_grpc.GatewayServicer):
             sp = sampling_from_proto(request.sampling, GENERATE_DEFAULT_MAX_TOKENS)
             s = request.sampling
             skip = s.skip_special_tokens if s.HasField("skip_special_tokens") else True
-            choices = await gw.submit(ids, sp, 1, skip)
+            trace.child("tokenize", trace.start, time.monotonic())
+            choices = await gw.submit(ids, sp, 1, skip, trace=trace)
             text: list[str] = []
             tokens: list[int] = []
             async for got in gw.events(choices):
+                trace.result()
                 for _, t in got:
                     if t.finish_reason == "abort":
                         raise ApiError(503, t.error or "the request was aborted")
-                    usage = (
+                    if t.finish_reason:
+                        reasons.append(t.finish_reason)
+                        usage = {
+                            "prompt_tokens": t.prompt_tokens,
+                            "completion_tokens": t.completion_tokens,
+                            "prompt_tokens_details": {"cached_tokens": t.cached_tokens},
+                        }
+                    pb_usage = (
                         pb.Usage(
                             prompt_tokens=t.prompt_tokens,
                             completion_tokens=t.completion_tokens,
@@ -71,7 +88,7 @@ class GatewayService(pb_grpc.GatewayServicer):
                             text=t.text,
                             token_ids=t.token_ids,
                             finish_reason=t.finish_reason,
-                            usage=usage,
+                            usage=pb_usage,
                         )
                     else:
                         text.append(t.text)
@@ -82,10 +99,14 @@ class GatewayService(pb_grpc.GatewayServicer):
                                 text="".join(text),
                                 token_ids=tokens,
                                 finish_reason=t.finish_reason,
-                                usage=usage,
+                                usage=pb_usage,
                             )
         except ApiError as e:
+            error = e.message
             await context.abort(_TO_GRPC.get(e.status, grpc.StatusCode.INTERNAL), e.message)
         finally:  # also when the client cancels the call
             if choices:
                 gw.release(choices, "client cancelled")
+            if usage is None and error is None:
+                error = "client cancelled"
+            trace.end(usage, reasons, error)

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from radixserve.tokenizer import openai_api as api
 from radixserve.tokenizer.gateway import ApiError, Choice, Gateway
-from radixserve.tokenizer.metrics import GatewayMetrics
+from radixserve.tokenizer.tracing import RequestTrace
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -25,8 +25,9 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-def build_app(gw: Gateway, metrics: GatewayMetrics) -> FastAPI:
+def build_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="radixserve", docs_url=None, redoc_url=None)
+    metrics = gw.metrics
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -64,19 +65,24 @@ def build_app(gw: Gateway, metrics: GatewayMetrics) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: api.CompletionRequest, request: Request) -> Response:
         _check_model(gw, body.model)
+        t0 = time.monotonic()
         prompts = _prompts(gw, body.prompt)
         max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
-        return await _serve(gw, metrics, request, body, prompts, max_tokens, chat=False)
+        return await _serve(
+            gw, request, body, prompts, max_tokens, chat=False, tokenized=(t0, time.monotonic())
+        )
 
     @app.post("/v1/chat/completions")
     async def chat(body: api.ChatCompletionRequest, request: Request) -> Response:
         _check_model(gw, body.model)
+        t0 = time.monotonic()
         ids = gw.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages])
+        t1 = time.monotonic()
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:  # OpenAI: up to the context length
             ctx = gw.max_context()
             max_tokens = max(1, ctx - len(ids)) if ctx else COMPLETIONS_DEFAULT_MAX_TOKENS
-        return await _serve(gw, metrics, request, body, [ids], max_tokens, chat=True)
+        return await _serve(gw, request, body, [ids], max_tokens, chat=True, tokenized=(t0, t1))
 
     return app
 
@@ -103,15 +109,65 @@ def _prompts(gw: Gateway, prompt: Any) -> list[list[int]]:
     return [list(p) for p in prompt]
 
 
+class _Progress:
+    """One client request's results as they arrive: latency metrics, finish reasons, its trace."""
+
+    def __init__(self, gw: Gateway, trace: RequestTrace) -> None:
+        self.metrics = gw.metrics
+        self.trace = trace
+        self.last: dict[int, Any] = {}  # choice index -> its latest result
+        self._seen_at: dict[int, float] = {}
+        self.reasons: list[str] = []
+
+    def results(self, got: list[tuple[int, Any]]) -> None:
+        now = time.monotonic()
+        if self.trace.first_result is None:
+            self.metrics.ttft.observe(now - self.trace.start)
+        self.trace.result()
+        for i, t in got:
+            prev = self._seen_at.get(i)
+            if prev is not None and t.token_ids:
+                self.metrics.itl.observe((now - prev) / len(t.token_ids))
+            self._seen_at[i] = now
+            self.last[i] = t
+            if t.finish_reason:
+                self.metrics.finished.labels(t.finish_reason).inc()
+                self.reasons.append(t.finish_reason)
+                if t.finish_reason == "abort":
+                    raise ApiError(503, t.error or "the request was aborted", "server_error")
+
+    def usage(self, choices: list[Choice]) -> dict[str, Any]:
+        prompt = cached = 0
+        seen: set[int] = set()
+        for c in choices:  # a prompt's tokens count once, however many choices it has
+            if c.prompt_index not in seen:
+                seen.add(c.prompt_index)
+                t = self.last.get(c.index)
+                prompt += c.prompt_tokens
+                cached += t.cached_tokens if t is not None else 0
+        completion = sum(t.completion_tokens for t in self.last.values())
+        return api.usage(prompt, completion, cached)
+
+    def done(self, use: dict[str, Any] | None, error: str | None = None) -> None:
+        m = self.metrics
+        if use is not None:
+            m.e2e.observe(time.monotonic() - self.trace.start)
+            m.prompt_tokens.inc(use["prompt_tokens"])
+            m.cached_tokens.inc(use["prompt_tokens_details"]["cached_tokens"])
+            m.generation_tokens.inc(use["completion_tokens"])
+        self.trace.end(use, self.reasons, error)
+
+
 async def _serve(
     gw: Gateway,
-    metrics: GatewayMetrics,
     request: Request,
     body: api._Sampling,
     prompts: list[list[int]],
     max_tokens: int,
     chat: bool,
+    tokenized: tuple[float, float],
 ) -> Response:
+    metrics = gw.metrics
     if max_tokens < 1:
         field = (
             "max_completion_tokens"
@@ -120,37 +176,61 @@ async def _serve(
         )
         raise ApiError(400, f"{field} must be at least 1, got {max_tokens}", param=field)
     sp = body.sampling_params(max_tokens)
-    started = time.perf_counter()
+    trace = RequestTrace(
+        f"POST {request.url.path}",
+        request.headers,
+        {
+            "gen_ai.operation.name": "chat" if chat else "text_completion",
+            "gen_ai.request.model": body.model,
+            "gen_ai.request.max_tokens": max_tokens,
+            "gen_ai.request.temperature": body.temperature,
+            "gen_ai.request.top_p": body.top_p,
+            "gen_ai.request.choice.count": body.n,
+            "radixserve.stream": body.stream,
+        },
+    )
+    trace.start = tokenized[0]
+    trace.child("tokenize", *tokenized, {"radixserve.prompts": len(prompts)})
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()  # every choice of every prompt reports here
     choices: list[Choice] = []  # indexed prompt-major (OpenAI's order for n x prompts)
     try:
         for p, ids in enumerate(prompts):
-            choices += await gw.submit(ids, sp, body.n, body.skip_special_tokens, queue=queue, prompt_index=p)
-    except ApiError:
+            choices += await gw.submit(
+                ids, sp, body.n, body.skip_special_tokens, trace=trace, queue=queue, prompt_index=p
+            )
+    except ApiError as e:
         gw.release(choices, "a sibling prompt was rejected")
+        trace.end(None, [], e.message)
         raise
     rid = uuid.uuid4().hex[:24]
+    progress = _Progress(gw, trace)
     metrics.in_flight.inc()
     if body.stream:
-        gen = _stream(gw, metrics, body, choices, rid, chat, started, request.url.path)
+        gen = _stream(gw, progress, body, choices, rid, chat, request.url.path)
         return StreamingResponse(
             gen,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
-        collect = asyncio.create_task(_collect(gw, metrics, choices, started))
+        collect = asyncio.create_task(_collect(gw, progress, choices))
         gone = asyncio.create_task(_disconnected(request))
         done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
         if collect not in done:  # the client went away: free the scheduler's slots now
             collect.cancel()
             metrics.requests.labels(request.url.path, "499").inc()
+            progress.done(None, "client disconnected")
             return Response(status_code=499)
         gone.cancel()
-        texts, use = collect.result()
+        try:
+            texts, use = collect.result()
+        except ApiError as e:
+            progress.done(None, e.message)
+            raise
     finally:
         gw.release(choices, "client disconnected")
         metrics.in_flight.dec()
+    progress.done(use)
     metrics.requests.labels(request.url.path, "200").inc()
     build = api.chat_body if chat else api.completion_body
     return JSONResponse(build(rid, gw.model_name, texts, use))
@@ -162,79 +242,41 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _collect(
-    gw: Gateway, metrics: GatewayMetrics, choices: list[Choice], started: float
+    gw: Gateway, progress: _Progress, choices: list[Choice]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    texts = [{"index": c.index, "text": [], "finish_reason": None} for c in choices]
-    last: dict[int, Any] = {}
-    first = True
+    parts: list[list[str]] = [[] for _ in choices]
+    reasons: list[str | None] = [None] * len(choices)
     async for got in gw.events(choices):
-        if first:
-            metrics.ttft.observe(time.perf_counter() - started)
-            first = False
+        progress.results(got)
         for i, t in got:
-            texts[i]["text"].append(t.text)
-            last[i] = t
-            if t.finish_reason:
-                if t.finish_reason == "abort":
-                    raise ApiError(503, t.error or "the request was aborted", "server_error")
-                texts[i]["finish_reason"] = t.finish_reason
-    for t in texts:
-        t["text"] = "".join(t["text"])
-    use = _usage(choices, last)
-    _count(metrics, use, started)
-    return texts, use
-
-
-def _usage(choices: list[Choice], last: dict[int, Any]) -> dict[str, Any]:
-    prompt = cached = 0
-    seen: set[int] = set()
-    for c in choices:  # a prompt's tokens count once, however many choices it has
-        if c.prompt_index not in seen:
-            seen.add(c.prompt_index)
-            t = last.get(c.index)
-            prompt += c.prompt_tokens
-            cached += t.cached_tokens if t is not None else 0
-    completion = sum(t.completion_tokens for t in last.values())
-    return api.usage(prompt, completion, cached)
-
-
-def _count(metrics: GatewayMetrics, use: dict[str, Any], started: float) -> None:
-    metrics.e2e.observe(time.perf_counter() - started)
-    metrics.prompt_tokens.inc(use["prompt_tokens"])
-    metrics.cached_tokens.inc(use["prompt_tokens_details"]["cached_tokens"])
-    metrics.generation_tokens.inc(use["completion_tokens"])
+            parts[i].append(t.text)
+            reasons[i] = t.finish_reason or None
+    texts = [{"index": i, "text": "".join(p), "finish_reason": reasons[i]} for i, p in enumerate(parts)]
+    return texts, progress.usage(choices)
 
 
 async def _stream(
     gw: Gateway,
-    metrics: GatewayMetrics,
+    progress: _Progress,
     body: api._Sampling,
     choices: list[Choice],
     rid: str,
     chat: bool,
-    started: float,
     path: str,
 ) -> AsyncIterator[str]:
     created = int(time.time())
     model = gw.model_name
-    last: dict[int, Any] = {}
-    status = "200"
+    status, use, error = "200", None, None
     try:
         if chat:
             yield "".join(
                 _sse(api.chat_chunk(rid, model, created, c.index, {"role": "assistant", "content": ""}, None))
                 for c in choices
             )
-        first = True
         async for got in gw.events(choices):
-            if first:
-                metrics.ttft.observe(time.perf_counter() - started)
-                first = False
+            progress.results(got)
             out = []
             for i, t in got:
-                last[i] = t
-                if t.finish_reason == "abort":
-                    raise ApiError(503, t.error or "the request was aborted", "server_error")
                 reason = t.finish_reason or None
                 if not t.text and reason is None:
                     continue
@@ -248,8 +290,7 @@ async def _stream(
                 out.append(_sse(chunk))
             if out:
                 yield "".join(out)
-        use = _usage(choices, last)
-        _count(metrics, use, started)
+        use = progress.usage(choices)
         if body.include_usage:
             yield _sse(
                 {
@@ -263,12 +304,15 @@ async def _stream(
             )
         yield "data: [DONE]\n\n"
     except ApiError as e:  # mid-stream: the status line is sent already; the error goes in the stream
-        status = str(e.status)
+        status, error = str(e.status), e.message
         yield _sse(e.body())
     finally:  # also on disconnect (the generator is cancelled / closed)
+        if use is None and error is None:
+            status, error = "499", "client disconnected"
         gw.release(choices, "client disconnected")
-        metrics.in_flight.dec()
-        metrics.requests.labels(path, status).inc()
+        gw.metrics.in_flight.dec()
+        gw.metrics.requests.labels(path, status).inc()
+        progress.done(use, error)
 
 
 def _sse(obj: dict[str, Any]) -> str:

@@ -33,5 +33,29 @@ class GatewayMetrics:
         self.e2e = Histogram(
             "radixserve_e2e_request_latency_seconds", "Request latency", registry=r, buckets=_LATENCY_BUCKETS
         )
+        self.itl = Histogram(
+            "radixserve_inter_token_latency_seconds",
+            "Time between a request's successive results, per token",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56),
+        )
+        self.finished = Counter(
+            "radixserve_requests_finished", "Choices by finish reason", ["finish_reason"], registry=r
+        )
+        self.route_decisions = Counter(
+            "radixserve_router_decisions",
+            "Routing decisions by policy and reason",
+            ["policy", "reason"],
+            registry=r,
+        )
+        self.route_seconds = Histogram(
+            "radixserve_router_decision_seconds",
+            "Time to choose a pod (index lookup included)",
+            registry=r,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
+        )
+        self.grpc_errors = Counter(
+            "radixserve_grpc_errors", "Failed gRPC calls by peer and code", ["peer", "code"], registry=r
+        )
         self.in_flight = Gauge("radixserve_requests_in_flight", "Client requests being served", registry=r)
         self.schedulers_up = Gauge("radixserve_schedulers_healthy", "Scheduler pods reachable", registry=r)

@@ -1,0 +1,85 @@
+"""One client request's trace at the gateway (a no-op object when tracing is off).
+
+    POST /v1/completions (server span; parent: the client's traceparent, if any)
+      tokenize, route, submit          made by the gateway
+      queue, prefill (per chunk), decode    made by the scheduler pod (children via trace_context)
+      detokenize                       made by the detokenizer
+      deliver                          first to last result back at the gateway
+
+Attributes follow the OpenTelemetry GenAI conventions where they fit (gen_ai.*), ours are
+radixserve.*: cached tokens, chosen pod, routing policy / reason / matched blocks, TTFT.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from radixserve.common import telemetry
+
+
+class RequestTrace:
+    def __init__(self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any]) -> None:
+        self.on = telemetry.enabled()
+        self.start = time.monotonic()
+        self.first_result: float | None = None
+        self.last_result: float | None = None
+        if not self.on:
+            return
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        parent = telemetry.extract(carrier)
+        self.span = telemetry.tracer().start_span(
+            name, context=parent, kind=SpanKind.SERVER, attributes=attributes
+        )
+        self.ctx = trace.set_span_in_context(self.span, parent)
+
+    def carrier(self) -> dict[str, str]:
+        """What travels to the scheduler (and on to the detokenizer) in trace_context."""
+        return telemetry.inject(self.ctx) if self.on else {}
+
+    def child(self, name: str, start: float, end: float, attributes: dict[str, Any] | None = None) -> None:
+        if self.on:
+            telemetry.span_between(name, self.ctx, start, end, attributes)
+
+    def routed(self, decision: Any, policy: str, start: float, end: float) -> None:
+        if self.on and decision is not None:
+            attrs = {
+                "radixserve.pod": decision.pod,
+                "radixserve.route.policy": policy,
+                "radixserve.route.reason": decision.reason,
+                "radixserve.route.matched_blocks": decision.matched_blocks,
+            }
+            self.child("route", start, end, attrs)
+            self.span.set_attributes(attrs)
+
+    def result(self) -> None:
+        now = time.monotonic()
+        if self.first_result is None:
+            self.first_result = now
+        self.last_result = now
+
+    def end(self, usage: dict[str, Any] | None, finish_reasons: list[str], error: str | None = None) -> None:
+        if not self.on:
+            return
+        if self.first_result is not None and self.last_result is not None:
+            self.child("deliver", self.first_result, self.last_result)
+            self.span.set_attribute("radixserve.ttft_s", self.first_result - self.start)
+        if usage is not None:
+            self.span.set_attributes(
+                {
+                    "gen_ai.usage.input_tokens": usage["prompt_tokens"],
+                    "gen_ai.usage.output_tokens": usage["completion_tokens"],
+                    "radixserve.cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+                }
+            )
+        if finish_reasons:
+            self.span.set_attribute("gen_ai.response.finish_reasons", finish_reasons)
+        if error is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            self.span.set_status(Status(StatusCode.ERROR, error))
+            self.span.set_attribute("error.type", error[:100])
+        self.span.end()
