@@ -127,7 +127,8 @@ class StreamSender:
         self._queue: queue.Queue[Any] = queue.Queue()
         self._max_queued = max_queued
         self._closed = False
-        self.dropped = 0
+        self.dropped = 0  # messages dropped while the peer was unreachable
+        self.errors = 0  # broken streams
         self._thread = threading.Thread(target=self._run, name=f"{name}->{address}", daemon=True)
         self._thread.start()
 
@@ -170,6 +171,7 @@ class StreamSender:
                 backoff = 0.05
             except grpc.RpcError as e:
                 if not done[0]:
+                    self.errors += 1
                     log.warning("stream to %s broke (%s); reopening", self.address, e.code())
             finally:
                 channel.close()

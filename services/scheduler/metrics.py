@@ -49,6 +49,16 @@ class _EngineCollector(Collector):
             value=sched.num_fairness_preemptions,
         )
         yield CounterMetricFamily("radixserve_engine_steps", "Engine steps", value=s.steps)
+        errors = CounterMetricFamily(
+            "radixserve_grpc_errors", "Broken gRPC streams by peer", labels=["peer", "code"]
+        )
+        errors.add_metric([s.out.address, "STREAM_BROKEN"], s.out.errors)
+        yield errors
+        dropped = CounterMetricFamily(
+            "radixserve_grpc_dropped_messages", "Messages dropped for an unreachable peer", labels=["peer"]
+        )
+        dropped.add_metric([s.out.address], s.out.dropped)
+        yield dropped
         pub = s.kv_event_stats()
         yield CounterMetricFamily(
             "radixserve_kv_events_published", "Block events written to the index", value=pub["published"]
