@@ -1,4 +1,14 @@
-"""The kopf operator for InferenceService and GPUNodePool (Kubernetes issue).
+"""The kopf operator for InferenceService and GPUNodePool (``python -m radixserve.operator``).
 
-Imports only radixserve.common.
+    crds.py        the two CRDs (single source; the chart's crds/ are rendered from it), defaulting
+    validation.py  what a schema-valid spec can still get wrong -> Problem(reason, message)
+    manifests.py   pure builders: InferenceService spec -> ConfigMap, Services, Deployments, StatefulSet
+    nodepool.py    pure GPUNodePool logic: node membership, label/taint patches, GPU counts
+    scaling.py     scheduler load (Redis heartbeats, behind LoadSource) -> replicas, stabilized
+    status.py      conditions (Ready / Progressing / Degraded)
+    kube.py        a small REST client (server-side apply, merge patch) over the official client
+    handlers.py    the kopf handlers gluing the above to events
+    config.py      the operator's own settings (environment, set by the chart)
+
+Imports only radixserve.common from the rest of the package.
 """

@@ -1,4 +1,7 @@
-"""The real operator (kopf, our handlers) against kmock's KubernetesEmulator.
+"""The real operator (kopf, our handlers) against kmock's KubernetesEmulator: the ``harness`` fixture.
+
+Imported by the e2e tests after they checked kopf, kmock and pytest-asyncio are installed (a
+conftest would fail the whole run without them instead of skipping).
 
 The emulator is an in-memory Kubernetes API (discovery, list, watch, get, create, patch,
 delete), not a cluster: no controllers run, so no pods start, Deployments never report ready
@@ -9,6 +12,7 @@ label selectors are not applied by the server, and patches are plain JSON merges
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +22,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 
 # Read by radixserve.operator.handlers at import (timer intervals register with the handlers).
 os.environ.setdefault("RADIXSERVE_OPERATOR_RESYNC_INTERVAL", "0.5")
@@ -25,12 +30,12 @@ os.environ.setdefault("RADIXSERVE_OPERATOR_POOL_INTERVAL", "0.5")
 os.environ.setdefault("RADIXSERVE_OPERATOR_REDIS_URL", "redis://redis.test:6379/0")
 os.environ.setdefault("RADIXSERVE_OPERATOR_IMAGE", "radixserve:test")
 
-kopf = pytest.importorskip("kopf", reason="the operator tests need kopf (pip install kopf)")
-kmock = pytest.importorskip("kmock", reason="the operator tests need kmock (pip install kmock pytest-asyncio)")
-kubernetes = pytest.importorskip("kubernetes", reason="the operator tests need the kubernetes client")
+import kmock
+import kopf
+import kubernetes
 
-from radixserve.operator.kube import Kube  # noqa: E402
-from radixserve.operator.scaling import StaticLoadSource  # noqa: E402
+from radixserve.operator.kube import Kube
+from radixserve.operator.scaling import StaticLoadSource
 
 _counter = itertools.count(1)
 
@@ -48,7 +53,9 @@ class Emulator(kmock.KubernetesEmulator):
             rv = str(next(_counter))
             if request.action == kmock.action.CREATE:
                 meta.setdefault("uid", f"uid-{rv}")
-                meta.setdefault("creationTimestamp", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                meta.setdefault(
+                    "creationTimestamp", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                )
                 meta["generation"] = 1
                 meta["resourceVersion"] = rv
             elif request.action == kmock.action.UPDATE and request.name is not None:
@@ -85,19 +92,22 @@ class Harness:
     """The emulator, a client for the test's own requests (run in a thread: the emulator
     shares the test's event loop), the fake load source, and a poller."""
 
-    def __init__(self, emulator: Emulator, kube: Kube, loads: StaticLoadSource) -> None:
+    def __init__(self, emulator: Emulator, kube: Kube, loads: StaticLoadSource, urls: list[str]) -> None:
         self.emulator = emulator
         self.kube = kube
         self.loads = loads
+        self.load_urls = urls  # the Redis URLs the operator read load from
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
-    def obj(self, kind_path: str, namespace: str | None, name: str) -> dict[str, Any] | None:
-        key = (kind_path, namespace, name)
-        if key not in self.emulator.objects or self.emulator.objects[key].deleted:
+    def obj(self, kind_path: str, namespace: str | None, name: str) -> Any:
+        """The stored object, or None (typed Any: tests index into it directly)."""
+        try:  # ObjectsArray parses "group/version/plural" in [] but not in `in`
+            obj = self.emulator.objects[kind_path, namespace, name]
+        except KeyError:
             return None
-        return dict(self.emulator.objects[key].raw)
+        return None if obj.deleted else dict(obj.raw)
 
     async def until(self, check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
         deadline = asyncio.get_running_loop().time() + timeout
@@ -113,10 +123,11 @@ class Harness:
             await asyncio.sleep(0.1)
 
 
-@pytest_asyncio.fixture()
-async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
-    import radixserve.operator.handlers  # noqa: F401  (registers with kopf's default registry)
-
+@contextlib.asynccontextmanager
+async def serving_emulator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Emulator, Path]]:
+    """A fresh emulator on a free port and a kubeconfig for it (also made this process's default)."""
     emulator = Emulator()
     _register(emulator)
     async with emulator, kmock.Server(emulator, port=0) as server:
@@ -126,17 +137,83 @@ async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         # The client reads $KUBECONFIG once at import; kopf's login goes through it.
         monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(config))
         kubernetes.config.load_kube_config(config_file=str(config))
-        kube = Kube()
+        yield emulator, config
+
+
+@pytest_asyncio.fixture()
+async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
+    import radixserve.operator.handlers  # noqa: F401  (registers with kopf's default registry)
+
+    async with serving_emulator(tmp_path, monkeypatch) as (emulator, _):
         loads = StaticLoadSource()
-        memo = kopf.Memo(kube=kube, load_source=lambda url: loads)
+        urls: list[str] = []
+
+        def load_source(url: str) -> StaticLoadSource:
+            urls.append(url)
+            return loads
+
+        memo = kopf.Memo(kube=Kube(), load_source=load_source)
         stop = asyncio.Event()
         ready = asyncio.Event()
-        task = asyncio.create_task(
-            kopf.operator(clusterwide=True, standalone=True, memo=memo, stop_flag=stop, ready_flag=ready)
+        settings = kopf.OperatorSettings()
+        operator = kopf.operator(
+            clusterwide=True, standalone=True, settings=settings, memo=memo, stop_flag=stop, ready_flag=ready
         )
+        task = asyncio.create_task(operator)
         await asyncio.wait_for(ready.wait(), 15)
         try:
-            yield Harness(emulator, kube, loads)
+            yield Harness(emulator, Kube(user_agent="radixserve-tests"), loads, urls)
         finally:
             stop.set()
-            await asyncio.wait_for(task, 15)
+            with contextlib.suppress(asyncio.CancelledError):  # kopf cancels its tasks on the way out
+                await asyncio.wait_for(task, 15)
+            # Sync handlers kopf left running ("orphaned") still talk to the emulator: let them
+            # finish while it serves, rather than fail against a closed port after the test.
+            await asyncio.to_thread(settings.execution.executor.shutdown, True)
+        # Every request the operator (kopf and our client) made is one the chart's ClusterRole allows.
+        allowed = chart_rbac()
+        used = {a for r in emulator._requests if _by_operator(r) and (a := access(r)) is not None}
+        assert used <= allowed, f"the chart's ClusterRole misses {sorted(used - allowed)}"
+
+
+RBAC = Path(__file__).resolve().parents[2] / "helm" / "radixserve" / "templates" / "rbac.yaml"
+
+
+def chart_rbac() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) triples the chart grants; template lines are dropped (names only)."""
+    text = "\n".join(line for line in RBAC.read_text().splitlines() if "{{" not in line)
+    role = next(d for d in yaml.safe_load_all(text) if d and d["kind"] == "ClusterRole")
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def _by_operator(request: Any) -> bool:
+    agent = request.headers.get("User-Agent", "")
+    return agent.startswith(("kopf/", "radixserve-operator"))
+
+
+def access(request: Any) -> tuple[str, str, str] | None:
+    """The RBAC triple a request needs; None for discovery."""
+    parts = [p for p in request.url.path.split("/") if p]
+    if parts[:1] == ["api"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) > 2:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    if not rest:
+        return None
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    method = str(request.method.value if hasattr(request.method, "value") else request.method).upper()
+    if method == "GET":
+        verb = "get" if len(rest) > 1 else ("watch" if request.url.query.get("watch") else "list")
+    else:
+        verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]
+    return group, resource, verb

@@ -1,20 +1,39 @@
-"""The real operator run by kopf against kmock's Kubernetes API emulator (not a cluster)."""
+"""The real operator run by kopf against kmock's Kubernetes API emulator (not a cluster: see emulator.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import os
+import socket
+import sys
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.operator.conftest import Harness
+for _module in ("kopf", "kmock", "pytest_asyncio", "kubernetes"):
+    pytest.importorskip(_module, reason=f"the operator e2e tests need {_module} (see the README)")
+
+from radixserve.operator.kube import Kube, path  # noqa: E402
+from radixserve.operator.scaling import StaticLoadSource  # noqa: E402
+from tests.operator import emulator  # noqa: E402
+from tests.operator.emulator import Harness  # noqa: E402
+
+harness = emulator.harness  # the fixture: kopf running our handlers against a fresh emulator
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
 ISVC = "radixserve.io/v1alpha1/inferenceservices"
 POOL = "radixserve.io/v1alpha1/gpunodepools"
+DEPLOY = "apps/v1/deployments"
+STS = "apps/v1/statefulsets"
+CPU = {"device": "cpu", "gpusPerReplica": 0}
 
 
-def isvc(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+def isvc(name: str, **spec: Any) -> dict[str, Any]:
+    spec.setdefault("model", {"path": "demo"})
     return {
         "apiVersion": "radixserve.io/v1alpha1",
         "kind": "InferenceService",
@@ -23,18 +42,283 @@ def isvc(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any] | None:
-    for c in (obj or {}).get("status", {}).get("conditions", []):
-        if c["type"] == ctype:
-            return c
-    return None
+def node(name: str, labels: dict[str, str], gpus: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"taints": [{"key": "other", "value": "x", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": {"nvidia.com/gpu": str(gpus)},
+            "allocatable": {"nvidia.com/gpu": str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
 
 
-async def test_create_makes_children_with_owner_references(harness: Harness) -> None:
-    await harness.call(harness.kube.apply, isvc("demo", {"model": {"path": "demo"}, "scheduler": {"device": "cpu", "gpusPerReplica": 0}}))
-    dep = await harness.until(lambda: harness.obj("apps/v1/deployments", "default", "demo-gateway"), what="gateway")
-    owner = dep["metadata"]["ownerReferences"][0]
-    assert owner["kind"] == "InferenceService" and owner["name"] == "demo" and owner["uid"].startswith("uid-")
-    sts = harness.obj("apps/v1/statefulsets", "default", "demo-scheduler")
-    assert sts is not None
-    print(harness.obj(ISVC, "default", "demo"))
+def cond(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
+    return next((c for c in (obj or {}).get("status", {}).get("conditions", []) if c["type"] == ctype), {})
+
+
+def degraded_of(harness: Harness, name: str) -> dict[str, Any]:
+    return cond(harness.obj(ISVC, "default", name), "Degraded")
+
+
+def env(workload: dict[str, Any]) -> dict[str, Any]:
+    container = workload["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+async def test_create_makes_every_child_owned_and_ready_follows_the_children(harness: Harness) -> None:
+    await harness.call(harness.kube.apply, isvc("demo", scheduler={**CPU, "replicas": 2}))
+    gw = await harness.until(lambda: harness.obj(DEPLOY, "default", "demo-gateway"), what="the gateway")
+    parent = harness.obj(ISVC, "default", "demo")
+    assert parent is not None
+    for kind, name in [
+        ("v1/configmaps", "demo-engine"),
+        ("v1/services", "demo-gateway"),
+        ("v1/services", "demo-scheduler"),
+        ("v1/services", "demo-detokenizer"),
+        (DEPLOY, "demo-gateway"),
+        (DEPLOY, "demo-detokenizer"),
+        (STS, "demo-scheduler"),
+    ]:
+        child = harness.obj(kind, "default", name)
+        assert child is not None, name
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "InferenceService",
+            "demo",
+            parent["metadata"]["uid"],
+            True,
+        )
+    assert env(gw)["RADIXSERVE_SCHEDULERS"] == (
+        "demo-scheduler-0.demo-scheduler.default.svc:50051 demo-scheduler-1.demo-scheduler.default.svc:50051"
+    )
+    assert harness.obj("v1/services", "default", "demo-scheduler")["spec"]["clusterIP"] == "None"
+    st = await harness.until(
+        lambda: harness.obj(ISVC, "default", "demo")["status"]["endpoint"], what="status"
+    )
+    assert st == {"http": "http://demo-gateway.default.svc:8000", "grpc": "demo-gateway.default.svc:50050"}
+    assert cond(harness.obj(ISVC, "default", "demo"), "Ready")["status"] == "False"
+
+    # No controllers run in the emulator: play the Deployment/StatefulSet controllers' part.
+    for kind, name, n in [
+        ("Deployment", "demo-gateway", 1),
+        ("Deployment", "demo-detokenizer", 1),
+        ("StatefulSet", "demo-scheduler", 2),
+    ]:
+        await harness.call(
+            harness.kube.merge_patch,
+            kind,
+            "default",
+            name,
+            {"status": {"readyReplicas": n, "updatedReplicas": n}},
+            "status",
+        )
+    ready = await harness.until(
+        lambda: cond(harness.obj(ISVC, "default", "demo"), "Ready").get("status") == "True", what="Ready"
+    )
+    assert ready
+    status = harness.obj(ISVC, "default", "demo")["status"]
+    assert status["replicas"] == {"gateway": "1/1", "scheduler": "2/2", "detokenizer": "1/1"}
+    assert cond(harness.obj(ISVC, "default", "demo"), "Progressing")["status"] == "False"
+
+
+async def test_spec_change_rolls_out_to_the_children(harness: Harness) -> None:
+    await harness.call(harness.kube.apply, isvc("roll", scheduler=CPU))
+    # The gateway is applied last: once it is there, the first rollout is complete.
+    gw0 = await harness.until(lambda: harness.obj(DEPLOY, "default", "roll-gateway"), what="the gateway")
+    patch = {"spec": {"tokenizer": {"replicas": 3}, "scheduler": {"replicas": 2, "engine": {"pageSize": 16}}}}
+    await harness.call(harness.kube.merge_patch, "InferenceService", "default", "roll", patch)
+    await harness.until(
+        lambda: harness.obj(DEPLOY, "default", "roll-gateway")["spec"]["replicas"] == 3, what="3 gateways"
+    )
+    await harness.until(
+        lambda: harness.obj(STS, "default", "roll-scheduler")["spec"]["replicas"] == 2, what="2 schedulers"
+    )
+    gw1 = harness.obj(DEPLOY, "default", "roll-gateway")
+    assert len(env(gw1)["RADIXSERVE_SCHEDULERS"].split()) == 2
+    assert harness.obj("v1/configmaps", "default", "roll-engine")["data"]["RADIXSERVE_PAGE_SIZE"] == "16"
+    # A settings change is a new pod template (config hash), so the pods roll.
+    key = "radixserve.io/config-hash"
+    assert (
+        gw1["spec"]["template"]["metadata"]["annotations"][key]
+        != gw0["spec"]["template"]["metadata"]["annotations"][key]
+    )
+    await harness.until(
+        lambda: harness.obj(ISVC, "default", "roll")["status"]["observedGeneration"] == 2, what="generation"
+    )
+
+
+async def test_invalid_specs_get_a_degraded_condition_and_no_children(harness: Harness) -> None:
+    await harness.call(harness.kube.apply, isvc("nopool", scheduler={"nodePool": "missing"}))
+    await harness.call(harness.kube.apply, isvc("zerogpu", scheduler={"device": "cuda", "gpusPerReplica": 0}))
+    await harness.call(
+        harness.kube.apply,
+        isvc("twomodels", model={"path": "demo", "source": {"pvc": {"claimName": "m"}}}, scheduler=CPU),
+    )
+    # The emulator has no schema: a wrongly typed field reaches the operator, which must not crash.
+    await harness.call(harness.kube.apply, isvc("badtype", scheduler={**CPU, "replicas": "lots"}))
+    for name, reason, words in [
+        ("nopool", "UnknownNodePool", "'missing' does not exist"),
+        ("zerogpu", "InvalidSpec", "gpusPerReplica is 0"),
+        ("twomodels", "InvalidModel", "exactly one of path or source"),
+        ("badtype", "InvalidSpec", "does not match the schema"),
+    ]:
+        degraded = await harness.until(partial(degraded_of, harness, name), what=name)
+        assert (degraded["status"], degraded["reason"]) == ("True", reason)
+        assert words in degraded["message"]
+        assert cond(harness.obj(ISVC, "default", name), "Ready")["status"] == "False"
+        assert harness.obj(DEPLOY, "default", f"{name}-gateway") is None
+
+    # Fixing the spec heals it: no restart, no manual step.
+    await harness.call(
+        harness.kube.merge_patch, "InferenceService", "default", "zerogpu", {"spec": {"scheduler": CPU}}
+    )
+    await harness.until(
+        lambda: harness.obj(DEPLOY, "default", "zerogpu-gateway"), what="children after the fix"
+    )
+    await harness.until(
+        lambda: cond(harness.obj(ISVC, "default", "zerogpu"), "Degraded")["status"] == "False", what="healed"
+    )
+
+
+async def test_gpu_node_pool_labels_taints_counts_and_lets_go(harness: Harness) -> None:
+    for name, labels, gpus in [
+        ("gpu-a", {"gpu": "h100"}, 8),
+        ("gpu-b", {"gpu": "h100"}, 8),
+        ("cpu-a", {"gpu": "none"}, 0),
+    ]:
+        await harness.call(harness.kube.apply, node(name, labels, gpus))
+    pool = {
+        "apiVersion": "radixserve.io/v1alpha1",
+        "kind": "GPUNodePool",
+        "metadata": {"name": "h100"},
+        "spec": {"nodeSelector": {"gpu": "h100"}, "taint": {}},
+    }
+    await harness.call(harness.kube.apply, pool)
+    status = await harness.until(
+        lambda: harness.obj(POOL, None, "h100")["status"]["gpus"], what="pool status"
+    )
+    assert status == {"total": 16, "allocatable": 16, "requested": 0}
+    st = harness.obj(POOL, None, "h100")["status"]
+    assert (
+        st["nodes"] == 2
+        and st["nodeNames"] == ["gpu-a", "gpu-b"]
+        and cond({"status": st}, "Ready")["status"] == "True"
+    )
+    for n in ("gpu-a", "gpu-b"):
+        obj = harness.obj("v1/nodes", None, n)
+        assert obj["metadata"]["labels"]["radixserve.io/gpu-node-pool"] == "h100"
+        assert {"key": "radixserve.io/inference", "value": "true", "effect": "NoSchedule"} in obj["spec"][
+            "taints"
+        ]
+        assert {"key": "other", "value": "x", "effect": "NoSchedule"} in obj["spec"]["taints"]
+    assert "radixserve.io/gpu-node-pool" not in harness.obj("v1/nodes", None, "cpu-a")["metadata"]["labels"]
+
+    # Schedulers on the pool get its label as node selector, its taint as toleration, GPU limits.
+    await harness.call(
+        harness.kube.apply, isvc("big", scheduler={"nodePool": "h100", "replicas": 3, "gpusPerReplica": 8})
+    )
+    degraded = await harness.until(
+        lambda: cond(harness.obj(ISVC, "default", "big"), "Degraded"), what="big's status"
+    )
+    assert (degraded["status"], degraded["reason"]) == ("True", "InsufficientGPUs")
+    assert "needs 24 GPUs" in degraded["message"]
+    pod = harness.obj(STS, "default", "big-scheduler")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"radixserve.io/gpu-node-pool": "h100"}
+    assert pod["tolerations"] == [
+        {"key": "radixserve.io/inference", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+    ]
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
+
+    # Deleting the pool releases its finalizer after giving the nodes back.
+    await harness.call(harness.kube.request, "DELETE", path("GPUNodePool", None, "h100"))
+    await harness.until(lambda: harness.obj(POOL, None, "h100") is None, what="the pool to go")
+    obj = harness.obj("v1/nodes", None, "gpu-a")
+    assert "radixserve.io/gpu-node-pool" not in obj["metadata"].get("labels", {})
+    assert obj["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoSchedule"}]
+
+
+async def test_delete_releases_the_finalizer(harness: Harness) -> None:
+    await harness.call(harness.kube.apply, isvc("gone", scheduler=CPU, redis={"mode": "none"}))
+    obj = await harness.until(
+        lambda: harness.obj(ISVC, "default", "gone")["metadata"].get("finalizers"), what="finalizer"
+    )
+    assert obj == ["radixserve.io/operator"]
+    await harness.call(harness.kube.request, "DELETE", path("InferenceService", "default", "gone"))
+    await harness.until(
+        lambda: harness.obj(ISVC, "default", "gone") is None, what="the InferenceService to go"
+    )
+
+
+async def test_autoscaler_follows_reported_load_within_bounds(harness: Harness) -> None:
+    auto = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "targetWaitingPerReplica": 4,
+        "scaleDownStabilizationSeconds": 0,
+    }
+    # Load comes from the Redis whose URL the external Secret holds.
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "redis-url", "namespace": "default"}}
+    secret["data"] = {"url": base64.b64encode(b"redis://ext:6379/1").decode()}
+    await harness.call(harness.kube.apply, secret)
+    redis = {"mode": "external", "urlSecretRef": {"name": "redis-url"}}
+    await harness.call(harness.kube.apply, isvc("auto", scheduler=CPU, autoscaling=auto, redis=redis))
+    await harness.until(
+        lambda: harness.obj(STS, "default", "auto-scheduler")["spec"]["replicas"] == 1, what="1 scheduler"
+    )
+    addr = "auto-scheduler-0.auto-scheduler.default.svc:50051"
+    harness.loads.by_pod[addr] = {"waiting": 10, "running": 64}
+    harness.loads.by_pod["other-scheduler-0.other-scheduler.default.svc:50051"] = {
+        "waiting": 1000
+    }  # not ours
+    await harness.until(
+        lambda: harness.obj(STS, "default", "auto-scheduler")["spec"]["replicas"] == 3, what="3 schedulers"
+    )
+    # The gateway's scheduler list follows (applied right after the StatefulSet).
+    gateways = lambda: env(harness.obj(DEPLOY, "default", "auto-gateway"))["RADIXSERVE_SCHEDULERS"].split()  # noqa: E731
+    await harness.until(lambda: len(gateways()) == 3, what="the gateway to list 3 schedulers")
+    assert set(harness.load_urls) == {"redis://ext:6379/1"}
+    harness.loads.by_pod[addr] = {"waiting": 0}
+    await harness.until(
+        lambda: harness.obj(STS, "default", "auto-scheduler")["spec"]["replicas"] == 1, what="back to 1"
+    )
+    await harness.until(
+        lambda: harness.obj(ISVC, "default", "auto")["status"]["autoscaling"]["desiredReplicas"] == 1,
+        what="status",
+    )
+
+
+async def test_python_m_radixserve_operator_serves_the_same_handlers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart's command line, as a process: in-cluster login fails over to $KUBECONFIG."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        liveness = f"http://127.0.0.1:{s.getsockname()[1]}/healthz"
+    async with emulator.serving_emulator(tmp_path, monkeypatch) as (emu, config):
+        env = {**os.environ, "KUBECONFIG": str(config), "RADIXSERVE_OPERATOR_RESYNC_INTERVAL": "1"}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "radixserve.operator", "--liveness", liveness,
+            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            kube = Kube(user_agent="radixserve-tests")
+            await asyncio.to_thread(kube.apply, isvc("proc", scheduler=CPU))
+            h = Harness(emu, kube, StaticLoadSource(), [])
+            gw = await h.until(
+                lambda: h.obj(DEPLOY, "default", "proc-gateway"), timeout=40, what="the gateway"
+            )
+            assert gw["metadata"]["ownerReferences"][0]["name"] == "proc"
+            await h.until(lambda: h.obj(ISVC, "default", "proc")["status"]["endpoint"], what="status")
+        finally:
+            proc.terminate()
+            _, err = await asyncio.wait_for(proc.communicate(), 20)
+        assert b"Traceback" not in err, err.decode()[-2000:]
+        used = {
+            a for r in emu._requests if emulator._by_operator(r) and (a := emulator.access(r)) is not None
+        }
+        assert used <= emulator.chart_rbac()

