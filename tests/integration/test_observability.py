@@ -107,7 +107,8 @@ def test_one_trace_spans_all_three_services_correctly_parented_and_honours_the_c
     for name in ("tokenize", "route", "submit", "deliver"):
         assert by_name[name][0] == "radixserve-gateway", name
         assert by_name[name][1].parent_span_id == root.span_id, [
-            (n.name, n.span_id.hex(), n.parent_span_id.hex()) for _, n in spans]
+            (n.name, n.span_id.hex(), n.parent_span_id.hex()) for _, n in spans
+        ]
     svc, sched = by_name["scheduler"]
     assert svc == "radixserve-scheduler" and sched.parent_span_id == root.span_id
     for name in ("queue", "prefill", "decode"):
