@@ -25,9 +25,21 @@ from radixserve.common.rpc import is_serving
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: all held open at once, so the kernel cannot hand one out twice."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _die_with_parent() -> None:
@@ -139,7 +151,8 @@ def build_cluster(
     env: dict[str, str] | None = None,
 ) -> Cluster:
     """The services' command lines; ``scheduler_args`` come last, so they override the defaults here."""
-    detok_port, detok_metrics = free_port(), free_port()
+    ports = iter([p for p in free_ports(4 + 2 * schedulers) if p != port])
+    detok_port, detok_metrics = next(ports), next(ports)
     detok = Service(
         "detokenizer",
         [
@@ -160,7 +173,7 @@ def build_cluster(
         torch_threads = max(1, ((os.cpu_count() or 2) - 1) // schedulers)
     scheds = []
     for i in range(schedulers):
-        p, mp = free_port(), free_port()
+        p, mp = next(ports), next(ports)
         argv = ["radixserve.scheduler", "--model", str(model), "--served-model-name", model_name]
         argv += ["--host", "127.0.0.1", "--port", str(p), "--metrics-port", str(mp)]
         if prefix_index != "memory":  # Redis: the pods publish there themselves
@@ -181,7 +194,7 @@ def build_cluster(
                 metrics_url=f"http://127.0.0.1:{mp}/metrics",
             )
         )
-    gport = grpc_port or free_port()
+    gport = grpc_port or next(ports)
     argv = ["radixserve.tokenizer", "--model", str(model), "--served-model-name", model_name]
     argv += ["--host", host, "--port", str(port), "--grpc-port", str(gport)]
     argv += [

@@ -12,7 +12,7 @@ Routers share one small interface (``choose``); ``cache-aware`` is the default:
               this router recently sent there (a burst sharing a new prefix lands together
               before the first prefill has published anything)
     if the load is out of balance (max - min > abs AND max > rel x min): least loaded
-    elif nobody holds any block: least loaded
+    elif nobody holds any block: the least KV in use among pods not much busier than the least busy
     else: the longest match (ties: least loaded)
 
 If the index fails (Redis down), routing degrades to least-load with a warning and retries the
@@ -47,6 +47,7 @@ class SchedulerHandle:
     healthy: bool = False
     load: Any = None  # the last pb.Load
     outstanding: set[str] = field(default_factory=set)  # rids this gateway sent here, not ended
+    routed_tokens: int = 0  # uncached prompt tokens this gateway sent here since the last load report
 
     @property
     def busy(self) -> int:
@@ -54,6 +55,12 @@ class SchedulerHandle:
         (reports lag by up to one interval)."""
         reported = self.load.waiting + self.load.running if self.load is not None else 0
         return max(reported, len(self.outstanding))
+
+    @property
+    def footprint(self) -> int:
+        """KV tokens the pod holds (requests + prefix cache), plus what was sent since it last said."""
+        held = self.load.kv_used_tokens + self.load.kv_cached_tokens if self.load is not None else 0
+        return held + self.routed_tokens
 
 
 @dataclass(slots=True)
@@ -189,12 +196,19 @@ class CacheAwareRouter(_Recorder):
         else:
             best = max((matched.get(h.address, 0) for h in candidates), default=0)
             if best == 0:
-                h, reason = least_loaded(candidates, rotate), "no-match"
+                # A new prefix: to the pod with the least KV in use among those not much busier than
+                # the least busy (SGLang sends it to the smallest tree), so new prefixes spread by
+                # memory, not only by request count, and fewer of them get evicted.
+                calm = [c for c in candidates if c.busy <= lo + self.balance_abs]
+                k = rotate % len(calm)
+                h = min([*calm[k:], *calm[:k]], key=lambda c: (c.footprint, c.busy))
+                reason = "no-match"
             else:
                 h, reason = (
                     least_loaded([c for c in candidates if matched.get(c.address, 0) == best], rotate),
                     "prefix",
                 )
+        h.routed_tokens += len(input_ids) - matched.get(h.address, 0) * self.block_size
         self.recent.remember(hashes, h.address, now)
         self.record(Decision(h.address, reason, matched.get(h.address, 0), time.perf_counter() - t))
         return h
@@ -239,7 +253,7 @@ class SchedulerPool:
                 async for update in call:
                     if not h.healthy:
                         log.info("scheduler %s is up", h.address)
-                    h.load, h.healthy = update.load, True
+                    h.load, h.healthy, h.routed_tokens = update.load, True, 0
                     if index is not None:
                         index.apply(h.address, update.stored, update.removed, update.cleared)
                         index.heartbeat(h.address, {}, 10 * self._interval + 1)

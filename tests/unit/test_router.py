@@ -84,12 +84,21 @@ def test_cache_aware_ties_go_to_the_least_loaded(index: InMemoryPrefixIndex) -> 
     assert router.choose(ids, [a, b, c]) is a
 
 
-def test_cache_aware_without_any_match_picks_the_least_loaded(index: InMemoryPrefixIndex) -> None:
-    a, b = pod("a", waiting=2), pod("b", running=1)
+def test_cache_aware_sends_a_new_prefix_to_the_pod_with_the_least_kv_among_the_calm_ones(
+    index: InMemoryPrefixIndex,
+) -> None:
+    a = pod("a", waiting=41)
+    a.load.kv_cached_tokens = 500  # holds other prefixes already
+    b = pod("b", running=40)
+    c = pod("c", waiting=57)  # empty, but 17 busier than b: not calm (57 < 1.5 x 40: no balance override)
     router = CacheAwareRouter(index, MODEL, BS)
-    assert router.choose(tokens(1, 3), [a, b]) is b
+    assert router.choose(tokens(1, 3), [a, b, c]) is b
     assert router.decisions[-1].reason == "no-match"
-    assert router.choose(list(range(5)), [a, b]) is b  # shorter than a block: nothing to match
+    assert b.routed_tokens == 53  # counted until b's next load report
+    assert router.choose(tokens(2, 3), [a, b, c]) is b  # 53 < 500
+    b.routed_tokens = 600  # b has been sent a lot since its last report
+    assert router.choose(tokens(3, 3), [a, b, c]) is a
+    assert router.choose(list(range(5)), [a, b, c]).address in "ab"  # shorter than a block: no match
     assert router.decisions[-1].reason == "no-match"
 
 
