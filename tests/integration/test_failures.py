@@ -128,3 +128,30 @@ def test_radixserve_serve_starts_prints_the_url_and_stops_on_a_signal(model_dir,
         proc.kill()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/health")
+
+
+def test_a_full_waiting_queue_answers_429_and_the_server_keeps_serving(model_dir):
+    cluster = start_cluster(
+        model_dir, schedulers=1, scheduler_args=["--max-running-requests", "1", "--max-waiting-requests", "2"]
+    )
+    try:
+
+        async def flood():
+            async with httpx.AsyncClient(base_url=cluster.url, timeout=120) as h:
+                body = {**LONG, "stream": False, "max_tokens": 200}
+                return await asyncio.gather(*[h.post("/v1/completions", json=body) for _ in range(8)])
+
+        statuses = sorted(r.status_code for r in asyncio.run(flood()))
+        assert statuses.count(200) >= 3 and statuses.count(429) >= 1, statuses
+        assert set(statuses) <= {200, 429}
+        r429 = next(r for r in asyncio.run(flood()) if r.status_code == 429)
+        assert (
+            r429.json()["error"]["type"] == "rate_limit_error"
+            and "waiting" in r429.json()["error"]["message"]
+        )
+        ok = httpx.post(
+            f"{cluster.url}/v1/completions", json={**SHORT, "stream": False, "max_tokens": 3}, timeout=60
+        )
+        assert ok.status_code == 200
+    finally:
+        cluster.stop(drain_timeout=2)
