@@ -1,0 +1,1081 @@
+"""Routing across scheduler pods: cache-aware vs least-load vs round-robin, multi-tenant prefixes.
+
+One seeded workload, four configurations, each on a fresh cluster (``launcher.build_cluster``:
+gateway + ``--schedulers`` scheduler processes + detokenizer on loopback, every scheduler with
+``--threads`` torch threads; on a 2-core machine the pods share the cores, as they would share a
+node):
+
+* ``cache-aware``       gateway ``--router cache-aware``, in-memory prefix index (fed by the pods'
+                        Watch streams)
+* ``least-load``        ``--router least-load``
+* ``round-robin``       ``--router round-robin``: the baseline of the ratios
+* ``cache-aware+redis`` ``--router cache-aware`` with the Redis prefix index: a ``redis-server`` child
+                        (``--save '' --appendonly no``, a free port) that the pods publish their KV
+                        block events to and the gateway reads; stopped by pid afterwards
+
+Workload (``--tenants`` T): T system prompts ("tenants"), each ``--prefix-range`` random token ids
+long; every request is one tenant's prompt (uniform choice) + a unique random suffix
+(``--suffix-range`` tokens), sent as token ids; output ``--output-range`` tokens, greedy,
+``ignore_eos``, so every request produces exactly its length (checked). Poisson arrivals at
+``--rate`` req/s (first at t=0), ``--num-requests`` requests. Special ids 0..4 are avoided.
+
+Rate: the default 4 req/s is near the saturation of the 4-pod cache-aware system on the reference
+machine (2 CPU cores, small demo model, 1 torch thread per pod): at 5 req/s cache-aware already
+fell behind (about 4.8 req/s served, TTFT p99 ~17 s), while round-robin and least-load serve only
+about 3.2-3.5 req/s there, so at 4 req/s they are overloaded and cache-aware is not. On other
+machines choose ``--rate`` the same way. The full default run takes ~6 minutes there.
+
+KV capacity: every pod gets ``--max-total-tokens`` (default: ``--kv-prefixes`` x the mean prefix
+length, page-rounded: room for about that many tenants' prefixes, running requests included). With
+the defaults (16 tenants, 4 pods, 5 prefixes per pod) a pod can keep its own quarter of the tenants
+(4) plus a little, but nowhere near all 16: a router that sends every tenant everywhere
+(round-robin, least-load) makes each pod's cache thrash; one that keeps each tenant on one pod does
+not. With unlimited KV every pod would cache every tenant after its first miss and routing would not
+matter.
+
+Measured per configuration (from this process, over HTTP: ``POST /v1/completions``, ``stream: true``,
+``stream_options.include_usage``; times from the moment a request is sent):
+
+* cache hit rate = sum ``usage.prompt_tokens_details.cached_tokens`` / sum ``usage.prompt_tokens``
+  (cached = prompt tokens found in the serving pod's radix cache at admission). For scale, the ideal
+  one (every tenant on one pod, never evicted: all its page-aligned prefix tokens hit except on its
+  first request) is reported with the workload.
+* output tok/s and req/s over the makespan (first send to last completion); TTFT (first non-empty
+  text chunk) p50 / p90 / p99; e2e p50 / p99.
+* where requests went (the gateway does not say over HTTP): this process also opens a Watch stream
+  (``kv_events``) to every pod, as the gateway's in-memory index does. A request's last full prompt
+  block hash is unique to it (its random suffix), so the pod whose radix cache stores (or evicts) it
+  is the pod that served it; a tenant's last full prefix block, stored on a pod, means that pod
+  (re)computed the tenant's prefix. Reported: requests per pod, pods per tenant, prefix
+  (re)computations (``prefix_prefills``; T is the minimum), prefix evictions, per-pod load over time.
+* routing-decision latency (the gateway does not expose its decisions): after the traffic, with the
+  cluster still up and idle, this process times ``router.choose(prompt, candidates)`` of a fresh
+  router of the same class, in-process, for every request's prompt in arrival order (``--decision-
+  passes`` passes, a fresh router each): ``time.perf_counter()`` around the call, which includes
+  hashing the prompt's blocks, the index lookup, the recent-routes memory and the load guard.
+  cache-aware: an ``InMemoryPrefixIndex`` holding the pods' real end-of-run KV blocks (fed by the
+  Watch streams above, exactly what the gateway's index is fed). cache-aware+redis: a
+  ``RedisPrefixIndex`` on the live Redis the pods published to (one real loopback round trip per
+  decision). Candidates: one ``SchedulerHandle`` per pod with the pod's load as sampled at the
+  request's arrival time during the run. Not measured: the gateway's event-loop queueing before
+  ``choose``, and the run's own decisions (they are not observable).
+
+The Watch streams above add one KV-event subscriber per pod in every configuration alike. Before any
+traffic, the run checks that the launcher gave every service its own port and that every process is
+alive (``launcher.free_port`` can draw one port twice; a scheduler that then fails to bind still
+passes the launcher's health check through the other one at that address), and again afterwards.
+
+Ratios vs round-robin: hit rate x, output throughput x, TTFT p90 divided (round-robin / config).
+Targets (measured, never asserted; PASS/FAIL per cache-aware config): hit rate >= 3.8x round-robin's,
+throughput >= 1.9x, TTFT p90 >= 10x lower, decision p99 < 2 ms.
+
+    .venv/bin/python benchmarks/routing.py [--quick] [--out DIR] [--rate R] [--num-requests N] ...
+    radixserve bench routing [same flags]
+
+Writes DIR/routing.json and DIR/routing.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts here share benchmarks/_machine.py
+from _machine import machine_info
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+SPECIAL_IDS = 5  # ids 0..4 are the demo tokenizer's special tokens
+MODEL_NAME = "bench"
+BLOCK_SIZE = 16  # the gateway's and schedulers' default --block-size
+BASELINE = "round-robin"
+CONFIGS = ("cache-aware", "least-load", "round-robin", "cache-aware+redis")
+POLICY = {"cache-aware": "cache-aware", "least-load": "least-load", "round-robin": "round-robin"}
+POLICY["cache-aware+redis"] = "cache-aware"
+TARGET_HIT_RATIO = 3.8
+TARGET_THROUGHPUT_RATIO = 1.9
+TARGET_TTFT_P90_DIVISOR = 10.0
+TARGET_DECISION_P99_MS = 2.0
+
+FULL = dict(
+    model_size="small",
+    schedulers=4,
+    num_requests=240,
+    rate=4.0,
+    tenants=16,
+    prefix_range=(500, 1000),
+    suffix_range=(20, 60),
+    output_range=(8, 32),
+    kv_prefixes=5.0,
+    page_size=16,
+    max_running_requests=32,
+    decision_passes=3,
+)
+QUICK = dict(
+    model_size="tiny",
+    schedulers=2,
+    num_requests=32,
+    rate=16.0,
+    tenants=4,
+    prefix_range=(96, 160),
+    suffix_range=(17, 24),
+    output_range=(4, 8),
+    kv_prefixes=3.0,
+    page_size=16,
+    max_running_requests=16,
+    decision_passes=2,
+)
+
+
+# --------------------------------------------------------------------------- workload
+def build_workload(
+    num_requests: int,
+    rate: float,
+    tenants: int,
+    prefix_range: tuple[int, int],
+    suffix_range: tuple[int, int],
+    output_range: tuple[int, int],
+    vocab_size: int,
+    seed: int,
+) -> dict:
+    """Seeded: ``prefixes`` (one token-id list per tenant) and ``requests`` sorted by arrival, each
+    ``arrival`` (s), ``tenant``, ``prefix_len``, ``input_ids`` (prefix + unique suffix), ``output_len``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    prefixes = [
+        rng.integers(
+            SPECIAL_IDS, vocab_size, int(rng.integers(prefix_range[0], prefix_range[1] + 1))
+        ).tolist()
+        for _ in range(tenants)
+    ]
+    gaps = rng.exponential(1.0 / rate, num_requests) if math.isfinite(rate) else np.zeros(num_requests)
+    arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])]) if num_requests else np.zeros(0)
+    reqs = []
+    for t in arrivals:
+        k = int(rng.integers(tenants))
+        suffix = rng.integers(
+            SPECIAL_IDS, vocab_size, int(rng.integers(suffix_range[0], suffix_range[1] + 1))
+        )
+        reqs.append(
+            {
+                "arrival": float(t),
+                "tenant": k,
+                "prefix_len": len(prefixes[k]),
+                "input_ids": prefixes[k] + suffix.tolist(),
+                "output_len": int(rng.integers(output_range[0], output_range[1] + 1)),
+            }
+        )
+    return {"prefixes": prefixes, "requests": reqs}
+
+
+def ideal_hit_rate(reqs: list[dict], page_size: int) -> float:
+    """Every tenant on one pod that never evicts it: each request after the tenant's first hits its
+    page-aligned prefix (the scheduler caches whole pages)."""
+    seen: set[int] = set()
+    hit = 0
+    for r in reqs:
+        if r["tenant"] in seen:
+            hit += r["prefix_len"] // page_size * page_size
+        seen.add(r["tenant"])
+    return hit / max(1, sum(len(r["input_ids"]) for r in reqs))
+
+
+def workload_summary(wl: dict, page_size: int) -> dict:
+    reqs = wl["requests"]
+    ins = [len(r["input_ids"]) for r in reqs]
+    outs = [r["output_len"] for r in reqs]
+    plens = [len(p) for p in wl["prefixes"]]
+    per_tenant = [sum(r["tenant"] == k for r in reqs) for k in range(len(plens))]
+    return {
+        "num_requests": len(reqs),
+        "tenants": len(plens),
+        "prefix_lens": plens,
+        "requests_per_tenant": per_tenant,
+        "prompt_tokens": sum(ins),
+        "output_tokens": sum(outs),
+        "input_len_mean": sum(ins) / len(ins),
+        "output_len_mean": sum(outs) / len(outs),
+        "last_arrival_s": reqs[-1]["arrival"],
+        "ideal_hit_rate": ideal_hit_rate(reqs, page_size),
+    }
+
+
+def kv_tokens(prefix_lens: Sequence[int], kv_prefixes: float, page_size: int) -> int:
+    """Room for ``kv_prefixes`` mean-length prefixes, rounded up to whole pages."""
+    mean = sum(prefix_lens) / len(prefix_lens)
+    return math.ceil(kv_prefixes * mean / page_size) * page_size
+
+
+def scheduler_flags(eargs: dict) -> list[str]:
+    out: list[str] = []
+    for k, v in eargs.items():
+        out += [f"--{k.replace('_', '-')}", str(v)]
+    return out
+
+
+# ---------------------------------------------------------------------- attribution
+class Attribution:
+    """Which hash means what: a request's last full prompt block (unique to it) and a tenant's last
+    full prefix block (the tenant's whole prefix, since hashes chain)."""
+
+    def __init__(self, wl: dict, block_size: int) -> None:
+        from radixserve.common.block_hash import block_hashes
+
+        self.request_of: dict[int, int] = {}
+        self.tenant_of: dict[int, int] = {}
+        for k, p in enumerate(wl["prefixes"]):
+            hs = block_hashes(p, MODEL_NAME, block_size)
+            if hs:
+                self.tenant_of[hs[-1]] = k
+        for i, r in enumerate(wl["requests"]):
+            hs = block_hashes(r["input_ids"], MODEL_NAME, block_size)
+            if len(hs) > r["prefix_len"] // block_size:  # a block that includes suffix tokens
+                self.request_of[hs[-1]] = i
+        self.unattributable = len(wl["requests"]) - len(self.request_of)
+
+
+class PodMonitor:
+    """A Watch stream (with KV block events) per pod, as the gateway's in-memory index has, each read
+    by its own thread: feeds an InMemoryPrefixIndex, samples each pod's load, and attributes
+    requests and prefixes to pods."""
+
+    def __init__(self, addresses: Sequence[str], attribution: Attribution, interval_s: float = 0.2) -> None:
+        from radixserve.common.prefix_index import InMemoryPrefixIndex
+
+        self.addresses = list(addresses)
+        self.attr = attribution
+        self.interval_s = interval_s
+        self.index = InMemoryPrefixIndex()
+        self.samples: dict[str, list[tuple[float, Any]]] = {a: [] for a in addresses}  # (t, pb.Load)
+        self.pod_of_request: dict[int, str] = {}
+        self.prefix_stored: dict[tuple[int, str], int] = {}  # (tenant, pod) -> times stored
+        self.prefix_removed: dict[tuple[int, str], int] = {}
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._calls: list[Any] = []
+        self._threads: list[threading.Thread] = []
+        self._channels: list[Any] = []
+        self._stopping = False
+        self.t0 = 0.0
+
+    def start(self, t0: float) -> None:
+        import grpc
+
+        from radixserve.common.rpc import CHANNEL_OPTIONS, pb, pb_grpc
+
+        self.t0 = t0
+        for a in self.addresses:
+            ch = grpc.insecure_channel(a, options=CHANNEL_OPTIONS)
+            call = pb_grpc.SchedulerStub(ch).Watch(
+                pb.WatchRequest(interval_s=self.interval_s, kv_events=True)
+            )
+            self._channels.append(ch)
+            self._calls.append(call)
+            th = threading.Thread(target=self._read, args=(a, call), name=f"watch-{a}", daemon=True)
+            th.start()
+            self._threads.append(th)
+
+    def _read(self, address: str, call: Any) -> None:
+        import grpc
+
+        try:
+            for u in call:
+                now = time.perf_counter() - self.t0
+                stored, removed = list(u.stored), list(u.removed)
+                with self._lock:
+                    self.samples[address].append((now, u.load))
+                    self.index.apply(address, stored, removed, u.cleared)
+                    for hs, seen in ((stored, self.prefix_stored), (removed, self.prefix_removed)):
+                        for h in hs:
+                            i = self.attr.request_of.get(h)
+                            if i is not None:
+                                self.pod_of_request.setdefault(i, address)
+                            k = self.attr.tenant_of.get(h)
+                            if k is not None:
+                                seen[(k, address)] = seen.get((k, address), 0) + 1
+        except grpc.RpcError as e:
+            if not self._stopping:
+                self.errors.append(f"{address}: {e.code().name} {e.details()}")
+
+    def stop(self) -> None:
+        self._stopping = True
+        for call in self._calls:
+            call.cancel()
+        for th in self._threads:
+            th.join(5)
+        for ch in self._channels:
+            ch.close()
+
+    def load_at(self, address: str, t: float) -> Any:
+        """The pod's last load sample at or before ``t`` (s from the start), else its first."""
+        s = self.samples[address]
+        if not s:
+            return None
+        i = bisect.bisect_right([x[0] for x in s], t) - 1
+        return s[max(0, i)][1]
+
+    def summary(self, wl: dict, makespan: float, cached: Sequence[int] | None = None) -> dict:
+        reqs = wl["requests"]
+        pods = self.addresses
+        per_pod = {p: 0 for p in pods}
+        pods_of_tenant: dict[int, set[str]] = {}
+        for i, p in self.pod_of_request.items():
+            per_pod[p] += 1
+            pods_of_tenant.setdefault(reqs[i]["tenant"], set()).add(p)
+        tenants_of_pod = {p: sorted(k for k, ps in pods_of_tenant.items() if p in ps) for p in pods}
+        load = {}
+        for p in pods:
+            busy = [s.waiting + s.running for t, s in self.samples[p] if t <= makespan]
+            kv = [s.kv_used_tokens + s.kv_cached_tokens for t, s in self.samples[p] if t <= makespan]
+            cap = self.samples[p][-1][1].kv_capacity_tokens if self.samples[p] else 0
+            load[p] = {
+                "busy_mean": sum(busy) / len(busy) if busy else None,
+                "busy_max": max(busy, default=None),
+                "kv_used_or_cached_mean": sum(kv) / len(kv) if kv else None,
+                "kv_capacity_tokens": cap,
+                "samples": len(busy),
+            }
+        spread = [len(v) for v in pods_of_tenant.values()]
+        # Placement: the pod each tenant's first request went to, and how many prefix tokens that puts
+        # on each pod (against its KV capacity); moves: a tenant's request served by another pod than
+        # its previous one; re-misses: a tenant's later request that found none of its prefix cached.
+        plen = [len(x) for x in wl["prefixes"]]
+        first_pod: dict[int, str] = {}
+        last_pod: dict[int, str] = {}
+        moves = re_misses = 0
+        seen: set[int] = set()
+        for i, r in enumerate(reqs):
+            k, p = r["tenant"], self.pod_of_request.get(i)
+            if k in seen and cached is not None and cached[i] == 0:
+                re_misses += 1
+            seen.add(k)
+            if p is None:
+                continue
+            first_pod.setdefault(k, p)
+            if k in last_pod and last_pod[k] != p:
+                moves += 1
+            last_pod[k] = p
+        initial = {p: sorted(k for k, q in first_pod.items() if q == p) for p in pods}
+        return {
+            "attributed_requests": len(self.pod_of_request),
+            "requests_per_pod": [per_pod[p] for p in pods],
+            "pods_per_tenant": {str(k): len(v) for k, v in sorted(pods_of_tenant.items())},
+            "pods_per_tenant_mean": sum(spread) / len(spread) if spread else None,
+            "tenants_per_pod": [len(tenants_of_pod[p]) for p in pods],
+            "initial_tenants_per_pod": [initial[p] for p in pods],
+            "initial_prefix_tokens_per_pod": [sum(plen[k] for k in initial[p]) for p in pods],
+            "tenant_moves": moves,
+            "later_requests_with_no_cache_hit": re_misses,
+            "prefix_prefills": sum(self.prefix_stored.values()),
+            "prefix_evictions": sum(self.prefix_removed.values()),
+            "pod_load": [load[p] for p in pods],
+            "watch_errors": self.errors,
+        }
+
+
+# ------------------------------------------------------------------------------ client
+async def _stream_one(client: Any, url: str, req: dict, start: float) -> dict:
+    rec: dict[str, Any] = {
+        "arrival": req["arrival"],
+        "tenant": req.get("tenant"),
+        "prompt_tokens": len(req["input_ids"]),
+        "expected_tokens": req["output_len"],
+        "output_tokens": 0,
+        "cached_tokens": 0,
+        "ok": False,
+        "ttft": float("nan"),
+        "e2e": float("nan"),
+        "finish_reason": None,
+        "error": None,
+    }
+    delay = start + req["arrival"] - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    body = {
+        "model": MODEL_NAME,
+        "prompt": req["input_ids"],
+        "max_tokens": req["output_len"],
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    rec["arrival"] = t0 - start  # the actual send time (the schedule up to event-loop lag)
+    first = None
+    usage = None
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                rec["error"] = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+                return rec
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[6:]
+                if payload == "[DONE]":
+                    break
+                obj = json.loads(payload)
+                if "error" in obj:
+                    rec["error"] = str(obj["error"])[:300]
+                    break
+                if obj.get("usage"):
+                    usage = obj["usage"]
+                for c in obj.get("choices") or ():
+                    if c.get("text") and first is None:
+                        first = time.perf_counter()
+                    if c.get("finish_reason"):
+                        rec["finish_reason"] = c["finish_reason"]
+        end = time.perf_counter()
+    except Exception as e:  # a transport error is a failed request, not a failed benchmark
+        rec["error"] = f"{type(e).__name__}: {e}"[:300]
+        return rec
+    if usage:
+        rec["output_tokens"] = int(usage["completion_tokens"])
+        rec["prompt_tokens"] = int(usage["prompt_tokens"])
+        rec["cached_tokens"] = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    if first is None or rec["error"]:
+        rec["error"] = rec["error"] or "no text chunk"
+        return rec
+    rec["ttft"] = first - t0
+    rec["e2e"] = end - t0
+    n = rec["output_tokens"]
+    rec["ok"] = rec["finish_reason"] == "length" and n == req["output_len"] and usage is not None
+    if not rec["ok"] and rec["error"] is None:
+        rec["error"] = f"finish_reason {rec['finish_reason']!r}, {n} tokens of {req['output_len']}"
+    return rec
+
+
+async def _run_requests(url: str, reqs: list[dict], start: float) -> list[dict]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(reqs) + 8, max_keepalive_connections=len(reqs) + 8)
+    timeout = httpx.Timeout(900.0, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        tasks = [asyncio.create_task(_stream_one(client, url, r, start)) for r in reqs]
+        return list(await asyncio.gather(*tasks))
+
+
+async def _warm(url: str, n: int, vocab_size: int) -> None:
+    """``n`` short requests one after another, prompts unrelated to the tenants: every pod runs a
+    forward before the clock starts (round-robin and the least-loaded rotation both visit each)."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        for i in range(n):
+            ids = [SPECIAL_IDS + (97 * i + 13 * j + 1) % (vocab_size - SPECIAL_IDS) for j in range(24)]
+            rec = await _stream_one(client, url, {"arrival": 0.0, "input_ids": ids, "output_len": 2}, 0.0)
+            if not rec["ok"]:
+                raise RuntimeError(f"warm-up request failed: {rec['error']}")
+
+
+# ------------------------------------------------------------------------------- stats
+def _pct(xs: Sequence[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def summarize(records: list[dict]) -> dict:
+    ok = [r for r in records if r["ok"]]
+    ttft = [r["ttft"] for r in ok]
+    e2e = [r["e2e"] for r in ok]
+    prompt = sum(r["prompt_tokens"] for r in ok)
+    cached = sum(r["cached_tokens"] for r in ok)
+    out_tokens = sum(r["output_tokens"] for r in ok)
+    first = min((r["arrival"] for r in records), default=0.0)
+    makespan = max((r["e2e"] + r["arrival"] for r in ok), default=float("nan")) - first
+    ms = 1e3
+    return {
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "hit_rate": cached / prompt if prompt else float("nan"),
+        "output_tokens": out_tokens,
+        "makespan_s": makespan,
+        "output_tok_s": out_tokens / makespan,
+        "request_s": len(ok) / makespan,
+        "ttft_ms_p50": ms * _pct(ttft, 50),
+        "ttft_ms_p90": ms * _pct(ttft, 90),
+        "ttft_ms_p99": ms * _pct(ttft, 99),
+        "e2e_ms_p50": ms * _pct(e2e, 50),
+        "e2e_ms_p99": ms * _pct(e2e, 99),
+        "all_exact": all(r["ok"] and r["output_tokens"] == r["expected_tokens"] for r in records),
+    }
+
+
+def _public(rec: dict) -> dict:
+    keep = (
+        "arrival",
+        "tenant",
+        "pod",
+        "prompt_tokens",
+        "cached_tokens",
+        "output_tokens",
+        "ok",
+        "ttft",
+        "e2e",
+    )
+    out = {k: rec.get(k) for k in keep}
+    if rec.get("error"):
+        out["error"] = rec["error"]
+    return out
+
+
+def _finite(obj: Any) -> Any:
+    """NaN (a statistic of no samples) as null: the JSON stays strict."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------- decision latency
+def time_decisions(
+    policy: str,
+    index: Any,
+    addresses: Sequence[str],
+    monitor: PodMonitor,
+    reqs: list[dict],
+    passes: int,
+) -> dict:
+    """``choose`` of a fresh router per pass, timed per call (see the module doc)."""
+    import gc
+
+    from radixserve.common.rpc import pb
+    from radixserve.tokenizer.router import (
+        CacheAwareRouter,
+        LeastLoadRouter,
+        RoundRobinRouter,
+        SchedulerHandle,
+    )
+
+    handles = [SchedulerHandle(a, healthy=True) for a in addresses]
+    loads = [[monitor.load_at(a, r["arrival"]) or pb.Load(address=a) for a in addresses] for r in reqs]
+    times: list[float] = []
+    inner: list[float] = []
+    reasons: dict[str, int] = {}
+    if index is not None and reqs:  # a warm connection (and loaded script), as a serving gateway has
+        from radixserve.common.block_hash import block_hashes
+
+        index.match(block_hashes(reqs[0]["input_ids"], MODEL_NAME, BLOCK_SIZE))
+    gc.collect()
+    for _ in range(passes):
+        if policy == "cache-aware":
+            router: Any = CacheAwareRouter(index, MODEL_NAME, BLOCK_SIZE)
+        elif policy == "least-load":
+            router = LeastLoadRouter()
+        else:
+            router = RoundRobinRouter()
+        for r, ld in zip(reqs, loads, strict=True):
+            for h, lo in zip(handles, ld, strict=True):
+                h.load = lo
+            ids = r["input_ids"]
+            t = time.perf_counter()
+            router.choose(ids, handles)
+            times.append(time.perf_counter() - t)
+        for d in router.decisions:
+            inner.append(d.seconds)
+            reasons[d.reason] = reasons.get(d.reason, 0) + 1
+    ms = 1e3
+    return {
+        "decisions": len(times),
+        "decision_ms_p50": ms * _pct(times, 50),
+        "decision_ms_p99": ms * _pct(times, 99),
+        "decision_ms_max": ms * max(times),
+        "decision_ms_mean": ms * sum(times) / len(times),
+        "router_recorded_ms_p99": ms * _pct(inner, 99),
+        "replay_reasons": reasons,
+        "index": type(index).__name__ if index is not None else None,
+    }
+
+
+# --------------------------------------------------------------------------------- redis
+class RedisServer:
+    """A foreground ``redis-server`` child on a free port, nothing persisted; stopped by its pid."""
+
+    def __init__(self, binary: str) -> None:
+        from radixserve.launcher import free_port
+
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        import redis
+
+        r = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if r.ping():
+                    break
+            except redis.RedisError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server on port {self.port} did not come up")
+            time.sleep(0.05)
+        r.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# --------------------------------------------------------------------------------- runs
+def _ports(cluster: Any) -> list[str]:
+    """Every port the cluster's command lines name (--port, --grpc-port, --metrics-port, ...)."""
+    out = []
+    for svc in cluster.services:
+        for flag, value in zip(svc.argv, svc.argv[1:], strict=False):
+            if flag.startswith("--") and flag.endswith("port"):
+                out.append(value)
+    return out
+
+
+def _check_alive(cluster: Any, when: str) -> None:
+    """Every process still runs and every scheduler has its own address (a scheduler that could not
+    bind its port would otherwise pass the launcher's health check through another one's)."""
+    dead = [s.name for s in cluster.services if not s.alive()]
+    addresses = [s.grpc_address for s in cluster.schedulers]
+    if dead or len(set(addresses)) != len(addresses):
+        raise RuntimeError(f"cluster broken {when}: exited {dead}, scheduler addresses {addresses}")
+
+
+def _teardown(cluster: Any, redis_srv: RedisServer | None) -> None:
+    try:
+        cluster.stop(drain_timeout=5)
+    finally:
+        if redis_srv is not None:
+            redis_srv.stop()
+
+
+def run_config(
+    name: str,
+    model: Path,
+    wl: dict,
+    eargs: dict,
+    args: argparse.Namespace,
+    previous: threading.Thread | None = None,
+) -> tuple[dict, threading.Thread]:
+    """One configuration on a fresh cluster. Returns its results and the thread stopping its cluster
+    (and Redis): the next configuration starts its own meanwhile and waits for that thread before
+    sending any traffic (``previous``), so no two clusters are ever up during a measurement."""
+    from radixserve.common.prefix_index import RedisPrefixIndex
+    from radixserve.launcher import build_cluster, free_port
+
+    policy = POLICY[name]
+    t_cfg = time.perf_counter()
+    redis_srv = RedisServer(args.redis_server) if name.endswith("+redis") else None
+
+    def fresh_cluster() -> Any:
+        for _ in range(20):  # launcher.free_port can hand out one port twice: draw again
+            c = build_cluster(
+                model,
+                MODEL_NAME,
+                port=free_port(),
+                schedulers=args.schedulers,
+                scheduler_args=scheduler_flags(eargs),
+                gateway_args=["--router", policy],
+                torch_threads=args.threads,
+                drain_timeout=5.0,
+                prefix_index=redis_srv.url if redis_srv else "memory",
+            )
+            ports = _ports(c)
+            if len(set(ports)) == len(ports):
+                break
+            print(f"  {name}: the launcher drew a port twice ({sorted(ports)}); drawing again", flush=True)
+        return c
+
+    cluster = fresh_cluster()
+    stopper = threading.Thread(target=lambda: _teardown(cluster, redis_srv), name=f"stop-{name}")
+    try:
+        for attempt in range(3):  # a port taken by someone else between the draw and the bind
+            try:
+                cluster.start(timeout=300)
+                _check_alive(cluster, "after start")
+                break
+            except RuntimeError as e:
+                cluster.stop(drain_timeout=1)
+                if attempt == 2:
+                    raise
+                print(f"  {name}: {e}; starting a fresh cluster", flush=True)
+                cluster = fresh_cluster()
+        started_s = time.perf_counter() - t_cfg
+        if previous is not None:
+            previous.join()
+        addresses = [s.grpc_address or "" for s in cluster.schedulers]
+        attribution = Attribution(wl, BLOCK_SIZE)
+        times: dict[str, float] = {}
+
+        async def traffic() -> tuple[list[dict], PodMonitor]:
+            t = time.perf_counter()
+            await _warm(cluster.url, 2 * args.schedulers, args.vocab_size)
+            times["warm_s"] = time.perf_counter() - t
+            monitor = PodMonitor(addresses, attribution)
+            start = time.perf_counter() + 0.3  # the Watch snapshots arrive; every task is sleeping
+            monitor.start(start)
+            records = await _run_requests(cluster.url, wl["requests"], start)
+            await asyncio.sleep(0.5)  # the last block events
+            monitor.stop()
+            times["traffic_wall_s"] = time.perf_counter() - start
+            return records, monitor
+
+        load0 = os.getloadavg()[0]
+        records, monitor = asyncio.run(traffic())
+        load1 = os.getloadavg()[0]
+        _check_alive(cluster, "after the traffic")
+        for i, rec in enumerate(records):
+            rec["pod"] = monitor.pod_of_request.get(i)
+        summary = summarize(records)
+        routing = monitor.summary(wl, summary["makespan_s"], [r["cached_tokens"] for r in records])
+        routing["unattributable_requests"] = attribution.unattributable
+        t = time.perf_counter()
+        index: Any = None
+        if policy == "cache-aware":
+            # +redis: the pods' live published state; memory: what the gateway's index was fed
+            index = RedisPrefixIndex(redis_srv.url) if redis_srv is not None else monitor.index
+        try:
+            decision = time_decisions(policy, index, addresses, monitor, wl["requests"], args.decision_passes)
+        finally:
+            if isinstance(index, RedisPrefixIndex):
+                index.redis.close()
+        times["decision_replay_s"] = time.perf_counter() - t
+    finally:
+        stopper.start()
+    s = summary
+    print(
+        f"  {name}: {s['completed']}/{len(records)} ok, hit rate {s['hit_rate']:.3f}, {s['output_tok_s']:.1f}"
+        f" out tok/s, TTFT p90 {s['ttft_ms_p90']:.0f} ms, decision p99 {decision['decision_ms_p99']:.3f} ms,"
+        f" requests per pod {routing['requests_per_pod']}, prefix prefills {routing['prefix_prefills']}"
+        f" ({time.perf_counter() - t_cfg:.0f} s)",
+        flush=True,
+    )
+    result = {
+        "policy": policy,
+        "prefix_index": "redis" if redis_srv else "memory",
+        "scheduler_addresses": addresses,
+        "summary": summary,
+        "routing": routing,
+        "decision": decision,
+        "cluster_start_s": started_s,
+        **times,
+        "loadavg_1m_before_after": [round(load0, 2), round(load1, 2)],
+        "requests": [_public(r) for r in records],
+    }
+    return result, stopper
+
+
+def compare(results: dict) -> dict:
+    base = results[BASELINE]["summary"]
+    per: dict[str, Any] = {}
+    for name, res in results.items():
+        s = res["summary"]
+        per[name] = {
+            "hit_rate_x": s["hit_rate"] / base["hit_rate"] if base["hit_rate"] > 0 else float("inf"),
+            "output_tok_s_x": s["output_tok_s"] / base["output_tok_s"],
+            "request_s_x": s["request_s"] / base["request_s"],
+            "ttft_p90_divisor": base["ttft_ms_p90"] / s["ttft_ms_p90"],
+        }
+    verdict: dict[str, Any] = {"vs_round_robin": per, "targets": {}}
+    for name in results:
+        if POLICY[name] != "cache-aware":
+            continue
+        v, d = per[name], results[name]["decision"]
+        verdict["targets"][name] = {
+            f"hit_rate_ge_{TARGET_HIT_RATIO:g}x": v["hit_rate_x"] >= TARGET_HIT_RATIO,
+            f"throughput_ge_{TARGET_THROUGHPUT_RATIO:g}x": v["output_tok_s_x"] >= TARGET_THROUGHPUT_RATIO,
+            f"ttft_p90_ge_{TARGET_TTFT_P90_DIVISOR:g}x_lower": v["ttft_p90_divisor"]
+            >= TARGET_TTFT_P90_DIVISOR,
+            f"decision_p99_lt_{TARGET_DECISION_P99_MS:g}ms": d["decision_ms_p99"] < TARGET_DECISION_P99_MS,
+        }
+    verdict["every_request_exact"] = all(r["summary"]["all_exact"] for r in results.values())
+    return verdict
+
+
+def format_table(results: dict, verdict: dict) -> str:
+    head = (
+        f"{'config':18} {'ok':>9} {'hit':>6} {'hit x':>6} {'out tok/s':>9} {'req/s':>6} {'thr x':>6}"
+        f" {'TTFT50':>7} {'TTFT90':>7} {'TTFT99':>7} {'/p90':>6} {'e2e50':>7} {'dec50':>6} {'dec99':>6}"
+        f" {'per pod':>17} {'prefills':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for name, res in results.items():
+        s, d, r = res["summary"], res["decision"], res["routing"]
+        v = verdict["vs_round_robin"][name]
+        pods = "/".join(map(str, r["requests_per_pod"]))
+        lines.append(
+            f"{name:18} {s['completed']:>4}/{s['completed'] + s['failed']:<4} {s['hit_rate']:>6.3f}"
+            f" {v['hit_rate_x']:>5.2f}x {s['output_tok_s']:>9.1f} {s['request_s']:>6.2f}"
+            f" {v['output_tok_s_x']:>5.2f}x"
+            f" {s['ttft_ms_p50']:>7.0f} {s['ttft_ms_p90']:>7.0f} {s['ttft_ms_p99']:>7.0f}"
+            f" {v['ttft_p90_divisor']:>5.1f}x {s['e2e_ms_p50']:>7.0f}"
+            f" {d['decision_ms_p50']:>6.3f} {d['decision_ms_p99']:>6.3f} {pods:>17} {r['prefix_prefills']:>8}"
+        )
+    lines.append(
+        "(times in ms; hit = cached / prompt tokens; x and /p90 vs round-robin; dec = routing decision,"
+        " in-process replay; per pod = requests served by each pod; prefills = tenant prefixes"
+        " (re)computed on some pod)"
+    )
+    for name, t in verdict["targets"].items():
+        v, d = verdict["vs_round_robin"][name], results[name]["decision"]
+        got = {
+            f"hit_rate_ge_{TARGET_HIT_RATIO:g}x": f"{v['hit_rate_x']:.2f}x",
+            f"throughput_ge_{TARGET_THROUGHPUT_RATIO:g}x": f"{v['output_tok_s_x']:.2f}x",
+            f"ttft_p90_ge_{TARGET_TTFT_P90_DIVISOR:g}x_lower": f"{v['ttft_p90_divisor']:.1f}x",
+            f"decision_p99_lt_{TARGET_DECISION_P99_MS:g}ms": f"{d['decision_ms_p99']:.3f} ms",
+        }
+        for key, ok in t.items():
+            lines.append(f"target {name}: {key}: {got[key]} -> {'PASS' if ok else 'FAIL'}")
+    lines.append(
+        f"every request exact (finish 'length', right token count): {verdict['every_request_exact']}"
+    )
+    return "\n".join(lines)
+
+
+def plot(results: dict, verdict: dict, path: Path, ideal: float | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    colors = {"cache-aware": "#4c72b0", "least-load": "#dd8452", "round-robin": "#8c8c8c"}
+    colors["cache-aware+redis"] = "#55a868"
+    col = [colors.get(n, "#999999") for n in names]
+    x = list(range(len(names)))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
+    panels = (
+        ("hit_rate", "cache hit rate (cached / prompt tokens)", "fraction", "hit_rate_x", "{:.2f}x"),
+        ("output_tok_s", "output throughput", "output tokens / s", "output_tok_s_x", "{:.2f}x"),
+        (
+            "ttft_ms_p90",
+            "TTFT p90 (annotated: round-robin / config)",
+            "ms (log)",
+            "ttft_p90_divisor",
+            "/{:.1f}",
+        ),
+    )
+    for ax, (key, title, ylab, ratio, fmt) in zip(axes[:3], panels, strict=True):
+        ys = [results[n]["summary"][key] for n in names]
+        ax.bar(x, ys, color=col)
+        for i, n in enumerate(names):
+            ax.annotate(
+                fmt.format(verdict["vs_round_robin"][n][ratio]),
+                (i, ys[i]),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylab)
+        ax.set_xticks(x, names, rotation=15, fontsize=8)
+    if ideal is not None:
+        axes[0].axhline(ideal, color="k", ls=":", lw=1, label=f"ideal (one pod per tenant) {ideal:.2f}")
+        axes[0].legend(fontsize=7)
+    axes[0].set_ylim(0, 1)
+    axes[2].set_yscale("log")
+    ax = axes[3]
+    w = 0.38
+    p50 = [results[n]["decision"]["decision_ms_p50"] for n in names]
+    p99 = [results[n]["decision"]["decision_ms_p99"] for n in names]
+    ax.bar([i - w / 2 for i in x], p50, w, color=col, alpha=0.55, label="p50")
+    ax.bar([i + w / 2 for i in x], p99, w, color=col, label="p99")
+    for i in x:
+        ax.annotate(f"{p99[i]:.3f}", (i + w / 2, p99[i]), ha="center", va="bottom", fontsize=7)
+    ax.axhline(
+        TARGET_DECISION_P99_MS, color="k", ls=":", lw=1, label=f"target p99 < {TARGET_DECISION_P99_MS:g} ms"
+    )
+    ax.set_yscale("log")
+    ax.set_title("routing decision latency (in-process choose replay)", fontsize=10)
+    ax.set_ylabel("ms (log)")
+    ax.set_xticks(x, names, rotation=15, fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------- main
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, default=None, help="HF model folder (default: build the demo model)")
+    p.add_argument("--schedulers", type=int, default=None, help=f"scheduler pods ({FULL['schedulers']})")
+    p.add_argument("--rate", type=float, default=None, help=f"Poisson arrival rate, req/s ({FULL['rate']})")
+    p.add_argument("--num-requests", type=int, default=None, help=f"({FULL['num_requests']})")
+    p.add_argument("--tenants", type=int, default=None, help=f"distinct system prompts ({FULL['tenants']})")
+    p.add_argument("--prefix-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
+    p.add_argument("--suffix-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
+    p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
+    p.add_argument(
+        "--kv-prefixes",
+        type=float,
+        default=None,
+        help=f"per-pod KV capacity in mean-length tenant prefixes ({FULL['kv_prefixes']})",
+    )
+    p.add_argument(
+        "--max-total-tokens", type=int, default=None, help="per-pod KV tokens (overrides --kv-prefixes)"
+    )
+    p.add_argument("--page-size", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per scheduler (1)")
+    p.add_argument("--configs", nargs="+", choices=CONFIGS, default=None, help="subset to run (all)")
+    p.add_argument("--redis-server", default=None, help="redis-server binary (default: from PATH)")
+    p.add_argument("--decision-passes", type=int, default=None, help="replays of the decisions per config")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny model, 2 pods, few requests (< 90 s)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    base = QUICK if args.quick else FULL
+    for k, v in base.items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
+    if args.num_requests < 1 or args.schedulers < 1 or args.tenants < 1 or not args.rate > 0:
+        p.error("--num-requests, --schedulers, --tenants and --rate must be positive")
+    for name in ("prefix_range", "suffix_range", "output_range"):
+        lo, hi = getattr(args, name)
+        if not 1 <= lo <= hi:
+            p.error(f"--{name.replace('_', '-')}: need 1 <= MIN <= MAX")
+    args.configs = list(args.configs or CONFIGS)
+    if BASELINE not in args.configs:
+        args.configs.append(BASELINE)
+    args.redis_server = args.redis_server or shutil.which("redis-server")
+    args.skipped = {}
+    if "cache-aware+redis" in args.configs and not args.redis_server:
+        args.configs.remove("cache-aware+redis")
+        args.skipped["cache-aware+redis"] = "no redis-server binary"
+    args.configs = [c for c in CONFIGS if c in args.configs]  # a fixed order
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    t_start = time.perf_counter()
+    machine = machine_info()
+    tmp = None
+    model_path = args.model
+    if model_path is None:
+        from radixserve.common.demo_model import make_demo_model
+
+        tmp = tempfile.TemporaryDirectory(prefix="radixserve-bench-")
+        model_path = make_demo_model(Path(tmp.name) / "model", arch="llama", size=args.model_size, seed=0)
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+        args.vocab_size = int(cfg["vocab_size"])
+        wl = build_workload(
+            args.num_requests,
+            args.rate,
+            args.tenants,
+            tuple(args.prefix_range),
+            tuple(args.suffix_range),
+            tuple(args.output_range),
+            args.vocab_size,
+            args.seed,
+        )
+        plens = [len(x) for x in wl["prefixes"]]
+        total = args.max_total_tokens or kv_tokens(plens, args.kv_prefixes, args.page_size)
+        eargs = dict(
+            page_size=args.page_size,
+            max_total_tokens=total,
+            max_running_requests=args.max_running_requests,
+        )
+        summary = workload_summary(wl, args.page_size)
+        config = {
+            "model": str(args.model) if args.model else f"demo llama/{args.model_size} (built in a temp dir)",
+            "quick": args.quick,
+            "seed": args.seed,
+            "schedulers": args.schedulers,
+            "torch_threads_per_scheduler": args.threads,
+            "configs": args.configs,
+            "skipped": args.skipped,
+            "rate": args.rate,
+            "num_requests": args.num_requests,
+            "tenants": args.tenants,
+            "prefix_range": list(args.prefix_range),
+            "suffix_range": list(args.suffix_range),
+            "output_range": list(args.output_range),
+            "kv_prefixes": None if args.max_total_tokens else args.kv_prefixes,
+            "engine_args": eargs,
+            "scheduler_flags": scheduler_flags(eargs),
+            "gateway_defaults": "--block-size 16 --balance-abs-threshold 16 --balance-rel-threshold 1.5"
+            " --recent-ttl 10",
+            "sampling": "greedy (temperature 0), ignore_eos, max_tokens = output length",
+            "prompts": "tenant prefix (random token ids) + unique random suffix, sent as token ids",
+            "arrivals": "Poisson (exponential gaps, first at t=0)",
+            "decision_latency": "in-process replay of router.choose per request prompt with the pods'"
+            " sampled loads; cache-aware: InMemoryPrefixIndex fed the pods' real KV block events;"
+            " +redis: RedisPrefixIndex on the live Redis the pods published to",
+            "workload": summary,
+        }
+        print(
+            f"{args.schedulers} pods, {args.tenants} tenants, {args.num_requests} requests"
+            f" at {args.rate:g} req/s"
+            f" (last arrival {summary['last_arrival_s']:.1f} s), engine args {eargs}, configs {args.configs}",
+            flush=True,
+        )
+        results = {}
+        stopper: threading.Thread | None = None
+        try:
+            for name in args.configs:
+                results[name], stopper = run_config(name, Path(model_path), wl, eargs, args, stopper)
+        finally:
+            if stopper is not None:
+                stopper.join()
+        report: dict[str, Any] = {
+            "benchmark": "routing: cache-aware vs least-load vs round-robin across scheduler pods",
+            "config": config,
+            "machine": machine,
+            "results": results,
+            "verdict": compare(results),
+        }
+        report["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        report["benchmark_wall_s"] = time.perf_counter() - t_start
+        return report
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "routing.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
+    ideal = report["config"]["workload"]["ideal_hit_rate"]
+    plot(report["results"], report["verdict"], args.out / "routing.png", ideal)
+    print(format_table(report["results"], report["verdict"]))
+    print(
+        f"wall {report['benchmark_wall_s']:.0f} s;"
+        f" wrote {args.out / 'routing.json'} and {args.out / 'routing.png'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

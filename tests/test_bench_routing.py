@@ -1,0 +1,91 @@
+"""The routing benchmark runs (quick mode) and reports every configuration with every request completed.
+
+No timing is asserted: the targets live in the benchmark's own output (benchmarks/results/routing.json).
+The quick run starts real clusters (gateway, 2 schedulers, detokenizer; a redis-server child for the
+Redis configuration) on the tiny model, one per configuration.
+"""
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing.py"
+
+
+@pytest.fixture(scope="module")
+def routing():
+    spec = importlib.util.spec_from_file_location("bench_routing", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_workload_is_seeded_multi_tenant_and_avoids_special_ids(routing):
+    args = (300, 4.0, 5, (40, 60), (17, 20), (2, 5), 2048)
+    wl = routing.build_workload(*args, seed=1)
+    assert wl == routing.build_workload(*args, seed=1)
+    assert wl != routing.build_workload(*args, seed=2)
+    assert len(wl["prefixes"]) == 5 and all(40 <= len(p) <= 60 for p in wl["prefixes"])
+    reqs = wl["requests"]
+    for r in reqs:
+        prefix = wl["prefixes"][r["tenant"]]
+        assert r["input_ids"][: len(prefix)] == prefix and r["prefix_len"] == len(prefix)
+        assert 17 <= len(r["input_ids"]) - len(prefix) <= 20 and 2 <= r["output_len"] <= 5
+        assert min(r["input_ids"]) >= routing.SPECIAL_IDS
+    assert {r["tenant"] for r in reqs} == set(range(5))
+    arrivals = [r["arrival"] for r in reqs]
+    assert arrivals[0] == 0 and arrivals == sorted(arrivals)
+    assert 0.15 < arrivals[-1] / 299 < 0.4  # mean gap ~ 1 / rate
+
+
+def test_every_request_has_a_block_of_its_own_and_tenants_are_known(routing):
+    wl = routing.build_workload(50, 4.0, 3, (40, 60), (17, 20), (2, 5), 2048, seed=0)
+    attr = routing.Attribution(wl, routing.BLOCK_SIZE)
+    assert attr.unattributable == 0 and sorted(attr.request_of.values()) == list(range(50))
+    assert sorted(attr.tenant_of.values()) == [0, 1, 2]
+
+
+def test_kv_capacity_is_page_rounded_prefixes(routing):
+    assert routing.kv_tokens([500, 1000], 4, 16) == 3008  # 4 x 750 = 3000 -> 188 pages
+    assert routing.kv_tokens([512], 1, 16) == 512
+
+
+def test_ideal_hit_rate_counts_every_tenants_later_page_aligned_prefix(routing):
+    reqs = [
+        {"tenant": 0, "prefix_len": 40, "input_ids": [5] * 50},
+        {"tenant": 0, "prefix_len": 40, "input_ids": [5] * 50},
+        {"tenant": 1, "prefix_len": 20, "input_ids": [5] * 50},
+    ]
+    assert routing.ideal_hit_rate(reqs, 16) == 32 / 150
+
+
+@pytest.mark.timeout(300)
+def test_quick_run_reports_every_config_with_every_request_completed(routing, tmp_path):
+    assert routing.main(["--quick", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "routing.png").stat().st_size > 0
+    data = json.loads((tmp_path / "routing.json").read_text())
+    results = data["results"]
+    expected = (
+        set(routing.CONFIGS) if shutil.which("redis-server") else set(routing.CONFIGS) - {"cache-aware+redis"}
+    )
+    assert set(results) == expected
+    n = data["config"]["workload"]["num_requests"]
+    for name, res in results.items():
+        s = res["summary"]
+        assert s["completed"] == n and s["failed"] == 0 and s["all_exact"], (name, s)
+        assert len(res["requests"]) == n and all(r["ok"] for r in res["requests"])
+        assert s["output_tokens"] == data["config"]["workload"]["output_tokens"]
+        assert 0 <= s["hit_rate"] <= 1 and s["output_tok_s"] > 0 and s["ttft_ms_p90"] > 0
+        assert res["decision"]["decisions"] > 0 and res["decision"]["decision_ms_p99"] > 0
+        assert res["routing"]["attributed_requests"] == n
+    assert results["cache-aware"]["summary"]["hit_rate"] > results["round-robin"]["summary"]["hit_rate"]
+    if "cache-aware+redis" in results:
+        assert results["cache-aware+redis"]["decision"]["index"] == "RedisPrefixIndex"
+    assert set(data["verdict"]["targets"]) == expected & {"cache-aware", "cache-aware+redis"}
+    assert data["verdict"]["every_request_exact"]
+    assert {"cpu_count", "python", "torch", "date"} <= set(data["machine"])
