@@ -42,24 +42,7 @@ _BENCH_OFFLINE_VALUE_FLAGS = (
 
 def _cmd_bench_offline(args: argparse.Namespace) -> int:
     """Runs benchmarks/offline.py (a repository file, not part of the package) with the given flags."""
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "offline.py"
-    if not script.is_file():
-        print(f"radixserve bench offline: {script} not found (run from a source checkout)")
-        return 2
-    spec = importlib.util.spec_from_file_location("radixserve_bench_offline", script)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    argv: list[str] = []
-    for flag, value in vars(args).items():
-        if flag in _BENCH_OFFLINE_VALUE_FLAGS and value is not None:
-            values = value if isinstance(value, list) else [value]
-            argv += [f"--{flag.replace('_', '-')}", *map(str, values)]
-    argv += ["--quick"] * args.quick + ["--profile"] * args.profile
-    return int(mod.main(argv))
+    return _run_bench("offline", args, _BENCH_OFFLINE_VALUE_FLAGS, ["quick", "profile"])
 
 
 _BENCH_SERVING_VALUE_FLAGS = (
@@ -79,23 +62,44 @@ _BENCH_SERVING_VALUE_FLAGS = (
 
 def _cmd_bench_serving(args: argparse.Namespace) -> int:
     """Runs benchmarks/serving.py (a repository file, not part of the package) with the given flags."""
+    return _run_bench("serving", args, _BENCH_SERVING_VALUE_FLAGS, ["quick"])
+
+
+def _cmd_bench_routing(args: argparse.Namespace) -> int:
+    """Runs benchmarks/routing.py; every flag after ``routing`` is its own (see --help there)."""
+    mod = _load_bench("routing")
+    return 2 if mod is None else int(mod.main(args.routing_args))
+
+
+def _load_bench(name: str):  # -> the benchmark module, or None outside a source checkout
     import importlib.util
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "serving.py"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
     if not script.is_file():
-        print(f"radixserve bench serving: {script} not found (run from a source checkout)")
-        return 2
-    spec = importlib.util.spec_from_file_location("radixserve_bench_serving", script)
+        print(f"radixserve bench {name}: {script} not found (run from a source checkout)")
+        return None
+    spec = importlib.util.spec_from_file_location(f"radixserve_bench_{name}", script)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def _run_bench(
+    name: str, args: argparse.Namespace, value_flags: tuple[str, ...], bool_flags: list[str]
+) -> int:
+    """Runs benchmarks/<name>.py's main with the parsed flags turned back into an argv."""
+    mod = _load_bench(name)
+    if mod is None:
+        return 2
     argv: list[str] = []
     for flag, value in vars(args).items():
-        if flag in _BENCH_SERVING_VALUE_FLAGS and value is not None:
+        if flag in value_flags and value is not None:
             values = value if isinstance(value, list) else [value]
             argv += [f"--{flag.replace('_', '-')}", *map(str, values)]
-    argv += ["--quick"] * args.quick
+    for flag in bool_flags:
+        argv += [f"--{flag}"] * bool(getattr(args, flag, False))
     return int(mod.main(argv))
 
 
@@ -117,6 +121,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         scheduler_args=extra,
         gateway_args=["--router", args.router],
         torch_threads=args.torch_threads,
+        prefix_index=args.prefix_index,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -200,6 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny model, few short requests: smoke test < 60 s")
     p.add_argument("--out", help="output folder (default benchmarks/results)")
     p.set_defaults(func=_cmd_bench_serving)
+    p = bench.add_parser(
+        "routing",
+        help="cache-aware vs least-load vs round-robin routing over 4 scheduler processes",
+        description="Runs benchmarks/routing.py with the flags that follow (its own --help lists them); "
+        "writes OUT/routing.json and OUT/routing.png.",
+        add_help=False,
+    )
+    p.add_argument("routing_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_bench_routing)
 
     p = sub.add_parser(
         "serve",
@@ -217,7 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, help="gateway gRPC port for Generate (default: a free one)")
     p.add_argument("--schedulers", type=int, default=1, help="scheduler processes")
     p.add_argument("--torch-threads", type=int, help="per scheduler (default: (cores - 1) / schedulers)")
-    p.add_argument("--router", choices=("least-load", "round-robin"), default="least-load")
+    p.add_argument("--router", choices=("cache-aware", "least-load", "round-robin"), default="cache-aware")
+    p.add_argument(
+        "--prefix-index",
+        default="memory",
+        help='"memory" (in the gateway) or a redis:// URL (schedulers publish there)',
+    )
     p.add_argument("scheduler_args", nargs=argparse.REMAINDER, help="-- then scheduler flags")
     p.set_defaults(func=_cmd_serve)
 
@@ -225,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "routing"]:  # every flag after it is the benchmark's own (argparse
+        return _cmd_bench_routing(argparse.Namespace(routing_args=argv[2:]))  # would eat --help)
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 
