@@ -42,49 +42,37 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import resource
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts here share benchmarks/_machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts here share benchmarks/_*.py
+import _common as common
+from _common import SPECIAL_IDS as SPECIAL_IDS  # re-exported: the tests check prompts against it
 from _machine import machine_info
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-SPECIAL_IDS = 5  # ids 0..4 are the demo tokenizer's special tokens
 TARGET_SPEEDUP = 3.0  # the issue: ours >= 3x HF's output throughput; overlap never slower than normal
 
-FULL = dict(
-    model_size="small",
-    num_requests=64,
-    input_range=(64, 512),
-    output_range=(32, 256),
-    shared_prefix_frac=0.3,
-    prefix_len=256,
-    hf_batch_sizes=(16,),
-    max_running_requests=128,
-    check_requests=3,
+FULL, QUICK = common.presets(
+    (  # (setting, full run, --quick)
+        ("model_size", "small", "tiny"),
+        ("num_requests", 64, 12),
+        ("input_range", (64, 512), (16, 64)),
+        ("output_range", (32, 256), (4, 24)),
+        ("shared_prefix_frac", 0.3, 0.5),
+        ("prefix_len", 256, 32),
+        ("hf_batch_sizes", (16,), (4,)),
+        ("max_running_requests", 128, 16),
+        ("check_requests", 3, 2),
+    )
 )
 # HF's B: a full sweep on the 2-core dev machine (1 thread, default workload, 2026-11-21) gave
 # B=8: 112.1, B=16: 112.4, B=32: 107.8 useful output tok/s (bigger B batches more rows per forward
 # but waits on a longer tail). Rerun with --hf-batch-sizes 8 16 32 to redo it.
 HF_B_NOTE = "B=16 chosen from a sweep (8: 112.1, 16: 112.4, 32: 107.8 useful out tok/s, 1 thread, 2026-11-21)"
-QUICK = dict(
-    model_size="tiny",
-    num_requests=12,
-    input_range=(16, 64),
-    output_range=(4, 24),
-    shared_prefix_frac=0.5,
-    prefix_len=32,
-    hf_batch_sizes=(4,),
-    max_running_requests=16,
-    check_requests=2,
-)
 
 
 # --------------------------------------------------------------------------- workload
@@ -105,18 +93,16 @@ def build_workload(
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    lo, hi = input_range
-    prefix = rng.integers(SPECIAL_IDS, vocab_size, prefix_len).tolist()
+    prefix = common.random_token_ids(rng, vocab_size, prefix_len)
     reqs = []
     for _ in range(num_requests):
-        n_in = int(rng.integers(lo, hi + 1))
-        n_out = int(rng.integers(output_range[0], output_range[1] + 1))
+        n_in = common.draw_len(rng, input_range)
+        n_out = common.draw_len(rng, output_range)
         shared = bool(prefix_len > 0 and rng.random() < shared_prefix_frac)
         if shared:
-            tail = rng.integers(SPECIAL_IDS, vocab_size, max(16, n_in - prefix_len)).tolist()
-            ids = prefix + tail
+            ids = prefix + common.random_token_ids(rng, vocab_size, max(16, n_in - prefix_len))
         else:
-            ids = rng.integers(SPECIAL_IDS, vocab_size, n_in).tolist()
+            ids = common.random_token_ids(rng, vocab_size, n_in)
         reqs.append({"input_ids": ids, "output_len": n_out, "shared": shared})
     return reqs
 
@@ -137,30 +123,15 @@ def workload_summary(reqs: list[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------- timing
-class Meter:
+def _timing(m: common.Meter) -> dict:
     """Wall time, process CPU time, load average and page faults around one system's timed run."""
-
-    def __enter__(self) -> Meter:
-        self.load_before = os.getloadavg()[0]
-        self.flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        self.cpu0 = time.process_time()
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall_s = time.perf_counter() - self.t0
-        self.cpu_s = time.process_time() - self.cpu0
-        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.flt0
-        self.load_after = os.getloadavg()[0]
-
-    def record(self) -> dict:
-        return {
-            "wall_s": self.wall_s,
-            "process_cpu_s": self.cpu_s,
-            "cpu_per_wall": self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0,
-            "loadavg_1m_before_after": [round(self.load_before, 2), round(self.load_after, 2)],
-            "minor_page_faults": self.faults,  # fresh large tensors fault their pages in
-        }
+    return {
+        "wall_s": m.wall_s,
+        "process_cpu_s": m.cpu_s,
+        "cpu_per_wall": m.cpu_s / m.wall_s if m.wall_s > 0 else 0.0,
+        "loadavg_1m_before_after": m.loadavg_before_after(),
+        "minor_page_faults": m.faults,  # fresh large tensors fault their pages in
+    }
 
 
 def _rates(rec: dict, prompt_tokens: int, output_tokens: int) -> None:
@@ -169,13 +140,6 @@ def _rates(rec: dict, prompt_tokens: int, output_tokens: int) -> None:
     rec["output_tokens"] = output_tokens
     rec["output_tok_s"] = output_tokens / w
     rec["total_tok_s"] = (prompt_tokens + output_tokens) / w
-
-
-def _pct(xs: Sequence[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
 # -------------------------------------------------------------------------------- HF
@@ -210,7 +174,7 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int) -> list[li
 def run_hf(model, reqs: list[dict], batch_size: int) -> dict:
     useful = raw = 0
     outputs: list[list[int]] = []
-    with Meter() as m:
+    with common.Meter() as m:
         for s in range(0, len(reqs), batch_size):
             chunk = reqs[s : s + batch_size]
             gen = hf_generate(model, [r["input_ids"] for r in chunk], max(r["output_len"] for r in chunk))
@@ -218,7 +182,7 @@ def run_hf(model, reqs: list[dict], batch_size: int) -> dict:
                 outputs.append(g[: r["output_len"]])
                 raw += len(g)
                 useful += min(len(g), r["output_len"])
-    rec = {"system": "hf", "batch_size": batch_size, **m.record()}
+    rec = {"system": "hf", "batch_size": batch_size, **_timing(m)}
     _rates(rec, sum(len(r["input_ids"]) for r in reqs), useful)
     rec["raw_generated_tokens"] = raw
     rec["raw_generated_tok_s"] = raw / rec["wall_s"]
@@ -243,14 +207,6 @@ def _sampling(reqs: list[dict]):
     return [SamplingParams(max_new_tokens=r["output_len"], temperature=0.0, ignore_eos=True) for r in reqs]
 
 
-def warm_engine(engine, vocab_size: int) -> None:
-    """A short untimed generate (allocators, first-call paths); its tokens never recur."""
-    from radixserve import SamplingParams
-
-    ids = [[SPECIAL_IDS + (7 * i + j) % (vocab_size - SPECIAL_IDS) for j in range(24)] for i in range(2)]
-    engine.generate(input_ids=ids, sampling_params=SamplingParams(max_new_tokens=4, temperature=0.0))
-
-
 def run_ours(
     model_path: Path, reqs: list[dict], overlap: bool, eargs: dict, vocab_size: int
 ) -> tuple[dict, list]:
@@ -259,16 +215,16 @@ def run_ours(
 
     engine = Engine(str(model_path), disable_overlap=not overlap, **eargs)
     try:
-        warm_engine(engine, vocab_size)
+        common.warm_engine(engine, vocab_size)
         st = engine.loop.stats = LoopStats()  # count the measured run only, not the warm-up
         sp = _sampling(reqs)
-        with Meter() as m:
+        with common.Meter() as m:
             outs = engine.generate(input_ids=[r["input_ids"] for r in reqs], sampling_params=sp)
         steps, host, wait = st.steps, st.host_s, st.wait_s
         per_step = list(st.per_step_host_s)
     finally:
         engine.shutdown()
-    rec = {"system": "ours_overlap" if overlap else "ours_normal", **m.record()}
+    rec = {"system": "ours_overlap" if overlap else "ours_normal", **_timing(m)}
     got = [len(o["token_ids"]) for o in outs]
     _rates(rec, sum(len(r["input_ids"]) for r in reqs), sum(got))
     rec.update(
@@ -279,8 +235,8 @@ def run_ours(
         host_s=host,
         wait_s=wait,
         host_ms_per_step=1e3 * host / max(1, steps),
-        host_ms_p50=1e3 * _pct(per_step, 50),
-        host_ms_p99=1e3 * _pct(per_step, 99),
+        host_ms_p50=1e3 * common.percentile(per_step, 50, empty=0.0),
+        host_ms_p99=1e3 * common.percentile(per_step, 99, empty=0.0),
         host_frac_of_wall=host / rec["wall_s"],
     )
     del engine
@@ -349,7 +305,7 @@ def profile_engine(
 
     engine = Engine(str(model_path), disable_overlap=True, **eargs)
     try:
-        warm_engine(engine, vocab_size)
+        common.warm_engine(engine, vocab_size)
         runner = engine.runner
         orig_forward = runner.forward
 
@@ -469,11 +425,7 @@ def format_table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     names = ["hf", "ours_normal", "ours_overlap"]
     labels = [f"HF generate\n(static B={results['hf']['batch_size']})", "ours\nnormal", "ours\noverlap"]
     tps = [results[n]["output_tok_s"] for n in names]
@@ -512,9 +464,7 @@ def plot(results: dict, path: Path) -> None:
     ax2.set_ylabel("ms per engine step")
     ax2.set_title("Engine non-forward host time per step")
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def verdict(results: dict) -> dict:
@@ -533,7 +483,7 @@ def verdict(results: dict) -> dict:
 # --------------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, default=None, help="HF model folder (default: build the demo model)")
+    common.add_model_arg(p)
     p.add_argument("--num-requests", type=int, default=None, help=f"default {FULL['num_requests']}")
     p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
     p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
@@ -545,15 +495,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads for every system (default 1)"
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny model, few short requests (< 60 s)")
     p.add_argument("--profile", action="store_true", help="also profile a normal-mode engine run")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    common.add_run_args(p, quick_help="tiny model, few short requests (< 60 s)")
     args = p.parse_args(argv)
-    base = QUICK if args.quick else FULL
-    for k, v in base.items():
-        if getattr(args, k, None) is None:
-            setattr(args, k, v)
+    common.fill_defaults(args, FULL, QUICK)
     return args
 
 
@@ -562,16 +507,8 @@ def run(args: argparse.Namespace) -> dict:
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
-    tmp = None
-    model_path = args.model
-    if model_path is None:
-        from radixserve.common.demo_model import make_demo_model
-
-        tmp = tempfile.TemporaryDirectory(prefix="radixserve-bench-")
-        model_path = make_demo_model(Path(tmp.name) / "model", arch="llama", size=args.model_size, seed=0)
-    try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text())
-        vocab = int(cfg["vocab_size"])
+    with common.model_folder(args) as model_path:
+        vocab = common.model_vocab_size(model_path)
         reqs = build_workload(
             args.num_requests,
             tuple(args.input_range),
@@ -583,7 +520,7 @@ def run(args: argparse.Namespace) -> dict:
         )
         eargs = engine_args(reqs, args.max_running_requests)
         config = {
-            "model": str(args.model) if args.model else f"demo llama/{args.model_size} (built in a temp dir)",
+            "model": common.model_description(args),
             "model_params": None,
             "quick": args.quick,
             "seed": args.seed,
@@ -600,7 +537,7 @@ def run(args: argparse.Namespace) -> dict:
         }
         print(f"workload: {json.dumps(config['workload'])}", flush=True)
 
-        model = load_hf(Path(model_path))
+        model = load_hf(model_path)
         config["model_params"] = sum(p.numel() for p in model.parameters())
         config["hf_attn_implementation"] = getattr(model.config, "_attn_implementation", None)
         hf_generate(model, [reqs[0]["input_ids"][:16]], 4)  # warm-up (untimed)
@@ -614,7 +551,7 @@ def run(args: argparse.Namespace) -> dict:
         results: dict[str, Any] = {"hf": hf}
         ours_tokens: dict[str, list] = {}
         for overlap in (False, True):
-            rec, toks = run_ours(Path(model_path), reqs, overlap, eargs, vocab)
+            rec, toks = run_ours(model_path, reqs, overlap, eargs, vocab)
             results[rec["system"]] = rec
             ours_tokens[rec["system"]] = toks
             print(f"{rec['system']}: {rec['wall_s']:.1f}s, {rec['output_tok_s']:.1f} out tok/s", flush=True)
@@ -646,26 +583,21 @@ def run(args: argparse.Namespace) -> dict:
         }
         if args.profile:
             print("profiling a normal-mode engine run ...", flush=True)
-            report["profile_normal_mode"] = profile_engine(Path(model_path), reqs, eargs, vocab)
+            report["profile_normal_mode"] = profile_engine(model_path, reqs, eargs, vocab)
         report["machine"]["torch_threads"] = torch.get_num_threads()
-        report["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        report["benchmark_wall_s"] = time.perf_counter() - t_start
-        return report
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+        return common.finish_report(report, t_start)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "offline.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(report["results"], args.out / "offline.png")
+    json_path, png_path = common.write_outputs(
+        args.out, "offline", report, lambda path: plot(report["results"], path)
+    )
     print(format_table(report["results"]))
     print("verdict:", json.dumps(report["verdict"]))
     print("correctness vs HF batch-1:", json.dumps(report["correctness_vs_hf_batch1"]))
-    print(f"wrote {args.out / 'offline.json'} and {args.out / 'offline.png'}")
+    print(f"wrote {json_path} and {png_path}")
     return 0
 
 

@@ -80,25 +80,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
-import json
 import math
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts here share benchmarks/_machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts here share benchmarks/_*.py
+import _common as common
+from _common import SPECIAL_IDS
 from _machine import machine_info
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-SPECIAL_IDS = 5  # ids 0..4 are the demo tokenizer's special tokens
-MODEL_NAME = "bench"
 BLOCK_SIZE = 16  # the gateway's and schedulers' default --block-size
 BASELINE = "round-robin"
 CONFIGS = ("cache-aware", "least-load", "round-robin", "cache-aware+redis")
@@ -109,33 +105,21 @@ TARGET_THROUGHPUT_RATIO = 1.9
 TARGET_TTFT_P90_DIVISOR = 10.0
 TARGET_DECISION_P99_MS = 2.0
 
-FULL = dict(
-    model_size="small",
-    schedulers=4,
-    num_requests=240,
-    rate=4.0,
-    tenants=16,
-    prefix_range=(500, 1000),
-    suffix_range=(20, 60),
-    output_range=(8, 32),
-    kv_prefixes=5.0,
-    page_size=16,
-    max_running_requests=32,
-    decision_passes=3,
-)
-QUICK = dict(
-    model_size="tiny",
-    schedulers=2,
-    num_requests=32,
-    rate=16.0,
-    tenants=4,
-    prefix_range=(96, 160),
-    suffix_range=(17, 24),
-    output_range=(4, 8),
-    kv_prefixes=3.0,
-    page_size=16,
-    max_running_requests=16,
-    decision_passes=2,
+FULL, QUICK = common.presets(
+    (  # (setting, full run, --quick)
+        ("model_size", "small", "tiny"),
+        ("schedulers", 4, 2),
+        ("num_requests", 240, 32),
+        ("rate", 4.0, 16.0),
+        ("tenants", 16, 4),
+        ("prefix_range", (500, 1000), (96, 160)),
+        ("suffix_range", (20, 60), (17, 24)),
+        ("output_range", (8, 32), (4, 8)),
+        ("kv_prefixes", 5.0, 3.0),
+        ("page_size", 16, 16),
+        ("max_running_requests", 32, 16),
+        ("decision_passes", 3, 2),
+    )
 )
 
 
@@ -156,26 +140,19 @@ def build_workload(
 
     rng = np.random.default_rng(seed)
     prefixes = [
-        rng.integers(
-            SPECIAL_IDS, vocab_size, int(rng.integers(prefix_range[0], prefix_range[1] + 1))
-        ).tolist()
-        for _ in range(tenants)
+        common.random_token_ids(rng, vocab_size, common.draw_len(rng, prefix_range)) for _ in range(tenants)
     ]
-    gaps = rng.exponential(1.0 / rate, num_requests) if math.isfinite(rate) else np.zeros(num_requests)
-    arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])]) if num_requests else np.zeros(0)
     reqs = []
-    for t in arrivals:
+    for t in common.poisson_arrivals(rng, num_requests, rate):
         k = int(rng.integers(tenants))
-        suffix = rng.integers(
-            SPECIAL_IDS, vocab_size, int(rng.integers(suffix_range[0], suffix_range[1] + 1))
-        )
+        suffix = common.random_token_ids(rng, vocab_size, common.draw_len(rng, suffix_range))
         reqs.append(
             {
                 "arrival": float(t),
                 "tenant": k,
                 "prefix_len": len(prefixes[k]),
-                "input_ids": prefixes[k] + suffix.tolist(),
-                "output_len": int(rng.integers(output_range[0], output_range[1] + 1)),
+                "input_ids": prefixes[k] + suffix,
+                "output_len": common.draw_len(rng, output_range),
             }
         )
     return {"prefixes": prefixes, "requests": reqs}
@@ -195,8 +172,6 @@ def ideal_hit_rate(reqs: list[dict], page_size: int) -> float:
 
 def workload_summary(wl: dict, page_size: int) -> dict:
     reqs = wl["requests"]
-    ins = [len(r["input_ids"]) for r in reqs]
-    outs = [r["output_len"] for r in reqs]
     plens = [len(p) for p in wl["prefixes"]]
     per_tenant = [sum(r["tenant"] == k for r in reqs) for k in range(len(plens))]
     return {
@@ -204,10 +179,7 @@ def workload_summary(wl: dict, page_size: int) -> dict:
         "tenants": len(plens),
         "prefix_lens": plens,
         "requests_per_tenant": per_tenant,
-        "prompt_tokens": sum(ins),
-        "output_tokens": sum(outs),
-        "input_len_mean": sum(ins) / len(ins),
-        "output_len_mean": sum(outs) / len(outs),
+        **common.length_totals(reqs),
         "last_arrival_s": reqs[-1]["arrival"],
         "ideal_hit_rate": ideal_hit_rate(reqs, page_size),
     }
@@ -217,13 +189,6 @@ def kv_tokens(prefix_lens: Sequence[int], kv_prefixes: float, page_size: int) ->
     """Room for ``kv_prefixes`` mean-length prefixes, rounded up to whole pages."""
     mean = sum(prefix_lens) / len(prefix_lens)
     return math.ceil(kv_prefixes * mean / page_size) * page_size
-
-
-def scheduler_flags(eargs: dict) -> list[str]:
-    out: list[str] = []
-    for k, v in eargs.items():
-        out += [f"--{k.replace('_', '-')}", str(v)]
-    return out
 
 
 # ---------------------------------------------------------------------- attribution
@@ -237,11 +202,11 @@ class Attribution:
         self.request_of: dict[int, int] = {}
         self.tenant_of: dict[int, int] = {}
         for k, p in enumerate(wl["prefixes"]):
-            hs = block_hashes(p, MODEL_NAME, block_size)
+            hs = block_hashes(p, common.MODEL_NAME, block_size)
             if hs:
                 self.tenant_of[hs[-1]] = k
         for i, r in enumerate(wl["requests"]):
-            hs = block_hashes(r["input_ids"], MODEL_NAME, block_size)
+            hs = block_hashes(r["input_ids"], common.MODEL_NAME, block_size)
             if len(hs) > r["prefix_len"] // block_size:  # a block that includes suffix tokens
                 self.request_of[hs[-1]] = i
         self.unattributable = len(wl["requests"]) - len(self.request_of)
@@ -387,85 +352,37 @@ class PodMonitor:
 
 
 # ------------------------------------------------------------------------------ client
-async def _stream_one(client: Any, url: str, req: dict, start: float) -> dict:
-    rec: dict[str, Any] = {
-        "arrival": req["arrival"],
-        "tenant": req.get("tenant"),
-        "prompt_tokens": len(req["input_ids"]),
-        "expected_tokens": req["output_len"],
-        "output_tokens": 0,
-        "cached_tokens": 0,
-        "ok": False,
-        "ttft": float("nan"),
-        "e2e": float("nan"),
-        "finish_reason": None,
-        "error": None,
-    }
-    delay = start + req["arrival"] - time.perf_counter()
-    if delay > 0:
-        await asyncio.sleep(delay)
-    body = {
-        "model": MODEL_NAME,
-        "prompt": req["input_ids"],
-        "max_tokens": req["output_len"],
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "skip_special_tokens": False,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    t0 = time.perf_counter()
-    rec["arrival"] = t0 - start  # the actual send time (the schedule up to event-loop lag)
-    first = None
-    usage = None
-    try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                rec["error"] = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
-                return rec
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                payload = line[6:]
-                if payload == "[DONE]":
-                    break
-                obj = json.loads(payload)
-                if "error" in obj:
-                    rec["error"] = str(obj["error"])[:300]
-                    break
-                if obj.get("usage"):
-                    usage = obj["usage"]
-                for c in obj.get("choices") or ():
-                    if c.get("text") and first is None:
-                        first = time.perf_counter()
-                    if c.get("finish_reason"):
-                        rec["finish_reason"] = c["finish_reason"]
-        end = time.perf_counter()
-    except Exception as e:  # a transport error is a failed request, not a failed benchmark
-        rec["error"] = f"{type(e).__name__}: {e}"[:300]
-        return rec
+def _routed_record(req: dict, stream: common.Stream, start: float) -> dict:
+    """A request's record from its stream (times from the moment it was sent), with the prompt
+    tokens its pod found cached."""
+    rec = common.new_record(
+        req,
+        tenant=req.get("tenant"),
+        cached_tokens=0,
+        finish_reason=stream.finish_reason,
+        error=stream.error,
+    )
+    rec["arrival"] = stream.sent - start  # the actual send time (the schedule up to event-loop lag)
+    usage = stream.usage
     if usage:
         rec["output_tokens"] = int(usage["completion_tokens"])
         rec["prompt_tokens"] = int(usage["prompt_tokens"])
         rec["cached_tokens"] = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-    if first is None or rec["error"]:
+    if not stream.times or rec["error"]:
         rec["error"] = rec["error"] or "no text chunk"
         return rec
-    rec["ttft"] = first - t0
-    rec["e2e"] = end - t0
-    n = rec["output_tokens"]
-    rec["ok"] = rec["finish_reason"] == "length" and n == req["output_len"] and usage is not None
-    if not rec["ok"] and rec["error"] is None:
-        rec["error"] = f"finish_reason {rec['finish_reason']!r}, {n} tokens of {req['output_len']}"
+    rec["ttft"] = stream.times[0] - stream.sent
+    rec["e2e"] = stream.end - stream.sent
+    common.judge_record(rec)
     return rec
 
 
-async def _run_requests(url: str, reqs: list[dict], start: float) -> list[dict]:
-    import httpx
+async def _stream_one(client: Any, url: str, req: dict, start: float) -> dict:
+    return _routed_record(req, await common.stream_completion(client, url, req, start), start)
 
-    limits = httpx.Limits(max_connections=len(reqs) + 8, max_keepalive_connections=len(reqs) + 8)
-    timeout = httpx.Timeout(900.0, connect=30.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+
+async def _run_requests(url: str, reqs: list[dict], start: float) -> list[dict]:
+    async with common.http_client(len(reqs), read_timeout_s=900.0) as client:
         tasks = [asyncio.create_task(_stream_one(client, url, r, start)) for r in reqs]
         return list(await asyncio.gather(*tasks))
 
@@ -484,13 +401,6 @@ async def _warm(url: str, n: int, vocab_size: int) -> None:
 
 
 # ------------------------------------------------------------------------------- stats
-def _pct(xs: Sequence[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
-
-
 def summarize(records: list[dict]) -> dict:
     ok = [r for r in records if r["ok"]]
     ttft = [r["ttft"] for r in ok]
@@ -500,7 +410,6 @@ def summarize(records: list[dict]) -> dict:
     out_tokens = sum(r["output_tokens"] for r in ok)
     first = min((r["arrival"] for r in records), default=0.0)
     makespan = max((r["e2e"] + r["arrival"] for r in ok), default=float("nan")) - first
-    ms = 1e3
     return {
         "completed": len(ok),
         "failed": len(records) - len(ok),
@@ -511,12 +420,9 @@ def summarize(records: list[dict]) -> dict:
         "makespan_s": makespan,
         "output_tok_s": out_tokens / makespan,
         "request_s": len(ok) / makespan,
-        "ttft_ms_p50": ms * _pct(ttft, 50),
-        "ttft_ms_p90": ms * _pct(ttft, 90),
-        "ttft_ms_p99": ms * _pct(ttft, 99),
-        "e2e_ms_p50": ms * _pct(e2e, 50),
-        "e2e_ms_p99": ms * _pct(e2e, 99),
-        "all_exact": all(r["ok"] and r["output_tokens"] == r["expected_tokens"] for r in records),
+        **common.ms_percentiles("ttft", ttft, (50, 90, 99)),
+        **common.ms_percentiles("e2e", e2e),
+        "all_exact": common.all_exact(records),
     }
 
 
@@ -536,17 +442,6 @@ def _public(rec: dict) -> dict:
     if rec.get("error"):
         out["error"] = rec["error"]
     return out
-
-
-def _finite(obj: Any) -> Any:
-    """NaN (a statistic of no samples) as null: the JSON stays strict."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 # ---------------------------------------------------------------------- decision latency
@@ -577,11 +472,11 @@ def time_decisions(
     if index is not None and reqs:  # a warm connection (and loaded script), as a serving gateway has
         from radixserve.common.block_hash import block_hashes
 
-        index.match(block_hashes(reqs[0]["input_ids"], MODEL_NAME, BLOCK_SIZE))
+        index.match(block_hashes(reqs[0]["input_ids"], common.MODEL_NAME, BLOCK_SIZE))
     gc.collect()
     for _ in range(passes):
         if policy == "cache-aware":
-            router: Any = CacheAwareRouter(index, MODEL_NAME, BLOCK_SIZE)
+            router: Any = CacheAwareRouter(index, common.MODEL_NAME, BLOCK_SIZE)
         elif policy == "least-load":
             router = LeastLoadRouter()
         else:
@@ -599,11 +494,10 @@ def time_decisions(
     ms = 1e3
     return {
         "decisions": len(times),
-        "decision_ms_p50": ms * _pct(times, 50),
-        "decision_ms_p99": ms * _pct(times, 99),
+        **common.ms_percentiles("decision", times),
         "decision_ms_max": ms * max(times),
         "decision_ms_mean": ms * sum(times) / len(times),
-        "router_recorded_ms_p99": ms * _pct(inner, 99),
+        **common.ms_percentiles("router_recorded", inner, (99,)),
         "replay_reasons": reasons,
         "index": type(index).__name__ if index is not None else None,
     }
@@ -699,10 +593,10 @@ def run_config(
         for _ in range(20):  # launcher.free_port can hand out one port twice: draw again
             c = build_cluster(
                 model,
-                MODEL_NAME,
+                common.MODEL_NAME,
                 port=free_port(),
                 schedulers=args.schedulers,
-                scheduler_args=scheduler_flags(eargs),
+                scheduler_args=common.scheduler_flags(eargs),
                 gateway_args=["--router", policy],
                 torch_threads=args.threads,
                 drain_timeout=5.0,
@@ -748,9 +642,8 @@ def run_config(
             times["traffic_wall_s"] = time.perf_counter() - start
             return records, monitor
 
-        load0 = os.getloadavg()[0]
-        records, monitor = asyncio.run(traffic())
-        load1 = os.getloadavg()[0]
+        with common.Meter() as traffic_meter:
+            records, monitor = asyncio.run(traffic())
         _check_alive(cluster, "after the traffic")
         for i, rec in enumerate(records):
             rec["pod"] = monitor.pod_of_request.get(i)
@@ -787,7 +680,7 @@ def run_config(
         "decision": decision,
         "cluster_start_s": started_s,
         **times,
-        "loadavg_1m_before_after": [round(load0, 2), round(load1, 2)],
+        "loadavg_1m_before_after": traffic_meter.loadavg_before_after(),
         "requests": [_public(r) for r in records],
     }
     return result, stopper
@@ -861,11 +754,7 @@ def format_table(results: dict, verdict: dict) -> str:
 
 
 def plot(results: dict, verdict: dict, path: Path, ideal: float | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     names = list(results)
     colors = {"cache-aware": "#4c72b0", "least-load": "#dd8452", "round-robin": "#8c8c8c"}
     colors["cache-aware+redis"] = "#55a868"
@@ -918,15 +807,13 @@ def plot(results: dict, verdict: dict, path: Path, ideal: float | None = None) -
     ax.set_ylabel("ms (log)")
     ax.set_xticks(x, names, rotation=15, fontsize=8)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, default=None, help="HF model folder (default: build the demo model)")
+    common.add_model_arg(p)
     p.add_argument("--schedulers", type=int, default=None, help=f"scheduler pods ({FULL['schedulers']})")
     p.add_argument("--rate", type=float, default=None, help=f"Poisson arrival rate, req/s ({FULL['rate']})")
     p.add_argument("--num-requests", type=int, default=None, help=f"({FULL['num_requests']})")
@@ -949,20 +836,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--configs", nargs="+", choices=CONFIGS, default=None, help="subset to run (all)")
     p.add_argument("--redis-server", default=None, help="redis-server binary (default: from PATH)")
     p.add_argument("--decision-passes", type=int, default=None, help="replays of the decisions per config")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny model, 2 pods, few requests (< 90 s)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    common.add_run_args(p, quick_help="tiny model, 2 pods, few requests (< 90 s)")
     args = p.parse_args(argv)
-    base = QUICK if args.quick else FULL
-    for k, v in base.items():
-        if getattr(args, k, None) is None:
-            setattr(args, k, v)
+    common.fill_defaults(args, FULL, QUICK)
     if args.num_requests < 1 or args.schedulers < 1 or args.tenants < 1 or not args.rate > 0:
         p.error("--num-requests, --schedulers, --tenants and --rate must be positive")
-    for name in ("prefix_range", "suffix_range", "output_range"):
-        lo, hi = getattr(args, name)
-        if not 1 <= lo <= hi:
-            p.error(f"--{name.replace('_', '-')}: need 1 <= MIN <= MAX")
+    common.check_ranges(p, args, ("prefix_range", "suffix_range", "output_range"))
     args.configs = list(args.configs or CONFIGS)
     if BASELINE not in args.configs:
         args.configs.append(BASELINE)
@@ -978,16 +857,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     machine = machine_info()
-    tmp = None
-    model_path = args.model
-    if model_path is None:
-        from radixserve.common.demo_model import make_demo_model
-
-        tmp = tempfile.TemporaryDirectory(prefix="radixserve-bench-")
-        model_path = make_demo_model(Path(tmp.name) / "model", arch="llama", size=args.model_size, seed=0)
-    try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text())
-        args.vocab_size = int(cfg["vocab_size"])
+    with common.model_folder(args) as model_path:
+        args.vocab_size = common.model_vocab_size(model_path)
         wl = build_workload(
             args.num_requests,
             args.rate,
@@ -1007,7 +878,7 @@ def run(args: argparse.Namespace) -> dict:
         )
         summary = workload_summary(wl, args.page_size)
         config = {
-            "model": str(args.model) if args.model else f"demo llama/{args.model_size} (built in a temp dir)",
+            "model": common.model_description(args),
             "quick": args.quick,
             "seed": args.seed,
             "schedulers": args.schedulers,
@@ -1022,7 +893,7 @@ def run(args: argparse.Namespace) -> dict:
             "output_range": list(args.output_range),
             "kv_prefixes": None if args.max_total_tokens else args.kv_prefixes,
             "engine_args": eargs,
-            "scheduler_flags": scheduler_flags(eargs),
+            "scheduler_flags": common.scheduler_flags(eargs),
             "gateway_defaults": "--block-size 16 --balance-abs-threshold 16 --balance-rel-threshold 1.5"
             " --recent-ttl 10",
             "sampling": "greedy (temperature 0), ignore_eos, max_tokens = output length",
@@ -1043,7 +914,7 @@ def run(args: argparse.Namespace) -> dict:
         stopper: threading.Thread | None = None
         try:
             for name in args.configs:
-                results[name], stopper = run_config(name, Path(model_path), wl, eargs, args, stopper)
+                results[name], stopper = run_config(name, model_path, wl, eargs, args, stopper)
         finally:
             if stopper is not None:
                 stopper.join()
@@ -1054,26 +925,18 @@ def run(args: argparse.Namespace) -> dict:
             "results": results,
             "verdict": compare(results),
         }
-        report["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        report["benchmark_wall_s"] = time.perf_counter() - t_start
-        return report
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+        return common.finish_report(report, t_start)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "routing.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
     ideal = report["config"]["workload"]["ideal_hit_rate"]
-    plot(report["results"], report["verdict"], args.out / "routing.png", ideal)
-    print(format_table(report["results"], report["verdict"]))
-    print(
-        f"wall {report['benchmark_wall_s']:.0f} s;"
-        f" wrote {args.out / 'routing.json'} and {args.out / 'routing.png'}"
+    json_path, png_path = common.write_outputs(
+        args.out, "routing", report, lambda path: plot(report["results"], report["verdict"], path, ideal)
     )
+    print(format_table(report["results"], report["verdict"]))
+    print(f"wall {report['benchmark_wall_s']:.0f} s; wrote {json_path} and {png_path}")
     return 0
 
 

@@ -59,45 +59,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import math
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts here share benchmarks/_machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts here share benchmarks/_*.py
+import _common as common
+from _common import SPECIAL_IDS as SPECIAL_IDS  # re-exported: the tests check prompts against it
 from _machine import machine_info
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-SPECIAL_IDS = 5  # ids 0..4 are the demo tokenizer's special tokens
 TARGET_THROUGHPUT_RATIO = 0.9  # served output tok/s at saturation >= 0.9x in-process
 TARGET_ITL_ADDED_MS = 2.0  # served median ITL - in-process median ITL <= 2 ms
 SYSTEMS = ("served", "inprocess")
-MODEL_NAME = "bench"
 
-FULL = dict(
-    model_size="small",
-    num_requests=32,
-    rates=("1", "2", "4", "inf"),
-    input_range=(64, 256),
-    output_range=(32, 128),
-    max_running_requests=128,
-    concurrency=(1, 8, 32),
-    requests_per_client=5,
-)
-QUICK = dict(
-    model_size="tiny",
-    num_requests=8,
-    rates=("4", "inf"),
-    input_range=(16, 48),
-    output_range=(4, 16),
-    max_running_requests=16,
-    concurrency=(4,),
-    requests_per_client=2,
+FULL, QUICK = common.presets(
+    (  # (setting, full run, --quick)
+        ("model_size", "small", "tiny"),
+        ("num_requests", 32, 8),
+        ("rates", ("1", "2", "4", "inf"), ("4", "inf")),
+        ("input_range", (64, 256), (16, 48)),
+        ("output_range", (32, 128), (4, 16)),
+        ("max_running_requests", 128, 16),
+        ("concurrency", (1, 8, 32), (4,)),
+        ("requests_per_client", 5, 2),
+    )
 )
 
 
@@ -125,13 +114,11 @@ def build_workload(
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    gaps = np.zeros(num_requests) if math.isinf(rate) else rng.exponential(1.0 / rate, num_requests)
-    arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])]) if num_requests else np.zeros(0)
     reqs = []
-    for t in arrivals:
-        n_in = int(rng.integers(input_range[0], input_range[1] + 1))
-        n_out = int(rng.integers(output_range[0], output_range[1] + 1))
-        ids = rng.integers(SPECIAL_IDS, vocab_size, n_in).tolist()
+    for t in common.poisson_arrivals(rng, num_requests, rate):
+        n_in = common.draw_len(rng, input_range)
+        n_out = common.draw_len(rng, output_range)
+        ids = common.random_token_ids(rng, vocab_size, n_in)
         reqs.append({"arrival": float(t), "input_ids": ids, "output_len": n_out})
     return reqs
 
@@ -158,16 +145,7 @@ def build_closed_workload(
 
 
 def workload_summary(reqs: list[dict]) -> dict:
-    ins = [len(r["input_ids"]) for r in reqs]
-    outs = [r["output_len"] for r in reqs]
-    return {
-        "num_requests": len(reqs),
-        "prompt_tokens": sum(ins),
-        "output_tokens": sum(outs),
-        "input_len_mean": sum(ins) / len(ins),
-        "output_len_mean": sum(outs) / len(outs),
-        "last_arrival_s": reqs[-1]["arrival"],
-    }
+    return {"num_requests": len(reqs), **common.length_totals(reqs), "last_arrival_s": reqs[-1]["arrival"]}
 
 
 def engine_args(
@@ -192,21 +170,7 @@ def engine_args(
     )
 
 
-def scheduler_flags(eargs: dict) -> list[str]:
-    out: list[str] = []
-    for k, v in eargs.items():
-        out += [f"--{k.replace('_', '-')}", str(v)]
-    return out
-
-
 # ------------------------------------------------------------------------------- stats
-def _pct(xs: Sequence[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
-
-
 def itl_samples(times: list[float], tokens: list[int]) -> list[float]:
     """Per-token ITL from (arrival time, tokens carried) events; the first event is the TTFT."""
     out: list[float] = []
@@ -225,7 +189,6 @@ def summarize(records: list[dict], wall_s: float) -> dict:
     tpot = [(r["e2e"] - r["ttft"]) / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1]
     out_tokens = sum(r["output_tokens"] for r in records)
     makespan = max((r["e2e"] + r["arrival"] for r in ok), default=wall_s)
-    ms = 1e3
     return {
         "completed": len(ok),
         "failed": len(records) - len(ok),
@@ -233,17 +196,13 @@ def summarize(records: list[dict], wall_s: float) -> dict:
         "makespan_s": makespan,
         "output_tok_s": out_tokens / makespan,
         "request_s": len(ok) / makespan,
-        "ttft_ms_p50": ms * _pct(ttft, 50),
-        "ttft_ms_p99": ms * _pct(ttft, 99),
-        "itl_ms_p50": ms * _pct(itl, 50),
-        "itl_ms_p99": ms * _pct(itl, 99),
-        "itl_ms_mean": ms * sum(itl) / len(itl) if itl else float("nan"),
-        "tpot_ms_p50": ms * _pct(tpot, 50),
-        "tpot_ms_p99": ms * _pct(tpot, 99),
-        "e2e_ms_p50": ms * _pct(e2e, 50),
-        "e2e_ms_p99": ms * _pct(e2e, 99),
+        **common.ms_percentiles("ttft", ttft),
+        **common.ms_percentiles("itl", itl),
+        "itl_ms_mean": 1e3 * sum(itl) / len(itl) if itl else float("nan"),
+        **common.ms_percentiles("tpot", tpot),
+        **common.ms_percentiles("e2e", e2e),
         "mean_in_flight": sum(e2e) / makespan,  # Little's law: requests in flight, time-averaged
-        "all_exact": all(r["ok"] and r["output_tokens"] == r["expected_tokens"] for r in records),
+        "all_exact": common.all_exact(records),
     }
 
 
@@ -255,34 +214,8 @@ def _public(rec: dict) -> dict:
     return out
 
 
-def _finite(obj: Any) -> Any:
-    """NaN (a statistic of no samples) as null: the JSON stays strict."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-class CpuMeter:
-    def __enter__(self) -> CpuMeter:
-        self.load0 = os.getloadavg()[0]
-        self.cpu0 = time.process_time()
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall_s = time.perf_counter() - self.t0
-        self.cpu_s = time.process_time() - self.cpu0
-        self.load1 = os.getloadavg()[0]
-
-    def record(self) -> dict:
-        return {
-            "bench_process_cpu_s": self.cpu_s,
-            "loadavg_1m_before_after": [round(self.load0, 2), round(self.load1, 2)],
-        }
+def _meter_record(m: common.Meter) -> dict:
+    return {"bench_process_cpu_s": m.cpu_s, "loadavg_1m_before_after": m.loadavg_before_after()}
 
 
 # ------------------------------------------------------------------------------ served
@@ -311,88 +244,30 @@ def chunk_tokens(texts: list[str], n: int) -> tuple[list[int], bool]:
     return [1 + e for e in extra], False
 
 
-async def _stream_one(client: Any, url: str, req: dict, start: float) -> dict:
-    rec: dict[str, Any] = {
-        "arrival": req["arrival"],
-        "prompt_tokens": len(req["input_ids"]),
-        "expected_tokens": req["output_len"],
-        "output_tokens": 0,
-        "ok": False,
-        "ttft": float("nan"),
-        "e2e": float("nan"),
-        "itl": [],
-        "chunks": 0,
-        "finish_reason": None,
-        "error": None,
-    }
-    delay = start + req["arrival"] - time.perf_counter()
-    if delay > 0:
-        await asyncio.sleep(delay)
-    body = {
-        "model": MODEL_NAME,
-        "prompt": req["input_ids"],
-        "max_tokens": req["output_len"],
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "skip_special_tokens": False,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    t0 = time.perf_counter()
-    rec["arrival"] = t0 - start  # the actual send time (the schedule up to event-loop lag)
-    times: list[float] = []
-    texts: list[str] = []
-    usage = None
-    try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                rec["error"] = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
-                return rec
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                now = time.perf_counter()
-                payload = line[6:]
-                if payload == "[DONE]":
-                    break
-                obj = json.loads(payload)
-                if "error" in obj:
-                    rec["error"] = str(obj["error"])[:300]
-                    break
-                if obj.get("usage"):
-                    usage = obj["usage"]
-                for c in obj.get("choices") or ():
-                    if c.get("text"):
-                        times.append(now)
-                        texts.append(c["text"])
-                    if c.get("finish_reason"):
-                        rec["finish_reason"] = c["finish_reason"]
-        end = time.perf_counter()
-    except Exception as e:  # a transport error is a failed request, not a failed benchmark
-        rec["error"] = f"{type(e).__name__}: {e}"[:300]
-        return rec
-    n = int(usage["completion_tokens"]) if usage else 0
+def _served_record(req: dict, stream: common.Stream, start: float) -> dict:
+    """A served request's record from its stream (times from the moment it was sent)."""
+    rec = common.new_record(req, itl=[], chunks=0, finish_reason=stream.finish_reason, error=stream.error)
+    rec["arrival"] = stream.sent - start  # the actual send time (the schedule up to event-loop lag)
+    n = int(stream.usage["completion_tokens"]) if stream.usage else 0
     rec["output_tokens"] = n
-    rec["chunks"] = len(times)
-    if not times or rec["error"]:
+    rec["chunks"] = len(stream.times)
+    if not stream.times or rec["error"]:
         rec["error"] = rec["error"] or "no text chunk"
         return rec
-    rec["ttft"] = times[0] - t0
-    rec["e2e"] = end - t0
-    ks, rec["chunk_tokens_exact"] = chunk_tokens(texts, n)
-    rec["itl"] = itl_samples(times, ks)
-    rec["ok"] = rec["finish_reason"] == "length" and n == req["output_len"]
-    if not rec["ok"] and rec["error"] is None:
-        rec["error"] = f"finish_reason {rec['finish_reason']!r}, {n} tokens of {req['output_len']}"
+    rec["ttft"] = stream.times[0] - stream.sent
+    rec["e2e"] = stream.end - stream.sent
+    ks, rec["chunk_tokens_exact"] = chunk_tokens(stream.texts, n)
+    rec["itl"] = itl_samples(stream.times, ks)
+    common.judge_record(rec)
     return rec
 
 
-async def _run_rate_served(url: str, reqs: list[dict]) -> tuple[list[dict], float]:
-    import httpx
+async def _stream_one(client: Any, url: str, req: dict, start: float) -> dict:
+    return _served_record(req, await common.stream_completion(client, url, req, start), start)
 
-    limits = httpx.Limits(max_connections=len(reqs) + 8, max_keepalive_connections=len(reqs) + 8)
-    timeout = httpx.Timeout(600.0, connect=30.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+
+async def _run_rate_served(url: str, reqs: list[dict]) -> tuple[list[dict], float]:
+    async with common.http_client(len(reqs), read_timeout_s=600.0) as client:
         start = time.perf_counter() + 0.05  # every task is created (and sleeping) before t=0
         tasks = [asyncio.create_task(_stream_one(client, url, r, start)) for r in reqs]
         records = await asyncio.gather(*tasks)
@@ -403,12 +278,8 @@ async def _run_rate_served(url: str, reqs: list[dict]) -> tuple[list[dict], floa
 async def _run_closed_served(url: str, reqs: list[dict], concurrency: int) -> tuple[list[dict], float]:
     """Closed loop: ``concurrency`` client tasks, client ``j`` streams requests ``j, j + C, ...``
     one after the other (the next is sent as soon as the previous one's stream has ended)."""
-    import httpx
-
-    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    timeout = httpx.Timeout(600.0, connect=30.0)
     records: list[dict | None] = [None] * len(reqs)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with common.http_client(concurrency, read_timeout_s=600.0) as client:
         start = time.perf_counter() + 0.05  # every client is created (and sleeping) before t=0
 
         async def one_client(j: int) -> None:
@@ -427,33 +298,11 @@ async def _warm_served(url: str, vocab_size: int) -> None:
     import httpx
 
     async with httpx.AsyncClient(timeout=120.0) as client:
-        for i in range(2):
-            ids = [SPECIAL_IDS + (7 * i + j) % (vocab_size - SPECIAL_IDS) for j in range(24)]
+        for ids in common.warm_prompts(vocab_size):
             await _stream_one(client, url, {"arrival": 0.0, "input_ids": ids, "output_len": 4}, 0.0)
 
 
 # ---------------------------------------------------------------------------- in-process
-def _warm_engine(engine: Any, vocab_size: int) -> None:
-    from radixserve import SamplingParams
-
-    ids = [[SPECIAL_IDS + (7 * i + j) % (vocab_size - SPECIAL_IDS) for j in range(24)] for i in range(2)]
-    engine.generate(input_ids=ids, sampling_params=SamplingParams(max_new_tokens=4, temperature=0.0))
-
-
-def _new_inprocess_rec(r: dict) -> dict:
-    return {
-        "arrival": r["arrival"],
-        "prompt_tokens": len(r["input_ids"]),
-        "expected_tokens": r["output_len"],
-        "output_tokens": 0,
-        "ok": False,
-        "ttft": float("nan"),
-        "e2e": float("nan"),
-        "times": [],
-        "ks": [],
-    }
-
-
 def _finish_inprocess_recs(recs: list[dict]) -> None:
     for rec in recs:
         if rec["times"]:
@@ -499,7 +348,7 @@ def _add_inprocess(engine: Any, live: dict, rid: str, r: dict, rec: dict) -> Non
 
 def _run_rate_inprocess(engine: Any, reqs: list[dict], tag: str) -> tuple[list[dict], float]:
     """Poisson: each request is added at its scheduled arrival (checked before every step)."""
-    recs = [_new_inprocess_rec(r) for r in reqs]
+    recs = [common.new_record(r, times=[], ks=[]) for r in reqs]
     live: dict[str, tuple[Any, dict]] = {}
     done = 0
     nxt = 0
@@ -526,7 +375,7 @@ def _run_closed_inprocess(
     """Closed loop: client ``j`` runs requests ``j, j + C, j + 2C, ...`` back to back; the first of
     each at t=0, the next one added right after the step that finished the previous one (so it
     joins at the next step). ``arrival`` is the time it was added."""
-    recs = [_new_inprocess_rec(r) for r in reqs]
+    recs = [common.new_record(r, times=[], ks=[]) for r in reqs]
     index = {id(rec): i for i, rec in enumerate(recs)}
     live: dict[str, tuple[Any, dict]] = {}
     start = time.perf_counter()
@@ -586,10 +435,10 @@ def run_both(
     torch.set_num_threads(args.threads)
     cluster = build_cluster(
         Path(model_path),
-        MODEL_NAME,
+        common.MODEL_NAME,
         port=free_port(),
         schedulers=1,
-        scheduler_args=scheduler_flags(eargs),
+        scheduler_args=common.scheduler_flags(eargs),
         torch_threads=args.threads,
     )
     t = time.perf_counter()
@@ -600,7 +449,7 @@ def run_both(
 
     def measure(system: str, section: str, key: str, reqs: list[dict], c: int, tag: str, order: int) -> None:
         cpu0 = _cluster_cpu(cluster)
-        with CpuMeter() as m:
+        with common.Meter() as m:
             if section == "rates" and system == "served":
                 records, wall = asyncio.run(_run_rate_served(cluster.url, reqs))
             elif section == "rates":
@@ -611,7 +460,7 @@ def run_both(
                 records, wall = _run_closed_inprocess(engine, reqs, c, tag)
         cpu1 = _cluster_cpu(cluster)
         cpu = {n: cpu1[n] - cpu0[n] for n in cpu1}
-        summary = {**summarize(records, wall), **m.record(), "order": order}
+        summary = {**summarize(records, wall), **_meter_record(m), "order": order}
         what = f"rate {key}" if section == "rates" else f"concurrency {key}"
         if system == "served":
             dead = [s.name for s in cluster.services if not s.alive()]
@@ -636,7 +485,7 @@ def run_both(
         engine = Engine(str(model_path), **eargs)
         inproc["overlap_loop"] = engine.loop.overlap
         asyncio.run(_warm_served(cluster.url, args.vocab_size))
-        _warm_engine(engine, args.vocab_size)
+        common.warm_engine(engine, args.vocab_size)
         runs = [("rates", rate_label(r), reqs, 0) for r, reqs in zip(args.rates, workloads, strict=True)]
         runs += [("concurrency", str(c), reqs, c) for c, reqs in zip(args.concurrency, closed, strict=True)]
         for k, (section, key, reqs, c) in enumerate(runs):
@@ -712,45 +561,53 @@ def compare(results: dict, rates: list[str], conc: list[str]) -> dict:
     }
 
 
+def _table_rows(
+    results: dict, verdict: dict, section: str, per: str, keys: list[str]
+) -> Iterator[tuple[str, str, dict, dict | None]]:
+    """``(key, system, summary, comparison)`` per row; the comparison (served - in-process, from
+    ``verdict[per]``) only on the served row."""
+    for key in keys:
+        for name in SYSTEMS:
+            v = verdict[per][key] if name == "served" else None
+            yield key, name, results[name][section][key]["summary"], v
+
+
+def _served_cell(v: dict | None, key: str, spec: str, width: int, suffix: str = "") -> str:
+    """A comparison value on the served row; blanks of the column's width on the in-process row."""
+    return f"{v[key]:{spec}}{suffix}" if v is not None else " " * width
+
+
 def format_table(results: dict, rates: list[str], conc: list[str], verdict: dict) -> str:
     head = (
         f"{'rate':>5} {'system':9} {'ok':>5} {'out_tok/s':>9} {'req/s':>6} {'ratio':>6} {'TTFT50':>7}"
         f" {'TTFT99':>7} {'ITL50':>6} {'ITL99':>6} {'+ITL50':>6} {'TPOT50':>6} {'e2e50':>7} {'e2e99':>7}"
     )
     lines = ["Poisson arrivals", head, "-" * len(head)]
-    for r in rates:
-        for name in SYSTEMS:
-            s = results[name]["rates"][r]["summary"]
-            v = verdict["per_rate"][r]
-            served = name == "served"
-            ratio = f"{v['output_tok_s_ratio']:>5.2f}x" if served else f"{'':>6}"
-            added = f"{v['itl_ms_p50_added']:>+6.2f}" if served else f"{'':>6}"
-            lines.append(
-                f"{r:>5} {name:9} {s['completed']:>2}/{s['completed'] + s['failed']:<2}"
-                f" {s['output_tok_s']:>9.1f} {s['request_s']:>6.2f} {ratio}"
-                f" {s['ttft_ms_p50']:>7.0f} {s['ttft_ms_p99']:>7.0f}"
-                f" {s['itl_ms_p50']:>6.1f} {s['itl_ms_p99']:>6.1f} {added} {s['tpot_ms_p50']:>6.1f}"
-                f" {s['e2e_ms_p50']:>7.0f} {s['e2e_ms_p99']:>7.0f}"
-            )
+    for r, name, s, v in _table_rows(results, verdict, "rates", "per_rate", rates):
+        ratio = _served_cell(v, "output_tok_s_ratio", ">5.2f", 6, "x")
+        added = _served_cell(v, "itl_ms_p50_added", ">+6.2f", 6)
+        lines.append(
+            f"{r:>5} {name:9} {s['completed']:>2}/{s['completed'] + s['failed']:<2}"
+            f" {s['output_tok_s']:>9.1f} {s['request_s']:>6.2f} {ratio}"
+            f" {s['ttft_ms_p50']:>7.0f} {s['ttft_ms_p99']:>7.0f}"
+            f" {s['itl_ms_p50']:>6.1f} {s['itl_ms_p99']:>6.1f} {added} {s['tpot_ms_p50']:>6.1f}"
+            f" {s['e2e_ms_p50']:>7.0f} {s['e2e_ms_p99']:>7.0f}"
+        )
     head = (
         f"{'C':>5} {'system':9} {'ok':>7} {'out_tok/s':>9} {'ratio':>6} {'inflt':>5} {'TTFT50':>7}"
         f" {'ITL50':>6} {'ITL99':>6} {'+ITL50':>6} {'TPOT50':>6} {'+TPOT50':>7} {'e2e50':>7}"
     )
     lines += ["", "Closed loop (C clients, requests back to back)", head, "-" * len(head)]
-    for c in conc:
-        for name in SYSTEMS:
-            s = results[name]["concurrency"][c]["summary"]
-            v = verdict["per_concurrency"][c]
-            served = name == "served"
-            ratio = f"{v['output_tok_s_ratio']:>5.2f}x" if served else f"{'':>6}"
-            itl = f"{v['itl_ms_p50_added']:>+6.2f}" if served else f"{'':>6}"
-            tpot = f"{v['tpot_ms_p50_added']:>+7.2f}" if served else f"{'':>7}"
-            lines.append(
-                f"{c:>5} {name:9} {s['completed']:>3}/{s['completed'] + s['failed']:<3}"
-                f" {s['output_tok_s']:>9.1f} {ratio} {s['mean_in_flight']:>5.1f} {s['ttft_ms_p50']:>7.1f}"
-                f" {s['itl_ms_p50']:>6.1f} {s['itl_ms_p99']:>6.1f} {itl} {s['tpot_ms_p50']:>6.1f} {tpot}"
-                f" {s['e2e_ms_p50']:>7.0f}"
-            )
+    for c, name, s, v in _table_rows(results, verdict, "concurrency", "per_concurrency", conc):
+        ratio = _served_cell(v, "output_tok_s_ratio", ">5.2f", 6, "x")
+        itl = _served_cell(v, "itl_ms_p50_added", ">+6.2f", 6)
+        tpot = _served_cell(v, "tpot_ms_p50_added", ">+7.2f", 7)
+        lines.append(
+            f"{c:>5} {name:9} {s['completed']:>3}/{s['completed'] + s['failed']:<3}"
+            f" {s['output_tok_s']:>9.1f} {ratio} {s['mean_in_flight']:>5.1f} {s['ttft_ms_p50']:>7.1f}"
+            f" {s['itl_ms_p50']:>6.1f} {s['itl_ms_p99']:>6.1f} {itl} {s['tpot_ms_p50']:>6.1f} {tpot}"
+            f" {s['e2e_ms_p50']:>7.0f}"
+        )
     lines.append(
         "(times in ms; ratio = served / in-process output tok/s; +X = served - in-process;"
         " inflt = mean requests in flight)"
@@ -777,11 +634,7 @@ def format_table(results: dict, rates: list[str], conc: list[str], verdict: dict
 
 
 def plot(results: dict, rates: list[str], conc: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     x = list(range(len(rates)))
     style = {"served": ("#4c72b0", "served (HTTP, gRPC)"), "inprocess": ("#55a868", "in-process Engine")}
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
@@ -834,15 +687,13 @@ def plot(results: dict, rates: list[str], conc: list[str], path: Path) -> None:
     ax4.set_ylabel("served - in-process (ms per token)")
     ax4.set_title("Latency added by the split (closed loop, batch ~C)", fontsize=10)
     ax4.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, default=None, help="HF model folder (default: build the demo model)")
+    common.add_model_arg(p)
     p.add_argument("--rates", nargs="+", default=None, help=f"req/s, 'inf' = all at once ({FULL['rates']})")
     p.add_argument("--num-requests", type=int, default=None, help=f"per rate ({FULL['num_requests']})")
     p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
@@ -862,14 +713,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--threads", type=int, default=1, help="torch threads: the scheduler and in-process (1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny model, few short requests (< 60 s)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    common.add_run_args(p, quick_help="tiny model, few short requests (< 60 s)")
     args = p.parse_args(argv)
-    base = QUICK if args.quick else FULL
-    for k, v in base.items():
-        if getattr(args, k, None) is None:
-            setattr(args, k, v)
+    common.fill_defaults(args, FULL, QUICK)
     args.rates = [parse_rate(str(r)) for r in args.rates]
     if len({rate_label(r) for r in args.rates}) != len(args.rates):
         p.error("--rates has duplicates")
@@ -882,26 +728,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--concurrency above --max-running-requests: the running batch could not hold C requests")
     if args.requests_per_client < 1:
         p.error("--requests-per-client must be >= 1")
-    for name in ("input_range", "output_range"):
-        lo, hi = getattr(args, name)
-        if not 1 <= lo <= hi:
-            p.error(f"--{name.replace('_', '-')}: need 1 <= MIN <= MAX")
+    common.check_ranges(p, args, ("input_range", "output_range"))
     return args
 
 
 def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     machine = machine_info()
-    tmp = None
-    model_path = args.model
-    if model_path is None:
-        from radixserve.common.demo_model import make_demo_model
-
-        tmp = tempfile.TemporaryDirectory(prefix="radixserve-bench-")
-        model_path = make_demo_model(Path(tmp.name) / "model", arch="llama", size=args.model_size, seed=0)
-    try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text())
-        args.vocab_size = int(cfg["vocab_size"])
+    with common.model_folder(args) as model_path:
+        args.vocab_size = common.model_vocab_size(model_path)
         workloads = [
             build_workload(
                 args.num_requests,
@@ -930,7 +765,7 @@ def run(args: argparse.Namespace) -> dict:
         labels = [rate_label(r) for r in args.rates]
         conc = [str(c) for c in args.concurrency]
         config = {
-            "model": str(args.model) if args.model else f"demo llama/{args.model_size} (built in a temp dir)",
+            "model": common.model_description(args),
             "quick": args.quick,
             "seed": args.seed,
             "torch_threads": args.threads,
@@ -939,7 +774,7 @@ def run(args: argparse.Namespace) -> dict:
             "input_range": list(args.input_range),
             "output_range": list(args.output_range),
             "engine_args": eargs,
-            "scheduler_flags": scheduler_flags(eargs),
+            "scheduler_flags": common.scheduler_flags(eargs),
             "sampling": "greedy (temperature 0), ignore_eos, max_tokens = output length",
             "prompts": "random token ids (special ids avoided), a fresh draw per rate; sent as token ids",
             "arrivals": "Poisson (exponential gaps, first at t=0); inf = all at t=0",
@@ -960,7 +795,7 @@ def run(args: argparse.Namespace) -> dict:
             f" {args.requests_per_client} requests per client; engine args {eargs}",
             flush=True,
         )
-        results = run_both(Path(model_path), workloads, closed, eargs, args)
+        results = run_both(model_path, workloads, closed, eargs, args)
         report: dict[str, Any] = {
             "benchmark": "online serving: radixserve serve (HTTP SSE) vs the in-process Engine",
             "config": config,
@@ -969,23 +804,18 @@ def run(args: argparse.Namespace) -> dict:
             "verdict": compare(results, labels, conc),
         }
         report["machine"]["torch_threads"] = args.threads
-        report["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        report["benchmark_wall_s"] = time.perf_counter() - t_start
-        return report
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+        return common.finish_report(report, t_start)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
     labels, conc = report["config"]["rates"], report["config"]["concurrency"]
-    (args.out / "serving.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
-    plot(report["results"], labels, conc, args.out / "serving.png")
+    json_path, png_path = common.write_outputs(
+        args.out, "serving", report, lambda path: plot(report["results"], labels, conc, path)
+    )
     print(format_table(report["results"], labels, conc, report["verdict"]))
-    print(f"wrote {args.out / 'serving.json'} and {args.out / 'serving.png'}")
+    print(f"wrote {json_path} and {png_path}")
     return 0
 
 
