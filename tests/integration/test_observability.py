@@ -3,6 +3,7 @@ OTLP to a receiver this test runs; Prometheus metrics on every service."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -144,14 +145,16 @@ def scrape(url: str) -> dict[str, float]:
 def test_every_service_serves_prometheus_metrics_consistent_with_the_load_sent(traced):
     cluster, _ = traced
     before = {s.name: scrape(s.metrics_url) for s in cluster.services}
-    n, tokens = 6, 5
-    for i in range(n):
-        r = httpx.post(
-            f"{cluster.url}/v1/completions",
-            timeout=60,
-            json={"model": MODEL_NAME, "prompt": f"x = {i}", "max_tokens": tokens, "ignore_eos": True},
-        )
-        assert r.status_code == 200
+    n, tokens = 12, 5
+
+    async def load() -> list[httpx.Response]:  # concurrent, so the engine batches them
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
+            body = {"model": MODEL_NAME, "max_tokens": tokens, "ignore_eos": True}
+            return await asyncio.gather(
+                *[h.post("/v1/completions", json={**body, "prompt": f"x = {i}"}) for i in range(n)]
+            )
+
+    assert all(r.status_code == 200 for r in asyncio.run(load()))
     after = {s.name: scrape(s.metrics_url) for s in cluster.services}
 
     def delta(svc: str, key: str) -> float:
