@@ -122,6 +122,7 @@ def test_with_redis_a_shared_prefix_lands_on_one_pod_and_routing_survives_a_redi
                 time.sleep(0.2)
             else:
                 raise AssertionError("the index did not heal after Redis came back")
+            time.sleep(1.5)  # the gateway retries the index 1 s after its last failure
             u = complete(cluster, system + [1799])
             assert u["prompt_tokens_details"]["cached_tokens"] >= 192
         finally:
