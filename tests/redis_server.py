@@ -21,6 +21,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from radixserve.launcher import free_port
+
 REDIS_SERVER = "redis-server"
 
 
@@ -33,12 +35,6 @@ def require_redis_server() -> str:
     if path is None:
         pytest.skip("redis-server is not on PATH (install it: apt-get install redis-server)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _resp(*args: str) -> bytes:

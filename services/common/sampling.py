@@ -34,3 +34,15 @@ class SamplingParams:
         if any(not isinstance(x, str) or not x for x in self.stop):
             raise ValueError("stop must be a non-empty string or a list of them")
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+
+
+def find_stop(text: str, stops: tuple[str, ...], start: int = 0) -> tuple[int, str]:
+    """The earliest stop string in ``text[start:]``: (where it starts, which), or (-1, "").
+
+    The one stop-string search: the detokenizer (streaming) and the offline Engine both cut here."""
+    best, which = -1, ""
+    for s in stops:
+        i = text.find(s, start)
+        if i >= 0 and (best < 0 or i < best):
+            best, which = i, s
+    return best, which

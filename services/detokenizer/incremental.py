@@ -20,6 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.common.sampling import find_stop
+
 _REPLACEMENT = "\ufffd"
 
 
@@ -141,7 +143,7 @@ class IncrementalDetokenizer:
         if finish:
             self._flush(st)
         if st.stop:
-            cut, matched = _find_stop(st.text, st.stop, max(0, st.sent - max(map(len, st.stop)) + 1))
+            cut, matched = find_stop(st.text, st.stop, max(0, st.sent - max(map(len, st.stop)) + 1))
             if matched:
                 st.text, finish = st.text[:cut], "stop"
         end = len(st.text) if finish else len(st.text) - _partial_stop_len(st.text, st.stop)
@@ -166,16 +168,6 @@ class IncrementalDetokenizer:
                 while len(self._stopped) > self._max_finished:
                     self._stopped.popitem(last=False)
         return out
-
-
-def _find_stop(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str]:
-    """The earliest stop string in ``text[start:]``: (where it starts, which), or (-1, "")."""
-    best, which = -1, ""
-    for s in stops:
-        i = text.find(s, start)
-        if i >= 0 and (best < 0 or i < best):
-            best, which = i, s
-    return best, which
 
 
 def _partial_stop_len(text: str, stops: tuple[str, ...]) -> int:

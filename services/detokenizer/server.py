@@ -73,7 +73,6 @@ class DetokenizerService(pb_grpc.DetokenizerServicer):
         self.detok = IncrementalDetokenizer(tokenizer)
         self._lock = threading.Lock()  # one stream per scheduler, one detokenizer state
         self._senders: dict[str, StreamSender] = {}
-        self.batches_in = 0
         self.metrics = DetokenizerMetrics()
         self.tracing = telemetry.enabled()
         self._traced: dict[str, tuple[dict[str, str], float]] = {}  # rid -> (trace headers, first seen)
@@ -92,7 +91,6 @@ class DetokenizerService(pb_grpc.DetokenizerServicer):
                 if e.HasField("options") and e.options.trace_context:
                     self._traced[e.rid] = (dict(e.options.trace_context), now)
         with self._lock:
-            self.batches_in += 1
             deltas = self.detok.process(updates)
             by_gateway: dict[str, list[Any]] = defaultdict(list)
             for d in deltas:

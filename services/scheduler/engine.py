@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from radixserve.common.sampling import SamplingParams
+from radixserve.common.sampling import SamplingParams, find_stop
 from radixserve.scheduler.batch_scheduler import BatchScheduler, QueueFullError
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.event_loop import EventLoop
@@ -170,7 +170,7 @@ class Engine:
             if r.rid in pending and r.sampling.stop:
                 known = r.output_ids[: r.known_len - r.prompt_len]
                 tail = str(self.tokenizer.decode(known[-64:], skip_special_tokens=True))
-                if known and _find_stop(tail, r) >= 0:
+                if known and find_stop(tail, r.sampling.stop)[0] >= 0:
                     self.scheduler.abort(r.rid, FinishReason.STOP)
                     pending.discard(r.rid)
         if not pending:
@@ -180,7 +180,7 @@ class Engine:
         ids = [t for t in r.output_ids if t >= 0]
         text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
         reason = r.finish_reason.value if r.finish_reason else None
-        cut = _find_stop(text, r)
+        cut, _ = find_stop(text, r.sampling.stop)
         if cut >= 0:  # the text ends before the first stop string, which ended the request
             text, reason = text[:cut], FinishReason.STOP.value
         return {
@@ -205,12 +205,6 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def _find_stop(text: str, req: Req) -> int:
-    """Where the first of the request's stop strings starts in ``text``, or -1."""
-    hits = [i for i in (text.find(s) for s in req.sampling.stop) if i >= 0]
-    return min(hits, default=-1)
 
 
 def _is_ids(x: Any) -> bool:

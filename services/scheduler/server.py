@@ -253,7 +253,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
                         self.tracer.track(arg.req.rid, arg.trace)
                 except Exception as e:  # the queue filled between the check and here
                     self._forget(arg.req.rid)
-                    entries.append(self._entry(arg, [], FinishReason.ABORT.value, str(e)))
+                    entries.append(self._final(arg, str(e)))
             elif kind == "abort":
                 rid, reason = arg
                 self.scheduler.abort(rid, FinishReason.ABORT)

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 
 from radixserve.common.rpc import pb, pb_grpc, sampling_from_proto
+from radixserve.tokenizer import openai_api as api
 from radixserve.tokenizer.gateway import ApiError, Gateway
 from radixserve.tokenizer.tracing import RequestTrace
 
@@ -66,22 +67,15 @@ class GatewayService(pb_grpc.GatewayServicer):
                 for _, t in got:
                     if t.finish_reason == "abort":
                         raise ApiError(503, t.error or "the request was aborted")
+                    pb_usage = None
                     if t.finish_reason:
                         reasons.append(t.finish_reason)
-                        usage = {
-                            "prompt_tokens": t.prompt_tokens,
-                            "completion_tokens": t.completion_tokens,
-                            "prompt_tokens_details": {"cached_tokens": t.cached_tokens},
-                        }
-                    pb_usage = (
-                        pb.Usage(
+                        usage = api.usage(t.prompt_tokens, t.completion_tokens, t.cached_tokens)
+                        pb_usage = pb.Usage(
                             prompt_tokens=t.prompt_tokens,
                             completion_tokens=t.completion_tokens,
                             cached_tokens=t.cached_tokens,
                         )
-                        if t.finish_reason
-                        else None
-                    )
                     if request.stream:
                         yield pb.GenerateResponse(
                             rid=t.rid,

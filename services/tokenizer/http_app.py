@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 import uuid
@@ -26,7 +27,12 @@ def _error(e: ApiError) -> JSONResponse:
 
 
 def build_app(gw: Gateway) -> FastAPI:
-    app = FastAPI(title="radixserve", docs_url=None, redoc_url=None)
+    kwargs: dict[str, Any] = {}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        # Newer FastAPI makes its own server span from the global tracer provider; the request
+        # span here (RequestTrace) is the one the rest of the trace hangs off, so only one may exist.
+        kwargs["telemetry"] = {"tracing": False}
+    app = FastAPI(title="radixserve", docs_url=None, redoc_url=None, **kwargs)
     metrics = gw.metrics
 
     @app.exception_handler(RequestValidationError)
@@ -188,8 +194,8 @@ async def _serve(
             "gen_ai.request.choice.count": body.n,
             "radixserve.stream": body.stream,
         },
+        start=tokenized[0],
     )
-    trace.start = tokenized[0]
     trace.child("tokenize", *tokenized, {"radixserve.prompts": len(prompts)})
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()  # every choice of every prompt reports here
     choices: list[Choice] = []  # indexed prompt-major (OpenAI's order for n x prompts)

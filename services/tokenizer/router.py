@@ -73,6 +73,7 @@ class Decision:
 
 class Router(Protocol):
     name: str
+    decisions: deque[Decision]  # the last decisions, newest last (the gateway reads the one just made)
 
     def choose(self, input_ids: Sequence[int], candidates: Sequence[SchedulerHandle]) -> SchedulerHandle: ...
 

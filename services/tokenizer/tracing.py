@@ -20,9 +20,12 @@ from radixserve.common import telemetry
 
 
 class RequestTrace:
-    def __init__(self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any], start: float | None = None
+    ) -> None:
+        """``start``: when the request began (time.monotonic()), if before now (e.g. tokenization)."""
         self.on = telemetry.enabled()
-        self.start = time.monotonic()
+        self.start = time.monotonic() if start is None else start
         self.first_result: float | None = None
         self.last_result: float | None = None
         if not self.on:
@@ -32,7 +35,11 @@ class RequestTrace:
 
         parent = telemetry.extract(carrier)
         self.span = telemetry.tracer().start_span(
-            name, context=parent, kind=SpanKind.SERVER, attributes=attributes
+            name,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+            start_time=telemetry.wall_ns(self.start),
         )
         self.ctx = trace.set_span_in_context(self.span, parent)
 

@@ -100,6 +100,10 @@ def test_one_trace_spans_all_three_services_correctly_parented_and_honours_the_c
         if want <= {s.name for _, s in spans}:
             break
         time.sleep(0.1)
+    names = [s.name for _, s in spans]
+    assert all(names.count(n) == 1 for n in want - {"prefill"}), (
+        names
+    )  # one server span: no framework duplicate
     by_name = {s.name: (svc, s) for svc, s in spans}
     assert want <= set(by_name), sorted(by_name)
 
