@@ -15,7 +15,6 @@ from typing import Any
 
 GROUP = "radixserve.io"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
 
 Schema = dict[str, Any]
 
@@ -340,15 +339,19 @@ def apply_defaults(schema: Schema, value: Any) -> Any:
     ``default: {}``. The operator calls this too: objects written before a default was added, and
     API emulators that do not default, must read the same as freshly admitted ones.
     """
-    value = copy.deepcopy(value)
+    return _fill_defaults(schema, copy.deepcopy(value))
+
+
+def _fill_defaults(schema: Schema, value: Any) -> Any:
+    """:func:`apply_defaults` in place, on a copy it owns."""
     if schema.get("type") == "object" and isinstance(value, dict):
         for key, sub in schema.get("properties", {}).items():
             if key not in value and "default" in sub:
                 value[key] = copy.deepcopy(sub["default"])
             if key in value:
-                value[key] = apply_defaults(sub, value[key])
+                value[key] = _fill_defaults(sub, value[key])
     elif schema.get("type") == "array" and isinstance(value, list) and "items" in schema:
-        value = [apply_defaults(schema["items"], v) for v in value]
+        value = [_fill_defaults(schema["items"], v) for v in value]
     return value
 
 

@@ -15,7 +15,7 @@ import base64
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -30,7 +30,14 @@ from radixserve.operator.crds import (
     apply_defaults,
 )
 from radixserve.operator.kube import Kube, KubeError, load_config
-from radixserve.operator.scaling import LoadSource, RedisLoadSource, ScalePolicy, Stabilizer, recommend
+from radixserve.operator.scaling import (
+    LoadSource,
+    RedisLoadSource,
+    ScalePolicy,
+    Stabilizer,
+    recommend,
+    total_waiting,
+)
 
 Obj = dict[str, Any]
 ISVC = (GROUP, VERSION, "inferenceservices")
@@ -53,6 +60,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         memo.load_source = _cached(RedisLoadSource)
 
 
+def _isvc_spec(spec: Mapping[str, Any]) -> Obj:
+    """The defaulted spec (apply_defaults descends only into plain dicts, so not kopf's Spec view)."""
+    return apply_defaults(INFERENCE_SERVICE_SPEC, dict(spec))
+
+
+def _pool_spec(spec: Mapping[str, Any]) -> Obj:
+    return apply_defaults(GPU_NODE_POOL_SPEC, dict(spec))
+
+
 def _cached(factory: Callable[[str], LoadSource]) -> Callable[[str], LoadSource]:
     sources: dict[str, LoadSource] = {}
     return lambda url: sources.get(url) or sources.setdefault(url, factory(url))
@@ -63,7 +79,7 @@ def _cached(factory: Callable[[str], LoadSource]) -> Callable[[str], LoadSource]
 def pools(name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, **_: Any) -> Obj | None:
     if meta.get("deletionTimestamp"):
         return None  # a pool on its way out claims no more nodes
-    return {name: {"spec": apply_defaults(GPU_NODE_POOL_SPEC, dict(spec)), "status": dict(status)}}
+    return {name: {"spec": _pool_spec(spec), "status": dict(status)}}
 
 
 @kopf.index(*ISVC)
@@ -72,7 +88,7 @@ def gpu_claims(
 ) -> Obj | None:
     """pool -> (namespace/name, GPUs its schedulers hold), for judging what a pool has left."""
     try:
-        s = apply_defaults(INFERENCE_SERVICE_SPEC, dict(spec))
+        s = _isvc_spec(spec)
         pool = s["scheduler"].get("nodePool")
         gpus = _scheduler_replicas(s, dict(status)) * int(s["scheduler"]["gpusPerReplica"])
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -106,6 +122,11 @@ def _redis_url(kube: Kube, namespace: str, spec: Obj) -> str | None:
     return None
 
 
+def _scheduler_domain(name: str, namespace: str | None) -> str:
+    """The host suffix every scheduler of InferenceService ``name`` advertises (see manifests)."""
+    return f".{name}-scheduler.{namespace}.svc"
+
+
 def _autoscale(
     ctx: manifests.BuildContext, kube: Kube, memo: kopf.Memo, patch: kopf.Patch, status_: Obj, logger: Any
 ) -> int:
@@ -114,11 +135,7 @@ def _autoscale(
     current = ctx.scheduler_replicas
     try:
         url = _redis_url(kube, ctx.namespace, ctx.spec)
-        loads = (
-            memo.load_source(url).loads(f".{manifests.child_name(ctx, 'scheduler')}.{ctx.namespace}.svc")
-            if url
-            else {}
-        )
+        loads = memo.load_source(url).loads(_scheduler_domain(ctx.name, ctx.namespace)) if url else {}
     except Exception as e:  # Redis down must not stop reconciling; we just do not scale this round
         logger.warning(f"autoscaling: cannot read scheduler load: {e}")
         return current
@@ -127,7 +144,7 @@ def _autoscale(
         return current
     stabilizer = memo.setdefault("stabilizer", Stabilizer())
     new = stabilizer.decide(current, rec, time.monotonic(), policy)
-    waiting = sum(int(v.get("waiting", 0)) for v in loads.values())
+    waiting = total_waiting(loads)
     last = (status_.get("autoscaling") or {}).get("lastScaleTime")
     if new != current:
         logger.info(f"autoscaling schedulers {current} -> {new} ({waiting} waiting over {len(loads)} pods)")
@@ -154,7 +171,7 @@ def reconcile(
     generation = int(body.get("metadata", {}).get("generation") or 1)
     previous = status_.get("conditions")
     try:
-        s = apply_defaults(INFERENCE_SERVICE_SPEC, dict(spec))
+        s = _isvc_spec(spec)
         pool_name = s["scheduler"].get("nodePool")
         pool = _one(pools, pool_name)
         problems = validation.validate(s, pool["spec"] if pool else None, CONFIG.chart_redis_url)
@@ -241,28 +258,28 @@ def _observe(kube: Kube, ctx: manifests.BuildContext) -> tuple[dict[str, int], d
 
 @kopf.on.create(*ISVC)
 def isvc_created(**kw: Any) -> None:
-    reconcile(status_=dict(kw["status"]), **_reconcile_kwargs(kw))
+    reconcile(**_reconcile_kwargs(kw))
 
 
 @kopf.on.update(*ISVC)
 def isvc_updated(**kw: Any) -> None:
-    reconcile(status_=dict(kw["status"]), **_reconcile_kwargs(kw))
+    reconcile(**_reconcile_kwargs(kw))
 
 
 @kopf.on.resume(*ISVC)
 def isvc_resumed(**kw: Any) -> None:
-    reconcile(status_=dict(kw["status"]), **_reconcile_kwargs(kw))
+    reconcile(**_reconcile_kwargs(kw))
 
 
 @kopf.timer(*ISVC, interval=CONFIG.resync_interval_s, initial_delay=CONFIG.resync_interval_s)
 def isvc_resync(**kw: Any) -> None:
     """Level-triggered upkeep: status from the children, autoscaling, a pool that appeared."""
-    reconcile(status_=dict(kw["status"]), autoscale=True, **_reconcile_kwargs(kw))
+    reconcile(autoscale=True, **_reconcile_kwargs(kw))
 
 
 def _reconcile_kwargs(kw: Obj) -> Obj:
     keys = ("name", "namespace", "body", "spec", "patch", "memo", "logger", "pools", "gpu_claims")
-    return {k: kw[k] for k in keys}
+    return {"status_": dict(kw["status"]), **{k: kw[k] for k in keys}}
 
 
 @kopf.on.delete(*ISVC)
@@ -271,17 +288,13 @@ def isvc_deleted(
 ) -> None:
     """Children go by owner references; here we only drop the schedulers' entries from the
     chart's Redis (best effort: a Redis that is down must not hold the deletion)."""
-    s = apply_defaults(INFERENCE_SERVICE_SPEC, dict(spec))
+    s = _isvc_spec(spec)
     if s["redis"]["mode"] != "chart" or not CONFIG.chart_redis_url:
         return
     try:
-        from radixserve.common.prefix_index import RedisPrefixIndex
-
-        index = RedisPrefixIndex(CONFIG.chart_redis_url, timeout_s=2.0)
-        suffix = f".{name}-scheduler.{namespace}.svc"
-        for pod in index.live_pods():
-            if pod.rsplit(":", 1)[0].endswith(suffix):
-                index.remove_pod(pod)
+        source = RedisLoadSource(CONFIG.chart_redis_url)
+        for pod in source.loads(_scheduler_domain(name, namespace)):
+            source.index.remove_pod(pod)
     except Exception as e:
         logger.warning(f"could not clean the prefix index of {name}: {e}")
 
@@ -290,7 +303,7 @@ def isvc_deleted(
 def sync_pool(name: str, spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch) -> None:
     """Label and taint the matching nodes, release the ones that stopped matching, count GPUs."""
     kube: Kube = memo.kube
-    s = apply_defaults(GPU_NODE_POOL_SPEC, dict(spec))
+    s = _pool_spec(spec)
     selector = s.get("nodeSelector") or {}
     taint = s.get("taint")
     members = []
@@ -349,8 +362,8 @@ def pool_updated(
     name: str, spec: kopf.Spec, old: Any, body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any
 ) -> None:
     # A changed taint: take the old one off our nodes first (sync_pool only knows the new one).
-    old_taint = apply_defaults(GPU_NODE_POOL_SPEC, dict((old or {}).get("spec") or {})).get("taint")
-    if old_taint and old_taint != apply_defaults(GPU_NODE_POOL_SPEC, dict(spec)).get("taint"):
+    old_taint = _pool_spec((old or {}).get("spec") or {}).get("taint")
+    if old_taint and old_taint != _pool_spec(spec).get("taint"):
         _release_nodes(memo.kube, name, old_taint, keep_label=True)
     sync_pool(name, spec, body, memo, patch)
 
@@ -372,7 +385,7 @@ def pool_resync(
 @kopf.on.delete(*POOL)
 def pool_deleted(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
     """Give the nodes back: drop our label and taint."""
-    _release_nodes(memo.kube, name, apply_defaults(GPU_NODE_POOL_SPEC, dict(spec)).get("taint"))
+    _release_nodes(memo.kube, name, _pool_spec(spec).get("taint"))
 
 
 def _release_nodes(kube: Kube, pool: str, taint: Obj | None, keep_label: bool = False) -> None:

@@ -17,6 +17,7 @@ carries a hash of the ConfigMap so a settings change rolls every component.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import dataclass
@@ -388,7 +389,7 @@ def _deployment(ctx: BuildContext, component: str, replicas: int, template: Obj)
 def scheduler_resources(ctx: BuildContext) -> Obj:
     """The spec's resources plus the GPU limit (extended resources: requests default to limits)."""
     sched = ctx.spec["scheduler"]
-    res = json.loads(json.dumps(sched.get("resources") or {"requests": {"cpu": "4", "memory": "16Gi"}}))
+    res = copy.deepcopy(sched.get("resources") or {"requests": {"cpu": "4", "memory": "16Gi"}})
     gpus = sched["gpusPerReplica"]
     if gpus > 0:
         name = (ctx.pool or {}).get("gpuResourceName", "nvidia.com/gpu")

@@ -10,40 +10,46 @@ Obj = dict[str, Any]
 
 
 def node_matches(node: Obj, node_selector: dict[str, str]) -> bool:
-    node_labels = node.get("metadata", {}).get("labels") or {}
+    node_labels = _labels(node)
     return bool(node_selector) and all(node_labels.get(k) == v for k, v in node_selector.items())
+
+
+def _labels(node: Obj) -> dict[str, str]:
+    return node.get("metadata", {}).get("labels") or {}
+
+
+def _taints(node: Obj) -> list[Obj]:
+    return node.get("spec", {}).get("taints") or []
 
 
 def _taint_of(taint: Obj) -> Obj:
     return {"key": taint["key"], "value": taint["value"], "effect": taint["effect"]}
 
 
-def _has_taint(node: Obj, taint: Obj) -> bool:
-    want = _taint_of(taint)
-    return any(_taint_of({"value": "", **t}) == want for t in node.get("spec", {}).get("taints") or [])
+def _is_taint(node_taint: Obj, taint: Obj) -> bool:
+    """Whether a node's taint (its value may be left out) is ``taint``."""
+    return _taint_of({"value": "", **node_taint}) == _taint_of(taint)
 
 
 def join_patch(node: Obj, pool: str, taint: Obj | None) -> Obj | None:
     """A merge patch that labels (and taints) the node for ``pool``; None when it already is."""
     patch: Obj = {}
-    if (node.get("metadata", {}).get("labels") or {}).get(POOL_LABEL) != pool:
+    if _labels(node).get(POOL_LABEL) != pool:
         patch["metadata"] = {"labels": {POOL_LABEL: pool}}
-    if taint and not _has_taint(node, taint):
+    if taint and not any(_is_taint(t, taint) for t in _taints(node)):
         # Merge patches replace lists whole: send the node's other taints along.
-        patch["spec"] = {"taints": [*(node.get("spec", {}).get("taints") or []), _taint_of(taint)]}
+        patch["spec"] = {"taints": [*_taints(node), _taint_of(taint)]}
     return patch or None
 
 
 def leave_patch(node: Obj, pool: str, taint: Obj | None) -> Obj | None:
     """The merge patch that undoes :func:`join_patch` (on pool deletion or a selector change)."""
-    if (node.get("metadata", {}).get("labels") or {}).get(POOL_LABEL) != pool:
+    if _labels(node).get(POOL_LABEL) != pool:
         return None  # not ours: another pool's node may carry the same taint
     patch: Obj = {"metadata": {"labels": {POOL_LABEL: None}}}
-    if taint and _has_taint(node, taint):
-        want = _taint_of(taint)
-        rest = [t for t in node.get("spec", {}).get("taints") or [] if _taint_of({"value": "", **t}) != want]
-        patch["spec"] = {"taints": rest}
-    return patch or None
+    if taint and any(_is_taint(t, taint) for t in _taints(node)):
+        patch["spec"] = {"taints": [t for t in _taints(node) if not _is_taint(t, taint)]}
+    return patch
 
 
 def _quantity(value: Any) -> int:

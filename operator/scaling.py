@@ -3,8 +3,9 @@
     LoadSource.loads()  ->  recommend()  ->  Stabilizer.decide()  ->  StatefulSet replicas
 
 Scheduler pods publish their load (``waiting``, ``running``, KV use, ...) as expiring heartbeats
-in Redis under ``radixserve:p:{advertise address}:hb``; the operator reads them through
-:class:`RedisLoadSource`. Tests use :class:`StaticLoadSource`.
+in the prefix index's Redis, keyed by their advertised address; the operator reads them through
+:class:`RedisLoadSource` (over ``radixserve.common.prefix_index.RedisPrefixIndex``, which owns the
+key layout). Tests use :class:`StaticLoadSource`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ class LoadSource(Protocol):
         ...
 
 
+def _on_service(pod: str, host_suffix: str) -> bool:
+    """Whether ``pod`` (an advertised HOST:PORT) is one of the schedulers under ``host_suffix``.
+
+    One Redis may serve several InferenceServices; each service's schedulers share the
+    headless Service's domain.
+    """
+    return pod.rsplit(":", 1)[0].endswith(host_suffix)
+
+
 class RedisLoadSource:
     def __init__(self, url: str) -> None:
         from radixserve.common.prefix_index import RedisPrefixIndex
@@ -30,13 +40,7 @@ class RedisLoadSource:
         self.index = RedisPrefixIndex(url, timeout_s=2.0)
 
     def loads(self, host_suffix: str) -> dict[str, Load]:
-        # One Redis may serve several InferenceServices: the pod id is the advertised
-        # HOST:PORT, and each service's schedulers share the headless Service's domain.
-        return {
-            pod: load
-            for pod, load in self.index.live_pods().items()
-            if pod.rsplit(":", 1)[0].endswith(host_suffix)
-        }
+        return {pod: load for pod, load in self.index.live_pods().items() if _on_service(pod, host_suffix)}
 
 
 @dataclass
@@ -46,7 +50,7 @@ class StaticLoadSource:
     by_pod: dict[str, Load] = field(default_factory=dict)
 
     def loads(self, host_suffix: str) -> dict[str, Load]:
-        return {p: load for p, load in self.by_pod.items() if p.rsplit(":", 1)[0].endswith(host_suffix)}
+        return {p: load for p, load in self.by_pod.items() if _on_service(p, host_suffix)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +75,15 @@ class ScalePolicy:
         return max(self.min_replicas, min(self.max_replicas, n))
 
 
+def total_waiting(loads: dict[str, Load]) -> int:
+    return sum(int(load.get("waiting", 0)) for load in loads.values())
+
+
 def recommend(loads: dict[str, Load], policy: ScalePolicy) -> int | None:
     """Replicas that would bring waiting requests per scheduler to the target; None without data."""
     if not loads:
         return None
-    waiting = sum(int(load.get("waiting", 0)) for load in loads.values())
-    return policy.clamp(math.ceil(waiting / policy.target_waiting))
+    return policy.clamp(math.ceil(total_waiting(loads) / policy.target_waiting))
 
 
 @dataclass

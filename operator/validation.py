@@ -83,8 +83,8 @@ def gpu_shortfall(needed: int, pool_status: dict[str, Any] | None, requested_by_
     gpus = (pool_status or {}).get("gpus")
     if needed == 0 or not gpus:
         return None
-    free = int(gpus.get("allocatable", 0)) - requested_by_others
+    allocatable = gpus.get("allocatable", 0)
+    free = int(allocatable) - requested_by_others
     if needed <= free:
         return None
-    allocatable = gpus.get("allocatable", 0)
     return f"needs {needed} GPUs but the pool has {max(free, 0)} free of {allocatable} allocatable"
