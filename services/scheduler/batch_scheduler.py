@@ -16,6 +16,9 @@ where it may still hit) and ``new_token_ratio`` rises; it decays back step by st
 With a ``fairness_timeout``, a request that waited longer is offered first and, when
 the KV pool or the running limit keeps it out, preempts running requests that arrived
 after it: it runs in the next prefill batch instead of waiting for decodes to drain.
+Requests due soon (``fairness_lead``) are offered right after overdue ones: younger
+requests stop taking the memory they will need, so they are not overdue and still
+waiting for older decodes (which nothing preempts) to drain.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.allocator import pages_for
 from radixserve.scheduler.memory.manager import KVCacheManager
+from radixserve.scheduler.memory.radix_cache import TreeNode
 from radixserve.scheduler.policy.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.policy.prefill_adder import AddResult, PrefillAdder, decode_reserve
 from radixserve.scheduler.policy.req import FinishReason, Req
@@ -206,7 +210,7 @@ class BatchScheduler:
             for req in self.policy.order(self.waiting, now, in_prefill):
                 if adder.add(req) is not AddResult.ADDED:
                     break
-                req.waited += now - req.queue_time
+                req.waited = now - req.queue_time  # queue_time already counts earlier waits
                 if req.admit_time is None:
                     req.admit_time = now
                     req.num_cached_tokens = req.cached_len
@@ -277,45 +281,62 @@ class BatchScheduler:
         self._enqueue(req)
 
     def _make_room_for_overdue(self, now: float) -> None:
-        """The fairness bound: the oldest overdue request preempts running requests younger than it.
+        """The fairness bound: overdue requests preempt running requests younger than them.
 
         Without this an overdue request goes first in the order but can still wait for running
-        decodes to drain the KV pool. Preempting only requests that arrived later is well founded
-        (the oldest request always progresses), and nothing is preempted in vain: if retracting
-        every younger request would not make room, none is retracted.
+        decodes to drain the KV pool. Requests are served in the policy's fairness order (overdue,
+        then due soon, each oldest first), each preempting only running requests that arrived
+        after it, so the oldest request always progresses (well founded). Room is made for all of
+        them that fit together, not just the first: a request that falls due while the first one's
+        prefill runs would otherwise wait one more batch. Only an overdue request triggers any of
+        this, and nothing is preempted in vain: where retracting every younger running request
+        would not make room for the next one, it and those after it wait.
         """
-        # The oldest overdue request (waiting is in arrival order).
-        head = next((r for r in self.waiting if self.policy.is_overdue(r, now)), None)
-        if head is None:
-            return
-        younger = sorted(
-            (r for r in self.running if r.arrival_time > head.arrival_time), key=lambda r: -r.arrival_time
-        )
-        if not younger:
+        overdue, due, _ = self.policy.fairness_tiers(self.waiting, now)
+        if not overdue:
             return
         cfg, ps = self.config, self.kv.page_size
         ratio, clip = self.new_token_ratio, cfg.clip_max_new_tokens
-        m = self.kv.match(head)
-        need = pages_for(head.seq_len - len(m.slots), ps) * ps + decode_reserve((head,), ratio, clip)
+        need = rows = 0  # KV tokens and table rows the requests served so far need
 
         def short() -> int:
             return need + decode_reserve(self.running, ratio, clip) - self.kv.available()
 
-        def row_short() -> bool:
-            return len(self.running) >= cfg.running_limit or self.kv.req_to_token.num_free == 0
+        def rows_short() -> int:
+            return max(len(self.running) + rows - cfg.running_limit, rows - self.kv.req_to_token.num_free)
 
-        if short() <= 0 and not row_short():
-            return
-        # Upper bound of what retracting all younger requests gives back (shared pages may not).
-        gain = sum(pages_for(r.alloc_len, ps) * ps + decode_reserve((r,), ratio, clip) for r in younger)
-        if short() > gain:
-            return
-        for victim in younger:
-            if short() <= 0 and not row_short():
-                break
-            self.running.remove(victim)
-            self._retract(victim)
-        self.num_fairness_preemptions += 1
+        for head in overdue + due:
+            m = self.kv.match(head)
+            need += pages_for(head.seq_len - len(m.slots), ps) * ps + decode_reserve((head,), ratio, clip)
+            rows += 1
+            if short() <= 0 and rows_short() <= 0:
+                continue
+            younger = sorted(
+                (r for r in self.running if r.arrival_time > head.arrival_time), key=lambda r: -r.arrival_time
+            )
+            gain = self._freed_by(younger) + decode_reserve(younger, ratio, clip)
+            if short() > gain or rows_short() > len(younger):
+                return
+            for victim in younger:
+                if short() <= 0 and rows_short() <= 0:
+                    break
+                self.running.remove(victim)
+                self._retract(victim)
+            self.num_fairness_preemptions += 1
+
+    def _freed_by(self, victims: Sequence[Req]) -> int:
+        """KV tokens that retracting all of ``victims`` makes available: their private pages and
+        the cached prefix nodes that only they lock (a prefix another running request shares stays).
+        """
+        locks: dict[TreeNode, int] = {}
+        freed = 0
+        for r in victims:
+            freed += self.kv.private_pages(r) * self.kv.page_size
+            node = r.last_node
+            while node is not None and node.parent is not None:  # the root is never freed
+                locks[node] = locks.get(node, 0) + 1
+                node = node.parent
+        return freed + sum(len(n) for n, k in locks.items() if k == n.lock_ref)
 
     def _decode_fits(self, reqs: Sequence[Req] | None = None) -> bool:
         reqs = self._decode_candidates() if reqs is None else reqs

@@ -349,6 +349,67 @@ def test_overdue_request_preempts_younger_decodes_and_runs_in_the_next_batch(clo
     assert s.kv.available() == s.kv.capacity
 
 
+def test_a_request_due_soon_goes_before_younger_cache_hits(clock):
+    s = sched(clock=clock, policy="lpm", fairness_timeout=5.0, fairness_lead=0.1)
+    s.add(make_req("warm", [*SYS, 1], max_new=1))
+    run_to_completion(s)
+    s.add(make_req("cold", list(range(500, 600)), t=0.0))
+    s.add(make_req("hit", [*SYS, 2], t=1.0))
+    assert [r.rid for r in s.policy.order(s.waiting, 4.4)] == ["hit", "cold"]  # cache order
+    # Within the lead (4.5 s of 5 s) cold goes first: admission stops at it if it does not fit,
+    # so younger requests stop taking the memory it needs before it is overdue.
+    assert [r.rid for r in s.policy.order(s.waiting, 4.6)] == ["cold", "hit"]
+
+
+def test_wait_before_and_after_a_retraction_counts_once(clock):
+    s = sched(clock=clock, fairness_timeout=100.0)
+    runner = runner_for(s)
+    r = make_req("r", list(range(1, 51)), max_new=50, t=0.0)
+    s.add(r)
+    for admit_at, retract_at in ((1.0, 2.0), (4.0, 5.0)):  # waits 1 s, runs, waits 2 s, runs
+        clock.t = admit_at
+        assert step(s, runner).reqs == [r]
+        clock.t = retract_at
+        s.running.remove(r)  # what memory pressure does (_retract_until_fits)
+        s._retract(r)
+    assert r.waited == pytest.approx(3.0)
+    assert clock.t - r.queue_time == pytest.approx(3.0)  # its fairness clock: time spent waiting
+
+
+def test_requests_falling_due_together_run_in_one_batch(clock):
+    s = sched(
+        clock=clock,
+        total=400,
+        policy="lpm",
+        fairness_timeout=5.0,
+        chunked_prefill_size=None,
+        init_new_token_ratio=0.0,
+        min_new_token_ratio=0.0,
+        max_prefill_tokens=10_000,
+    )
+    runner = runner_for(s)
+    warm = list(range(1, 101))
+    s.add(make_req("w", [*warm, 0], max_new=1))
+    run_to_completion(s)
+    late = [
+        make_req(f"late{i}", list(range(1000 + 200 * i, 1120 + 200 * i)), max_new=10, t=1.0) for i in (0, 1)
+    ]
+    for r in late:
+        s.add(r)
+    for i in range(4):  # younger cache hits: lpm puts them first and they fill the pool
+        s.add(
+            make_req(f"y{i}", warm + list(range(200 + 60 * i, 260 + 60 * i)), max_new=200, t=1.01 + i / 100)
+        )
+    for _ in range(30):
+        clock.t += 0.01
+        step(s, runner)
+    assert all(r.admit_time is None for r in late)
+    clock.t = 7.0  # both overdue at once: room is made for both, not just the oldest
+    assert {r.rid for r in step(s, runner).reqs} >= {"late0", "late1"}
+    run_to_completion(s)
+    assert s.kv.available() == s.kv.capacity
+
+
 def test_a_chunked_prefill_keeps_the_memory_promised_to_its_whole_prompt():
     # 400-token pool, 64-token chunks. After long's first chunk, 336 tokens are free but 236 of
     # them are promised to the rest of long's prompt: a 120-token request must wait.

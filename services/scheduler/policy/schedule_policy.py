@@ -12,7 +12,10 @@ Two rules sit on top of every policy:
 * Fairness: a request that has waited longer than ``fairness_timeout`` goes first,
   oldest first, whatever its prefix (time it spent running before a retraction does
   not count as waiting). This bounds LPM's starvation of requests with
-  no cached prefix.
+  no cached prefix. Requests due soon (waited more than ``1 - fairness_lead`` of the
+  timeout) come next, also oldest first: admission stops at the first request that
+  does not fit, so younger requests stop taking the memory a request will need when
+  it falls due, and it does not fall due stuck behind long decodes.
 * In-batch de-duplication (lpm, dfs-weight): when several waiting requests share a
   prefix nobody has cached yet, only the first is offered this step; the rest are
   held back one step and then hit the prefix the first one cached.
@@ -39,10 +42,19 @@ class SchedulePolicy:
         self.kv = kv
         self.cache_aware = config.policy != "fcfs" and not config.memory.disable_radix_cache
 
-    def is_overdue(self, req: Req, now: float) -> bool:
-        """A waiting request that has waited (in total, not counting time it ran) past the timeout."""
+    def fairness_tiers(self, waiting: Sequence[Req], now: float) -> tuple[list[Req], list[Req], list[Req]]:
+        """``waiting`` (in arrival order) split into overdue, due soon (within the lead) and the rest."""
         t = self.config.fairness_timeout
-        return t is not None and now - req.queue_time > t
+        if t is None:
+            return [], [], list(waiting)
+        soon = t * (1.0 - self.config.fairness_lead)
+        overdue: list[Req] = []
+        due: list[Req] = []
+        rest: list[Req] = []
+        for r in waiting:
+            w = now - r.queue_time
+            (overdue if w > t else due if w > soon else rest).append(r)
+        return overdue, due, rest
 
     def order(self, waiting: Sequence[Req], now: float, in_prefill: Sequence[Req] = ()) -> list[Req]:
         """Waiting requests in the order to offer them; ``waiting`` is in arrival order.
@@ -50,12 +62,8 @@ class SchedulePolicy:
         ``in_prefill`` are requests whose prefill is under way (a chunked request): waiting
         requests that share their uncached prefix are held back too.
         """
-        if self.config.fairness_timeout is not None:
-            overdue = [r for r in waiting if self.is_overdue(r, now)]
-            if overdue:
-                rest = [r for r in waiting if not self.is_overdue(r, now)]
-                return overdue + self._order_rest(rest, in_prefill)
-        return self._order_rest(waiting, in_prefill)
+        overdue, due, rest = self.fairness_tiers(waiting, now)
+        return overdue + due + self._order_rest(rest, in_prefill)
 
     def _order_rest(self, waiting: Sequence[Req], in_prefill: Sequence[Req]) -> list[Req]:
         if not self.cache_aware or len(waiting) > self.config.lpm_fcfs_threshold or len(waiting) < 1:
