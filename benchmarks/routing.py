@@ -16,14 +16,18 @@ node):
 Workload (``--tenants`` T): T system prompts ("tenants"), each ``--prefix-range`` random token ids
 long; every request is one tenant's prompt (uniform choice) + a unique random suffix
 (``--suffix-range`` tokens), sent as token ids; output ``--output-range`` tokens, greedy,
-``ignore_eos``, so every request produces exactly its length (checked). Poisson arrivals at
-``--rate`` req/s (first at t=0), ``--num-requests`` requests. Special ids 0..4 are avoided.
+``ignore_eos``, so every request produces exactly its length (checked). ``--num-requests``
+requests, Poisson arrivals (first at t=0), one draw scaled to each of ``--rates`` req/s in turn
+(``inf``: all at t=0), so every rate sends the same prompts in the same order. Special ids 0..4 are
+avoided.
 
-Rate: the default 4 req/s is near the saturation of the 4-pod cache-aware system on the reference
-machine (2 CPU cores, small demo model, 1 torch thread per pod): at 5 req/s cache-aware already
-fell behind (about 4.8 req/s served, TTFT p99 ~17 s), while round-robin and least-load serve only
-about 3.2-3.5 req/s there, so at 4 req/s they are overloaded and cache-aware is not. On other
-machines choose ``--rate`` the same way. The full default run takes ~6 minutes there.
+Rates: on the reference machine (2 CPU cores, small demo model, 1 torch thread per pod) the full
+run sweeps 2 req/s (light for cache-aware, about the capacity of round-robin), 4 req/s (near
+cache-aware's capacity, round-robin overloaded) and ``inf`` (everything queued at once: output
+throughput is then each router's capacity, the only rate where a throughput ratio means more than
+"served what was offered"). With every request queued, each pod's ``lpm`` policy groups same-tenant
+requests out of its deep queue, so round-robin's hit rate rises there. On other machines choose
+``--rates`` the same way. The full default run takes about 20 minutes there.
 
 KV capacity: every pod gets ``--max-total-tokens`` (default: ``--kv-prefixes`` x the mean prefix
 length, page-rounded: room for about that many tenants' prefixes, running requests included). With
@@ -65,11 +69,12 @@ traffic, the run checks that the launcher gave every service its own port and th
 alive (``launcher.free_port`` can draw one port twice; a scheduler that then fails to bind still
 passes the launcher's health check through the other one at that address), and again afterwards.
 
-Ratios vs round-robin: hit rate x, output throughput x, TTFT p90 divided (round-robin / config).
-Targets (measured, never asserted; PASS/FAIL per cache-aware config): hit rate >= 3.8x round-robin's,
-throughput >= 1.9x, TTFT p90 >= 10x lower, decision p99 < 2 ms.
+Ratios vs round-robin at each rate: hit rate x, output throughput x, TTFT p90 divided (round-robin
+/ config). Targets (measured, never asserted; PASS/FAIL per cache-aware config and rate, and the
+rates where each passed): hit rate >= 3.8x round-robin's, throughput >= 1.9x (meaningful at the
+highest rate only), TTFT p90 >= 10x lower, decision p99 < 2 ms.
 
-    .venv/bin/python benchmarks/routing.py [--quick] [--out DIR] [--rate R] [--num-requests N] ...
+    .venv/bin/python benchmarks/routing.py [--quick] [--out DIR] [--rates R ...] [--num-requests N] ...
     radixserve bench routing [same flags]
 
 Writes DIR/routing.json and DIR/routing.png.
@@ -110,7 +115,7 @@ FULL, QUICK = common.presets(
         ("model_size", "small", "tiny"),
         ("schedulers", 4, 2),
         ("num_requests", 240, 32),
-        ("rate", 4.0, 16.0),
+        ("rates", (2.0, 4.0, math.inf), (16.0,)),
         ("tenants", 16, 4),
         ("prefix_range", (500, 1000), (96, 160)),
         ("suffix_range", (20, 60), (17, 24)),
@@ -156,6 +161,17 @@ def build_workload(
             }
         )
     return {"prefixes": prefixes, "requests": reqs}
+
+
+def at_rate(wl: dict, base_rate: float, rate: float) -> dict:
+    """The same requests arriving at ``rate`` instead of ``base_rate`` (gaps scaled; ``inf``: all at
+    t=0), so every rate of a sweep sends the same prompts in the same order."""
+    scale = base_rate / rate if math.isfinite(rate) else 0.0
+    return {**wl, "requests": [{**r, "arrival": r["arrival"] * scale} for r in wl["requests"]]}
+
+
+def rate_label(rate: float) -> str:
+    return f"{rate:g}" if math.isfinite(rate) else "inf"
 
 
 def ideal_hit_rate(reqs: list[dict], page_size: int) -> float:
@@ -578,6 +594,7 @@ def run_config(
     eargs: dict,
     args: argparse.Namespace,
     previous: threading.Thread | None = None,
+    label: str = "",
 ) -> tuple[dict, threading.Thread]:
     """One configuration on a fresh cluster. Returns its results and the thread stopping its cluster
     (and Redis): the next configuration starts its own meanwhile and waits for that thread before
@@ -665,8 +682,9 @@ def run_config(
         stopper.start()
     s = summary
     print(
-        f"  {name}: {s['completed']}/{len(records)} ok, hit rate {s['hit_rate']:.3f}, {s['output_tok_s']:.1f}"
-        f" out tok/s, TTFT p90 {s['ttft_ms_p90']:.0f} ms, decision p99 {decision['decision_ms_p99']:.3f} ms,"
+        f"  {label}{name}: {s['completed']}/{len(records)} ok, hit rate {s['hit_rate']:.3f},"
+        f" {s['output_tok_s']:.1f} out tok/s, TTFT p90 {s['ttft_ms_p90']:.0f} ms,"
+        f" decision p99 {decision['decision_ms_p99']:.3f} ms,"
         f" requests per pod {routing['requests_per_pod']}, prefix prefills {routing['prefix_prefills']}"
         f" ({time.perf_counter() - t_cfg:.0f} s)",
         flush=True,
@@ -713,6 +731,22 @@ def compare(results: dict) -> dict:
     return verdict
 
 
+def overall(runs: list[dict]) -> dict:
+    """Per cache-aware configuration and target, the rates where it was met. Throughput is only a
+    ratio of capacities at the highest rate: below saturation every router serves what is offered."""
+    top = runs[-1]  # the rates run in increasing order
+    out: dict[str, Any] = {}
+    for name, targets in top["verdict"]["targets"].items():
+        out[name] = {
+            "met_at_rates": {
+                k: [r["rate"] for r in runs if r["verdict"]["targets"][name][k]] for k in targets
+            },
+            "highest_rate": top["rate"],
+            "throughput_x_at_highest_rate": top["verdict"]["vs_round_robin"][name]["output_tok_s_x"],
+        }
+    return out
+
+
 def format_table(results: dict, verdict: dict) -> str:
     head = (
         f"{'config':18} {'ok':>9} {'hit':>6} {'hit x':>6} {'out tok/s':>9} {'req/s':>6} {'thr x':>6}"
@@ -753,60 +787,62 @@ def format_table(results: dict, verdict: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict, verdict: dict, path: Path, ideal: float | None = None) -> None:
+def plot(runs: list[dict], path: Path, ideal: float | None = None) -> None:
+    """One panel per measure, offered rate on x, a line per configuration."""
     plt = common.pyplot()
-    names = list(results)
     colors = {"cache-aware": "#4c72b0", "least-load": "#dd8452", "round-robin": "#8c8c8c"}
     colors["cache-aware+redis"] = "#55a868"
-    col = [colors.get(n, "#999999") for n in names]
-    x = list(range(len(names)))
+    labels = [r["rate"] for r in runs]
+    x = list(range(len(runs)))
+    names = list(runs[0]["results"])
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
     panels = (
-        ("hit_rate", "cache hit rate (cached / prompt tokens)", "fraction", "hit_rate_x", "{:.2f}x"),
-        ("output_tok_s", "output throughput", "output tokens / s", "output_tok_s_x", "{:.2f}x"),
+        (lambda res: res["summary"]["hit_rate"], "cache hit rate (cached / prompt tokens)", "fraction"),
+        (lambda res: res["summary"]["output_tok_s"], "output throughput", "output tokens / s"),
+        (lambda res: res["summary"]["ttft_ms_p90"], "TTFT p90", "ms (log)"),
         (
-            "ttft_ms_p90",
-            "TTFT p90 (annotated: round-robin / config)",
+            lambda res: res["decision"]["decision_ms_p99"],
+            "routing decision p99 (in-process replay)",
             "ms (log)",
-            "ttft_p90_divisor",
-            "/{:.1f}",
         ),
     )
-    for ax, (key, title, ylab, ratio, fmt) in zip(axes[:3], panels, strict=True):
-        ys = [results[n]["summary"][key] for n in names]
-        ax.bar(x, ys, color=col)
-        for i, n in enumerate(names):
-            ax.annotate(
-                fmt.format(verdict["vs_round_robin"][n][ratio]),
-                (i, ys[i]),
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
+    for ax, (get, title, ylab) in zip(axes, panels, strict=True):
+        for n in names:
+            ys = [get(r["results"][n]) for r in runs]
+            ax.plot(x, ys, "o-", color=colors.get(n, "#999999"), label=n)
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylab)
-        ax.set_xticks(x, names, rotation=15, fontsize=8)
+        ax.set_xticks(x, labels)
+        ax.set_xlabel("offered load, req/s (inf: all at t=0)")
     if ideal is not None:
         axes[0].axhline(ideal, color="k", ls=":", lw=1, label=f"ideal (one pod per tenant) {ideal:.2f}")
-        axes[0].legend(fontsize=7)
     axes[0].set_ylim(0, 1)
     axes[2].set_yscale("log")
-    ax = axes[3]
-    w = 0.38
-    p50 = [results[n]["decision"]["decision_ms_p50"] for n in names]
-    p99 = [results[n]["decision"]["decision_ms_p99"] for n in names]
-    ax.bar([i - w / 2 for i in x], p50, w, color=col, alpha=0.55, label="p50")
-    ax.bar([i + w / 2 for i in x], p99, w, color=col, label="p99")
-    for i in x:
-        ax.annotate(f"{p99[i]:.3f}", (i + w / 2, p99[i]), ha="center", va="bottom", fontsize=7)
-    ax.axhline(
-        TARGET_DECISION_P99_MS, color="k", ls=":", lw=1, label=f"target p99 < {TARGET_DECISION_P99_MS:g} ms"
+    axes[3].set_yscale("log")
+    axes[3].axhline(
+        TARGET_DECISION_P99_MS, color="k", ls=":", lw=1, label=f"target < {TARGET_DECISION_P99_MS:g} ms"
     )
-    ax.set_yscale("log")
-    ax.set_title("routing decision latency (in-process choose replay)", fontsize=10)
-    ax.set_ylabel("ms (log)")
-    ax.set_xticks(x, names, rotation=15, fontsize=8)
-    ax.legend(fontsize=7)
+    for ax in (axes[0], axes[3]):
+        ax.legend(fontsize=7)
+    # ratios vs round-robin under the throughput and TTFT panels' titles
+    for ax, key, fmt in ((axes[1], "output_tok_s_x", "{:.2f}x"), (axes[2], "ttft_p90_divisor", "/{:.1f}")):
+        for n in names:
+            if POLICY[n] != "cache-aware":
+                continue
+            for i, r in enumerate(runs):
+                y = (
+                    r["results"][n]["summary"]["output_tok_s"]
+                    if key == "output_tok_s_x"
+                    else r["results"][n]["summary"]["ttft_ms_p90"]
+                )
+                ax.annotate(
+                    fmt.format(r["verdict"]["vs_round_robin"][n][key]),
+                    (i, y),
+                    fontsize=7,
+                    xytext=(4, 4),
+                    textcoords="offset points",
+                    color=colors.get(n, "#999999"),
+                )
     common.save_figure(fig, path)
 
 
@@ -815,7 +851,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common.add_model_arg(p)
     p.add_argument("--schedulers", type=int, default=None, help=f"scheduler pods ({FULL['schedulers']})")
-    p.add_argument("--rate", type=float, default=None, help=f"Poisson arrival rate, req/s ({FULL['rate']})")
+    p.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=None,
+        help="Poisson arrival rates to sweep, req/s; inf: all at t=0"
+        f" ({' '.join(map(rate_label, FULL['rates']))})",
+    )
     p.add_argument("--num-requests", type=int, default=None, help=f"({FULL['num_requests']})")
     p.add_argument("--tenants", type=int, default=None, help=f"distinct system prompts ({FULL['tenants']})")
     p.add_argument("--prefix-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
@@ -839,8 +882,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     common.add_run_args(p, quick_help="tiny model, 2 pods, few requests (< 90 s)")
     args = p.parse_args(argv)
     common.fill_defaults(args, FULL, QUICK)
-    if args.num_requests < 1 or args.schedulers < 1 or args.tenants < 1 or not args.rate > 0:
-        p.error("--num-requests, --schedulers, --tenants and --rate must be positive")
+    if args.num_requests < 1 or args.schedulers < 1 or args.tenants < 1 or not all(r > 0 for r in args.rates):
+        p.error("--num-requests, --schedulers, --tenants and --rates must be positive")
+    args.rates = sorted(set(args.rates))
     common.check_ranges(p, args, ("prefix_range", "suffix_range", "output_range"))
     args.configs = list(args.configs or CONFIGS)
     if BASELINE not in args.configs:
@@ -859,9 +903,9 @@ def run(args: argparse.Namespace) -> dict:
     machine = machine_info()
     with common.model_folder(args) as model_path:
         args.vocab_size = common.model_vocab_size(model_path)
-        wl = build_workload(
+        wl = build_workload(  # at 1 req/s; each rate of the sweep scales the gaps
             args.num_requests,
-            args.rate,
+            1.0,
             args.tenants,
             tuple(args.prefix_range),
             tuple(args.suffix_range),
@@ -885,7 +929,7 @@ def run(args: argparse.Namespace) -> dict:
             "torch_threads_per_scheduler": args.threads,
             "configs": args.configs,
             "skipped": args.skipped,
-            "rate": args.rate,
+            "rates": [rate_label(r) for r in args.rates],
             "num_requests": args.num_requests,
             "tenants": args.tenants,
             "prefix_range": list(args.prefix_range),
@@ -898,7 +942,7 @@ def run(args: argparse.Namespace) -> dict:
             " --recent-ttl 10",
             "sampling": "greedy (temperature 0), ignore_eos, max_tokens = output length",
             "prompts": "tenant prefix (random token ids) + unique random suffix, sent as token ids",
-            "arrivals": "Poisson (exponential gaps, first at t=0)",
+            "arrivals": "Poisson (exponential gaps, first at t=0), the same draw scaled to each rate",
             "decision_latency": "in-process replay of router.choose per request prompt with the pods'"
             " sampled loads; cache-aware: InMemoryPrefixIndex fed the pods' real KV block events;"
             " +redis: RedisPrefixIndex on the live Redis the pods published to",
@@ -906,15 +950,23 @@ def run(args: argparse.Namespace) -> dict:
         }
         print(
             f"{args.schedulers} pods, {args.tenants} tenants, {args.num_requests} requests"
-            f" at {args.rate:g} req/s"
-            f" (last arrival {summary['last_arrival_s']:.1f} s), engine args {eargs}, configs {args.configs}",
+            f" at {' '.join(map(rate_label, args.rates))} req/s"
+            f" (last arrival {summary['last_arrival_s'] / args.rates[0]:.1f} s at the lowest),"
+            f" engine args {eargs}, configs {args.configs}",
             flush=True,
         )
-        results = {}
+        runs = []
         stopper: threading.Thread | None = None
         try:
-            for name in args.configs:
-                results[name], stopper = run_config(name, model_path, wl, eargs, args, stopper)
+            for rate in args.rates:
+                label = rate_label(rate)
+                wl_r = at_rate(wl, 1.0, rate)
+                results = {}
+                for name in args.configs:
+                    results[name], stopper = run_config(
+                        name, model_path, wl_r, eargs, args, stopper, label=f"{label} req/s "
+                    )
+                runs.append({"rate": label, "results": results, "verdict": compare(results)})
         finally:
             if stopper is not None:
                 stopper.join()
@@ -922,8 +974,8 @@ def run(args: argparse.Namespace) -> dict:
             "benchmark": "routing: cache-aware vs least-load vs round-robin across scheduler pods",
             "config": config,
             "machine": machine,
-            "results": results,
-            "verdict": compare(results),
+            "runs": runs,
+            "targets": overall(runs),
         }
         return common.finish_report(report, t_start)
 
@@ -933,9 +985,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = run(args)
     ideal = report["config"]["workload"]["ideal_hit_rate"]
     json_path, png_path = common.write_outputs(
-        args.out, "routing", report, lambda path: plot(report["results"], report["verdict"], path, ideal)
+        args.out, "routing", report, lambda path: plot(report["runs"], path, ideal)
     )
-    print(format_table(report["results"], report["verdict"]))
+    for r in report["runs"]:
+        print(f"\noffered load {r['rate']} req/s")
+        print(format_table(r["results"], r["verdict"]))
+    print()
+    for name, t in report["targets"].items():
+        for key, rates in t["met_at_rates"].items():
+            print(f"{name}: {key}: met at rates {rates or 'none'}")
+        x = t["throughput_x_at_highest_rate"]
+        print(f"{name}: throughput x at the highest rate ({t['highest_rate']}): {x:.2f}x")
     print(f"wall {report['benchmark_wall_s']:.0f} s; wrote {json_path} and {png_path}")
     return 0
 

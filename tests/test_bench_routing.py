@@ -55,6 +55,15 @@ def test_kv_capacity_is_page_rounded_prefixes(routing):
     assert routing.kv_tokens([512], 1, 16) == 512
 
 
+def test_every_rate_of_a_sweep_sends_the_same_requests(routing):
+    wl = routing.build_workload(20, 1.0, 3, (40, 60), (17, 20), (2, 5), 2048, seed=0)
+    fast, burst = routing.at_rate(wl, 1.0, 4.0), routing.at_rate(wl, 1.0, float("inf"))
+    for r, f, b in zip(wl["requests"], fast["requests"], burst["requests"], strict=True):
+        assert r["input_ids"] == f["input_ids"] == b["input_ids"]
+        assert f["arrival"] == pytest.approx(r["arrival"] / 4) and b["arrival"] == 0
+    assert routing.rate_label(float("inf")) == "inf" and routing.rate_label(2.0) == "2"
+
+
 def test_ideal_hit_rate_counts_every_tenants_later_page_aligned_prefix(routing):
     reqs = [
         {"tenant": 0, "prefix_len": 40, "input_ids": [5] * 50},
@@ -69,7 +78,8 @@ def test_quick_run_reports_every_config_with_every_request_completed(routing, tm
     assert routing.main(["--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "routing.png").stat().st_size > 0
     data = json.loads((tmp_path / "routing.json").read_text())
-    results = data["results"]
+    assert [r["rate"] for r in data["runs"]] == ["16"]  # --quick: one rate
+    results, verdict = data["runs"][0]["results"], data["runs"][0]["verdict"]
     expected = (
         set(routing.CONFIGS) if shutil.which("redis-server") else set(routing.CONFIGS) - {"cache-aware+redis"}
     )
@@ -86,6 +96,7 @@ def test_quick_run_reports_every_config_with_every_request_completed(routing, tm
     assert results["cache-aware"]["summary"]["hit_rate"] > results["round-robin"]["summary"]["hit_rate"]
     if "cache-aware+redis" in results:
         assert results["cache-aware+redis"]["decision"]["index"] == "RedisPrefixIndex"
-    assert set(data["verdict"]["targets"]) == expected & {"cache-aware", "cache-aware+redis"}
-    assert data["verdict"]["every_request_exact"]
+    assert set(verdict["targets"]) == expected & {"cache-aware", "cache-aware+redis"}
+    assert verdict["every_request_exact"]
+    assert set(data["targets"]) == set(verdict["targets"])
     assert {"cpu_count", "python", "torch", "date"} <= set(data["machine"])

@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds a prefix counts as held by the pod it was just routed to",
     )
+    p.add_argument(
+        "--working-set-window",
+        type=float,
+        default=60.0,
+        help="cache-aware: a new prefix goes to the pod sent the fewest prefix blocks in this many seconds",
+    )
     return p
 
 
@@ -86,6 +92,7 @@ async def run(args: argparse.Namespace) -> None:
         balance_abs=args.balance_abs_threshold,
         balance_rel=args.balance_rel_threshold,
         recent_ttl_s=args.recent_ttl,
+        working_set_s=args.working_set_window,
     )
     gw = Gateway(
         resolve_model(args.model),

@@ -89,6 +89,7 @@ class RoutingConfig:
     balance_abs: int = 16  # cache-aware: loads (waiting + running) differing by more than this ...
     balance_rel: float = 1.5  # ... and by more than this factor go to the least loaded pod
     recent_ttl_s: float = 10.0  # how long a routed prefix counts as held by its pod before it publishes
+    working_set_s: float = 60.0  # cache-aware: window of a pod's working set (where new prefixes go)
     sweep_s: float = 1.0  # Redis: how often expired pods are looked for (and removed)
 
 
@@ -119,6 +120,7 @@ class Gateway:
                 routing.balance_abs,
                 routing.balance_rel,
                 routing.recent_ttl_s,
+                working_set_s=routing.working_set_s,
             )
         elif routing.policy == "least-load":
             self.router = LeastLoadRouter()

@@ -12,7 +12,8 @@ Routers share one small interface (``choose``); ``cache-aware`` is the default:
               this router recently sent there (a burst sharing a new prefix lands together
               before the first prefill has published anything)
     if the load is out of balance (max - min > abs AND max > rel x min): least loaded
-    elif nobody holds any block: the least KV in use among pods not much busier than the least busy
+    elif nobody holds any block: among pods not much busier than the least busy, the one with the
+              smallest working set (blocks this router sent it in the last ``working_set_s``)
     else: the longest match (ties: least loaded)
 
 If the index fails (Redis down), routing degrades to least-load with a warning and retries the
@@ -122,19 +123,24 @@ class LeastLoadRouter(_Recorder):
 
 
 class RecentRoutes:
-    """Where this router sent each block lately: hash -> (pod, expires at), bounded."""
+    """Where this router sent each block lately: hash -> (pod, expires at), bounded, with the number
+    of live blocks per pod (a pod's share of the recently routed prefixes)."""
 
     def __init__(self, ttl_s: float, max_entries: int = 200_000) -> None:
         self.ttl_s = ttl_s
         self._max = max_entries
-        self._where: OrderedDict[int, tuple[str, float]] = OrderedDict()
+        self._where: OrderedDict[int, tuple[str, float]] = OrderedDict()  # oldest expiry first
+        self._blocks: dict[str, int] = {}
 
     def remember(self, hashes: Sequence[int], pod: str, now: float) -> None:
         for h in hashes:
+            old = self._where.pop(h, None)
+            if old is not None:
+                self._blocks[old[0]] -= 1
             self._where[h] = (pod, now + self.ttl_s)
-            self._where.move_to_end(h)
+            self._blocks[pod] = self._blocks.get(pod, 0) + 1
         while len(self._where) > self._max:
-            self._where.popitem(last=False)
+            self._forget_oldest()
 
     def match(self, hashes: Sequence[int], now: float) -> tuple[str | None, int]:
         pod, n = None, 0
@@ -144,6 +150,17 @@ class RecentRoutes:
                 break
             pod, n = got[0], n + 1
         return pod, n
+
+    def blocks(self, pod: str, now: float) -> int:
+        """Blocks sent to ``pod`` within the last ``ttl_s`` (each counted once, on its latest pod)."""
+        # One ttl for all: the dict is in expiry order, so the expired ones are at its front.
+        while self._where and next(iter(self._where.values()))[1] < now:
+            self._forget_oldest()
+        return self._blocks.get(pod, 0)
+
+    def _forget_oldest(self) -> None:
+        _, (pod, _) = self._where.popitem(last=False)
+        self._blocks[pod] -= 1
 
 
 class CacheAwareRouter(_Recorder):
@@ -158,6 +175,7 @@ class CacheAwareRouter(_Recorder):
         balance_rel: float = 1.5,
         recent_ttl_s: float = 10.0,
         retry_s: float = 1.0,
+        working_set_s: float = 60.0,
     ) -> None:
         super().__init__()
         self.index = index
@@ -165,6 +183,9 @@ class CacheAwareRouter(_Recorder):
         self.block_size = block_size
         self.balance_abs, self.balance_rel = balance_abs, balance_rel
         self.recent = RecentRoutes(recent_ttl_s)
+        # Each pod's share of the prefixes in use: what this router sent it lately. New prefixes go
+        # where it is smallest. (Pods' own KV figures cannot tell this: a warm cache is always full.)
+        self.working_set = RecentRoutes(working_set_s)
         self.retry_s = retry_s
         self._index_down_until = 0.0
         self._n = itertools.count()
@@ -197,12 +218,16 @@ class CacheAwareRouter(_Recorder):
         else:
             best = max((matched.get(h.address, 0) for h in candidates), default=0)
             if best == 0:
-                # A new prefix: to the pod with the least KV in use among those not much busier than
-                # the least busy (SGLang sends it to the smallest tree), so new prefixes spread by
-                # memory, not only by request count, and fewer of them get evicted.
+                # A new prefix: to the pod with the smallest working set among those not much
+                # busier than the least busy (SGLang sends it to the smallest tree), so prefixes
+                # spread by the KV they need, not by request count, and fewer of them get evicted.
+                # Ties (a fresh router): the least KV held, then the least busy.
                 calm = [c for c in candidates if c.busy <= lo + self.balance_abs]
                 k = rotate % len(calm)
-                h = min([*calm[k:], *calm[:k]], key=lambda c: (c.footprint, c.busy))
+                h = min(
+                    [*calm[k:], *calm[:k]],
+                    key=lambda c: (self.working_set.blocks(c.address, now), c.footprint, c.busy),
+                )
                 reason = "no-match"
             else:
                 h, reason = (
@@ -211,6 +236,7 @@ class CacheAwareRouter(_Recorder):
                 )
         h.routed_tokens += len(input_ids) - matched.get(h.address, 0) * self.block_size
         self.recent.remember(hashes, h.address, now)
+        self.working_set.remember(hashes, h.address, now)
         self.record(Decision(h.address, reason, matched.get(h.address, 0), time.perf_counter() - t))
         return h
 

@@ -84,22 +84,36 @@ def test_cache_aware_ties_go_to_the_least_loaded(index: InMemoryPrefixIndex) -> 
     assert router.choose(ids, [a, b, c]) is a
 
 
-def test_cache_aware_sends_a_new_prefix_to_the_pod_with_the_least_kv_among_the_calm_ones(
+def test_cache_aware_sends_a_new_prefix_to_the_calm_pod_with_the_smallest_working_set(
     index: InMemoryPrefixIndex,
 ) -> None:
     a = pod("a", waiting=41)
-    a.load.kv_cached_tokens = 500  # holds other prefixes already
+    a.load.kv_cached_tokens = 500  # a fresh router knows only the pods' KV: the tie-break
     b = pod("b", running=40)
     c = pod("c", waiting=57)  # empty, but 17 busier than b: not calm (57 < 1.5 x 40: no balance override)
     router = CacheAwareRouter(index, MODEL, BS)
     assert router.choose(tokens(1, 3), [a, b, c]) is b
     assert router.decisions[-1].reason == "no-match"
     assert b.routed_tokens == 53  # counted until b's next load report
-    assert router.choose(tokens(2, 3), [a, b, c]) is b  # 53 < 500
-    b.routed_tokens = 600  # b has been sent a lot since its last report
-    assert router.choose(tokens(3, 3), [a, b, c]) is a
+    # b now has 3 blocks of working set, a none: the next new prefix goes to a, though a's warm
+    # cache is fuller (a full cache is what every pod has after a while; it says nothing of use)
+    assert router.choose(tokens(2, 5), [a, b, c]) is a
+    assert router.choose(tokens(3, 3), [a, b, c]) is b  # 3 + 3 < 5
+    assert router.choose(tokens(4, 3), [a, b, c]) is a  # 5 < 6
+    assert [router.working_set.blocks(x, time.monotonic()) for x in "abc"] == [8, 6, 0]
     assert router.choose(list(range(5)), [a, b, c]).address in "ab"  # shorter than a block: no match
     assert router.decisions[-1].reason == "no-match"
+
+
+def test_working_set_forgets_after_its_window() -> None:
+    a, b = pod("a"), pod("b")
+    router = CacheAwareRouter(InMemoryPrefixIndex(), MODEL, BS, recent_ttl_s=0, working_set_s=0.3)
+    first = router.choose(tokens(1, 4), [a, b])
+    other = b if first is a else a
+    assert router.choose(tokens(2, 2), [a, b]) is other  # first holds 4 blocks
+    time.sleep(0.35)
+    now = time.monotonic()
+    assert router.working_set.blocks("a", now) == router.working_set.blocks("b", now) == 0
 
 
 @pytest.mark.parametrize(
@@ -164,6 +178,16 @@ def test_recent_routes_follow_one_pod_and_expire() -> None:
     small = RecentRoutes(ttl_s=1.0, max_entries=2)
     small.remember([1, 2, 3], "a", now=0.0)
     assert small.match([1], now=0.0) == (None, 0) and small.match([2, 3], now=0.0) == ("a", 2)
+    assert small.blocks("a", now=0.0) == 2
+
+
+def test_recent_routes_count_each_block_once_on_its_latest_pod() -> None:
+    r = RecentRoutes(ttl_s=1.0)
+    r.remember([1, 2, 3], "a", now=0.0)
+    r.remember([2, 3, 4], "b", now=0.5)  # 2 and 3 moved to b
+    assert (r.blocks("a", now=0.5), r.blocks("b", now=0.5)) == (1, 3)
+    assert (r.blocks("a", now=1.2), r.blocks("b", now=1.2)) == (0, 3)  # 1 expired
+    assert r.blocks("b", now=1.6) == 0 and r.match([2], now=1.6) == (None, 0)
 
 
 def test_the_index_is_used_alongside_recent_routes(index: InMemoryPrefixIndex) -> None:
