@@ -14,6 +14,7 @@ from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+from radixserve.scheduler.model import cpu_attention
 from radixserve.scheduler.model.attention import TorchAttention
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
@@ -61,13 +62,25 @@ def hf_greedy(path, prompts, new=NEW):
     return out
 
 
-def test_logits_match_hf_for_prefill_cached_extend_and_decode(model_dir):
+NO_KERNEL = cpu_attention.unavailable_reason(torch.device("cpu"), torch.float32)
+BACKENDS = [
+    pytest.param(TorchAttention, id="torch"),
+    pytest.param(
+        cpu_attention.CpuAttention,
+        id="cpu",
+        marks=pytest.mark.skipif(NO_KERNEL is not None, reason=f"no decode kernel: {NO_KERNEL}"),
+    ),
+]
+
+
+@pytest.mark.parametrize("backend_cls", BACKENDS)
+def test_logits_match_hf_for_prefill_cached_extend_and_decode(model_dir, backend_cls):
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     cfg = ModelConfig.from_pretrained(model_dir)
     model = load_model(model_dir, cfg, "cpu")
     pool = KVPool(256, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, "cpu")
     table = ReqToTokenPool(2, 128)
-    backend = TorchAttention(pool, table, cfg.num_heads, cfg.head_dim)
+    backend = backend_cls(pool, table, cfg.num_heads, cfg.head_dim)
     ids = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
@@ -158,6 +171,30 @@ def test_greedy_equals_hf_under_decode_retraction(llama_dir, llama_ref, overlap,
         )
         assert engine.scheduler.num_retractions > 0
         assert [o["token_ids"] for o in outs] == llama_ref
+        assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
+
+
+@pytest.mark.skipif(NO_KERNEL is not None, reason=f"no decode kernel: {NO_KERNEL}")
+@pytest.mark.parametrize(("overlap", "page", "pool"), [(False, 1, 2048), (True, 16, 2048), (False, 16, 96)])
+def test_greedy_equals_hf_with_the_cpu_attention_backend(llama_dir, llama_ref, overlap, page, pool):
+    with Engine(
+        llama_dir,
+        attention_backend="cpu",
+        max_total_tokens=pool,
+        init_new_token_ratio=0.0 if pool < 128 else 0.7,
+        page_size=page,
+        chunked_prefill_size=16,
+        disable_overlap=not overlap,
+        max_running_requests=8,
+    ) as engine:
+        assert engine.runner.backend.name == "cpu"
+        for _ in range(2):
+            outs = engine.generate(
+                prompt=PROMPTS,
+                sampling_params=SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True),
+            )
+            assert [o["token_ids"] for o in outs] == llama_ref
+        assert (engine.scheduler.num_retractions > 0) == (pool < 128)
         assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
 
 

@@ -9,8 +9,10 @@ A backend is used in two phases per step:
   K/V into the pool at ``fb.out_slots``, then attends over each request's context.
 
 ``torch`` is the reference (CPU and CUDA): gather by slot index + scaled dot-product
-attention. ``flashinfer`` (CUDA only, model/flashinfer_backend.py); ``auto`` picks it when
-it is installed and supports the model's dtype and head size, else ``torch``.
+attention. ``flashinfer`` (CUDA only, model/flashinfer_backend.py); ``cpu`` (model/cpu_attention.py:
+decode by a C kernel straight over the pool, the rest as ``torch``). ``auto`` picks flashinfer on
+CUDA when it is installed and supports the model's dtype and head size; on CPU, ``cpu`` when its
+kernel builds, the pool is fp32 and torch runs one intra-op thread; else ``torch``.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from radixserve.scheduler.model.forward_batch import ForwardBatch
 
 
 @dataclass(slots=True)
-class _TorchMeta:
+class TorchMeta:
     slots: torch.Tensor  # every request's whole context, concatenated: [sum(seq_lens)] KV slots
     ctx: list[tuple[int, int]]  # per request, its range in ``slots``
     queries: list[tuple[int, int]]  # per request, its range of query tokens in the batch
     masks: list[torch.Tensor | None]  # per request, [n, seq] for an extend on a prefix, else None
     causal: list[bool]  # per request, plain causal (a fresh prefill of more than one token)
+    starts: torch.Tensor | None = None  # cpu backend, decode: [B + 1] offsets of ``ctx`` (host)
 
 
 class TorchAttention:
@@ -72,7 +75,7 @@ class TorchAttention:
             else:
                 masks.append(None)
             causal.append(p == 0 and n > 1)
-        fb.attn = _TorchMeta(torch.from_numpy(flat).to(self.device), ctx, queries, masks, causal)
+        fb.attn = TorchMeta(torch.from_numpy(flat).to(self.device), ctx, queries, masks, causal)
 
     def _gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(slots)
@@ -87,7 +90,7 @@ class TorchAttention:
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch):
         """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
         self.pool.write(layer, fb.out_slots, k, v)
-        meta: _TorchMeta = fb.attn
+        meta: TorchMeta = fb.attn
         keys, vals = self._gather(layer, meta.slots)
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
         per_request = zip(meta.ctx, meta.queries, meta.masks, meta.causal, strict=True)
@@ -105,15 +108,22 @@ class TorchAttention:
 def make_backend(
     name: str, pool: KVPool, req_to_token: ReqToTokenPool, num_heads: int, head_dim: int, page_size: int = 1
 ):
+    from radixserve.scheduler.model.cpu_attention import CpuAttention, unavailable_reason
     from radixserve.scheduler.model.flashinfer_backend import FlashInferAttention, unsupported_reason
 
     k0 = pool.k[0]
     num_kv_heads = int(k0.shape[1])
-    if name == "auto":
+    if name == "auto" and k0.device.type == "cpu":
+        # The C kernel is single-threaded: with more torch threads the torch path keeps them busy.
+        usable = torch.get_num_threads() == 1 and unavailable_reason(k0.device, k0.dtype) is None
+        name = "cpu" if usable else "torch"
+    elif name == "auto":
         usable = unsupported_reason(k0.device, k0.dtype, num_heads, num_kv_heads, head_dim) is None
         name = "flashinfer" if usable else "torch"
     if name == "torch":
         return TorchAttention(pool, req_to_token, num_heads, head_dim)
+    if name == "cpu":
+        return CpuAttention(pool, req_to_token, num_heads, head_dim)
     if name == "flashinfer":
         return FlashInferAttention(pool, req_to_token, num_heads, head_dim, page_size, num_kv_heads)
-    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or flashinfer")
+    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch, cpu or flashinfer")
