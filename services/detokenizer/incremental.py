@@ -23,6 +23,10 @@ from typing import Any
 from radixserve.common.sampling import find_stop
 
 _REPLACEMENT = "\ufffd"
+LOST_START = (
+    "the detokenizer never saw this request's start (it restarted mid-request?): its text cannot be"
+    " rebuilt; retry the request"
+)
 
 
 @dataclass(slots=True)
@@ -97,13 +101,20 @@ class IncrementalDetokenizer:
         return out + self._process(updates[start:])
 
     def _process(self, updates: list[TokenUpdate]) -> list[TextDelta]:
-        todo: list[tuple[DecodeState, TokenUpdate]] = []
+        todo: list[tuple[DecodeState | None, TokenUpdate]] = []  # None: its start was never seen
         for u in updates:
             if u.rid in self._stopped:
                 if u.finish_reason:
                     del self._stopped[u.rid]
                 continue
             st = self.states.get(u.rid)
+            if st is None and u.stop is None:
+                # Not the request's first entry (that one carries its options), yet no state: this
+                # detokenizer never saw its start (it restarted, or the start was lost on the way).
+                # Its text cannot be rebuilt here: end it with an error the client sees, and drop
+                # the rest of its tokens until the scheduler's final entry.
+                todo.append((None, u))
+                continue
             if st is None:
                 st = DecodeState(u.rid, u.reply_to)
                 if u.stop is not None:
@@ -113,10 +124,21 @@ class IncrementalDetokenizer:
             st.ids.extend(u.token_ids)
             todo.append((st, u))
         for skip in (True, False):
-            group = [st for st, _ in todo if st.skip_special_tokens is skip and st.read_offset < len(st.ids)]
+            group = [
+                st
+                for st, _ in todo
+                if st is not None and st.skip_special_tokens is skip and st.read_offset < len(st.ids)
+            ]
             if group:
                 self._decode(group, skip)
-        return [self._delta(st, u) for st, u in todo]
+        return [self._lost(u) if st is None else self._delta(st, u) for st, u in todo]
+
+    def _lost(self, u: TokenUpdate) -> TextDelta:
+        if not u.finish_reason:  # the scheduler still runs it: its later entries are dropped
+            self._stopped[u.rid] = None
+            while len(self._stopped) > self._max_finished:
+                self._stopped.popitem(last=False)
+        return TextDelta(u.rid, u.reply_to, "", list(u.token_ids), "abort", LOST_START)
 
     def _decode(self, group: list[DecodeState], skip: bool) -> None:
         decode = self.tokenizer.batch_decode

@@ -147,6 +147,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self._wake.set()
         return pb.AbortReply(aborted=n)
 
+    def Holds(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self._lock:
+            return pb.RequestIds(rids=[rid for rid in request.rids if rid in self._rids])
+
     def GetLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self.load()
 

@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a prefix counts as held by the pod it was just routed to",
     )
     p.add_argument(
+        "--lost-response-check",
+        type=float,
+        default=10.0,
+        help="seconds without news of a request before asking its scheduler whether it still holds it"
+        " (one it ended whose response never came is failed with 503, not left hanging); 0: off",
+    )
+    p.add_argument(
         "--working-set-window",
         type=float,
         default=60.0,
@@ -100,6 +107,7 @@ async def run(args: argparse.Namespace) -> None:
         args.schedulers,
         args.advertise_address or f"localhost:{args.grpc_port}",
         routing,
+        lost_check_s=args.lost_response_check,
     )
     await gw.start()
     server = grpc.aio.server(options=SERVER_OPTIONS)

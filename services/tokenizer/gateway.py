@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,8 @@ class Choice:
     queue: asyncio.Queue[tuple[int, Any]]  # (index, pb.RequestText | ApiError), shared by a request's choices
     prompt_tokens: int
     prompt_index: int = 0  # which prompt of a multi-prompt request
+    heard_at: float = field(default_factory=time.monotonic)  # submitted, or its last text came
+    suspect: bool = False  # its scheduler no longer held it at the last lost-response check
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +103,11 @@ class Gateway:
         schedulers: Sequence[str],
         reply_to: str,
         routing: RoutingConfig | None = None,
+        lost_check_s: float = 10.0,
     ) -> None:
         from transformers import AutoTokenizer
 
+        self.lost_check_s = lost_check_s
         self.model_name = model_name
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.reply_to = reply_to
@@ -137,6 +141,8 @@ class Gateway:
         self.pool.start()
         if self.pool.memory_index is None:
             self._spawn(self._sweep())
+        if self.lost_check_s > 0:
+            self._spawn(self._find_lost_responses())
 
     async def close(self) -> None:
         for t in list(self._background):
@@ -162,6 +168,45 @@ class Gateway:
                     log.warning("prefix index unreachable: %s", e)
                 self.live_in_index = None
             await asyncio.sleep(self.routing.sweep_s)
+
+    async def _find_lost_responses(self) -> None:
+        """Fail requests whose response was lost between services instead of leaving them hanging.
+
+        A request the gateway has heard nothing of for ``lost_check_s`` may just be slow (queued
+        behind others), or its messages were lost on the way (a detokenizer that died with them).
+        Its scheduler tells which: if it no longer holds the request, the final message was sent;
+        if that still has not come one check later, it never will.
+        """
+        while True:
+            await asyncio.sleep(self.lost_check_s / 2)
+            now = time.monotonic()
+            quiet: dict[SchedulerHandle, list[Choice]] = {}
+            for c in self.choices.values():
+                if now - c.heard_at > self.lost_check_s:
+                    quiet.setdefault(c.scheduler, []).append(c)
+            for h, choices in quiet.items():
+                try:
+                    reply = await h.stub.Holds(pb.RequestIds(rids=[c.rid for c in choices]), timeout=5)
+                except grpc.aio.AioRpcError:
+                    continue  # the pod is down or busy: its Watch stream says so (scheduler_down)
+                held = set(reply.rids)
+                for c in choices:
+                    if c.rid in held or self.choices.get(c.rid) is not c:
+                        c.suspect = False
+                    elif not c.suspect:
+                        c.suspect = True  # ended there: give its last message one more interval
+                    else:
+                        self.lost(c)
+
+    def lost(self, c: Choice) -> None:
+        del self.choices[c.rid]
+        c.scheduler.outstanding.discard(c.rid)
+        self.metrics.lost_responses.inc()
+        log.warning("request %s: its scheduler ended it but the response never came; failing it", c.rid)
+        msg = (
+            "the response was lost between the gateway's services (a detokenizer restart?); retry the request"
+        )
+        c.queue.put_nowait((c.index, ApiError(503, msg, "server_error")))
 
     def candidates(self) -> list[SchedulerHandle]:
         healthy = self.pool.healthy()
@@ -293,10 +338,14 @@ class Gateway:
             if c is None:
                 continue  # released: the client went away, or an abort's final message
             c.queue.put_nowait((c.index, t))
+            c.heard_at = time.monotonic()
             if t.finish_reason:
                 del self.choices[t.rid]
                 c.scheduler.outstanding.discard(t.rid)
-                if t.matched_stop:  # ended by a stop string here; the scheduler may still run it
+                # Ended here (a stop string; an abort from the detokenizer, which lost the request's
+                # start) while the scheduler may still run it. (An abort the scheduler sent makes
+                # this a no-op there.)
+                if t.matched_stop or t.finish_reason == "abort":
                     stopped.setdefault(c.scheduler, []).append(t.rid)
         for h, rids in stopped.items():
             self._abort(h, rids, "stop string")

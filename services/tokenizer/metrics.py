@@ -57,5 +57,10 @@ class GatewayMetrics:
         self.grpc_errors = Counter(
             "radixserve_grpc_errors", "Failed gRPC calls by peer and code", ["peer", "code"], registry=r
         )
+        self.lost_responses = Counter(
+            "radixserve_lost_responses",
+            "Requests failed because their scheduler ended them but the response never came",
+            registry=r,
+        )
         self.in_flight = Gauge("radixserve_requests_in_flight", "Client requests being served", registry=r)
         self.schedulers_up = Gauge("radixserve_schedulers_healthy", "Scheduler pods reachable", registry=r)

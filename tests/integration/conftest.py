@@ -23,6 +23,7 @@ def start_cluster(
     scheduler_args: list[str] | None = None,
     router: str = "round-robin",
     prefix_index: str = "memory",
+    gateway_args: list[str] | None = None,
 ) -> Cluster:
     cluster = build_cluster(
         model_dir,
@@ -30,7 +31,7 @@ def start_cluster(
         port=free_port(),
         schedulers=schedulers,
         scheduler_args=scheduler_args or [],
-        gateway_args=["--router", router],
+        gateway_args=["--router", router, *(gateway_args or [])],
         torch_threads=1,
         prefix_index=prefix_index,
     )

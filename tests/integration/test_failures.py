@@ -7,6 +7,7 @@ import json
 import signal
 import time
 
+import grpc
 import httpx
 import pytest
 
@@ -70,6 +71,86 @@ def test_killed_scheduler_fails_its_clients_promptly_and_spares_the_others(model
             assert r["error"] is None and r["finish"] == "length"
         assert after.status_code == 200  # routed to the live pod
         assert after.json()["usage"]["completion_tokens"] == 4
+    finally:
+        cluster.stop(drain_timeout=2)
+
+
+def _restart(service, timeout: float = 60.0) -> None:
+    service.start()
+    deadline = time.monotonic() + timeout
+    while not service.healthy():
+        assert service.alive() and time.monotonic() < deadline, f"{service.name} did not come back"
+        time.sleep(0.1)
+
+
+def _idle(cluster, timeout: float = 10.0) -> bool:
+    """Every scheduler back to no waiting or running request (what the gateway's aborts free)."""
+    from radixserve.common.rpc import pb, pb_grpc
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        loads = []
+        for s in cluster.schedulers:
+            with grpc.insecure_channel(s.grpc_address) as ch:
+                loads.append(pb_grpc.SchedulerStub(ch).GetLoad(pb.LoadRequest(), timeout=5))
+        if all(x.waiting + x.running == 0 for x in loads):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_detokenizer_restart_mid_stream_fails_the_stream_with_a_reason_and_frees_its_kv(model_dir):
+    cluster = start_cluster(model_dir, schedulers=1)
+    try:
+
+        async def go():
+            async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
+                started = asyncio.Event()
+                task = asyncio.create_task(_stream(h, LONG, started))
+                await started.wait()
+                cluster.detokenizer.proc.send_signal(signal.SIGKILL)
+                cluster.detokenizer.proc.wait()
+                await asyncio.to_thread(_restart, cluster.detokenizer)
+                restarted_at = time.monotonic()
+                result = await task
+                after = await h.post("/v1/completions", json={**SHORT, "stream": False, "max_tokens": 4})
+                return restarted_at, result, after
+
+        restarted_at, result, after = asyncio.run(go())
+        # the scheduler's next tokens reach the new detokenizer, which never saw the request's start
+        assert result["error"] is not None and "never saw this request's start" in result["error"]["message"]
+        assert result["finish"] is None and result["ended"] - restarted_at < 10
+        assert _idle(cluster)  # the gateway aborted it on the scheduler: its KV is free
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
+    finally:
+        cluster.stop(drain_timeout=2)
+
+
+def test_a_response_lost_with_a_dying_detokenizer_is_failed_not_left_hanging(model_dir):
+    cluster = start_cluster(model_dir, schedulers=1, gateway_args=["--lost-response-check", "1.5"])
+    try:
+
+        async def go():
+            async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
+                cluster.detokenizer.proc.send_signal(signal.SIGSTOP)  # its inbox fills, nothing comes out
+                sent_at = time.monotonic()
+                task = asyncio.create_task(h.post("/v1/completions", json={**SHORT, "stream": False}))
+                await asyncio.to_thread(_idle, cluster)  # the scheduler finished it: the text is in flight
+                cluster.detokenizer.proc.send_signal(signal.SIGKILL)  # ... and dies with it
+                cluster.detokenizer.proc.wait()
+                await asyncio.to_thread(_restart, cluster.detokenizer)
+                lost = await task
+                ended = time.monotonic()
+                after = await h.post("/v1/completions", json={**SHORT, "stream": False, "max_tokens": 4})
+                return sent_at, ended, lost, after
+
+        sent_at, ended, lost, after = asyncio.run(go())
+        # whichever way it went (the check found it ended but unanswered, or a message of it reached
+        # the new detokenizer), the client gets a 503 it can retry on, within a few checks
+        assert lost.status_code == 503, lost.text
+        assert "retry the request" in lost.json()["error"]["message"]
+        assert ended - sent_at < 20
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
     finally:
         cluster.stop(drain_timeout=2)
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from radixserve.common.demo_model import make_demo_model
-from radixserve.detokenizer.incremental import IncrementalDetokenizer, TextDelta, TokenUpdate
+from radixserve.detokenizer.incremental import LOST_START, IncrementalDetokenizer, TextDelta, TokenUpdate
 
 FFFD = "\ufffd"
 IM_START, IM_END = 3, 4
@@ -208,12 +208,23 @@ def test_abort_with_an_error_carries_the_error(tok):
     assert detok.states == {}
 
 
-def test_unknown_rid_arriving_already_finished_gets_its_finish_reason_and_leaks_nothing(tok):
+def test_a_request_whose_start_this_detokenizer_never_saw_ends_with_an_error(tok):
+    """After a detokenizer restart, a running request's next entries carry no options (only its first
+    does): its text so far is gone, so it ends with an error the client sees instead of half a text."""
     detok = IncrementalDetokenizer(tok)
-    (d,) = detok.process([more("ghost", [], "abort", "queue full")])
-    assert (d.text, d.finish_reason, d.error, d.completion_tokens) == ("", "abort", "queue full", 0)
-    (d,) = detok.process([more("ghost2", enc(tok, "hi"), "length")])
-    assert (d.text, d.finish_reason, d.error) == ("hi", "length", "")
+    (d,) = detok.process([more("ghost", enc(tok, "lo"))])
+    assert (d.text, d.finish_reason, d.error) == ("", "abort", LOST_START)
+    assert detok.process([more("ghost", enc(tok, " more"))]) == []  # the rest is dropped ...
+    assert detok.process([more("ghost", [], "length")]) == []  # ... up to the scheduler's final entry
+    assert detok.states == {} and not detok._stopped
+    (d,) = detok.process([more("ghost2", enc(tok, "hi"), "length")])  # its final entry: lost, too
+    assert (d.text, d.finish_reason, d.error) == ("", "abort", LOST_START) and not detok._stopped
+    (d,) = detok.process([first("r", enc(tok, "hi"), finish="abort", error="queue full")])  # a real first
+    assert (d.text, d.finish_reason, d.error) == ("hi", "abort", "queue full")
+    u = TokenUpdate(
+        "x", "gw", [IM_START, *enc(tok, "x")], "length", skip_special_tokens=False, prompt_tokens=5
+    )
+    assert detok.process([u])[0].error == LOST_START  # stop is None: not a first entry, whatever else it says
     assert detok.states == {}
 
 
@@ -228,15 +239,6 @@ def test_usage_comes_from_the_first_entry_and_completion_tokens_count_every_toke
         (7, 3, len(ids)),
     ]
     assert text(deltas) == "count me"  # special tokens counted, not shown
-
-
-def test_entry_without_options_is_not_taken_for_a_first_entry(tok):
-    detok = IncrementalDetokenizer(tok)
-    u = TokenUpdate(
-        "r", "gw", [IM_START, *enc(tok, "x")], "length", skip_special_tokens=False, prompt_tokens=5
-    )
-    (d,) = detok.process([u])  # stop is None: defaults (skip specials, no usage), not this entry's fields
-    assert (d.text, d.prompt_tokens) == ("x", 0)
 
 
 def test_same_rid_twice_in_one_call_is_taken_in_order_as_if_in_two_calls(tok):
