@@ -106,6 +106,14 @@ def sampling_from_proto(msg: Any, default_max_new_tokens: int | None = None) -> 
 _CLOSE = object()
 
 
+# The error of a request the detokenizer ended because it never saw its first entry (it restarted
+# mid-request); the gateway, seeing it, aborts the request on its scheduler.
+LOST_START = (
+    "the detokenizer never saw this request's start (it restarted mid-request?): its text cannot be"
+    " rebuilt; retry the request"
+)
+
+
 class StreamSender:
     """Sends messages, in order, over one long-lived client-streaming call to ``address``.
 
@@ -132,13 +140,17 @@ class StreamSender:
         self._thread = threading.Thread(target=self._run, name=f"{name}->{address}", daemon=True)
         self._thread.start()
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Any, on_taken: Callable[[], None] | None = None) -> None:
+        """Queue ``message``; ``on_taken`` runs (on the sender thread) once it leaves this process's
+        queue: handed to gRPC for writing, or dropped."""
         if self._closed:
             return
-        self._queue.put(message)
+        self._queue.put((message, on_taken))
         while self._queue.qsize() > self._max_queued:
             try:
-                self._queue.get_nowait()
+                _, dropped_cb = self._queue.get_nowait()
+                if dropped_cb is not None:
+                    dropped_cb()
                 self.dropped += 1
                 log.warning(
                     "%s unreachable: dropped a queued message (%d so far)", self.address, self.dropped
@@ -155,10 +167,13 @@ class StreamSender:
 
     def _messages(self, done: list[bool]) -> Iterator[Any]:
         while True:
-            msg = self._queue.get()
-            if msg is _CLOSE:
+            item = self._queue.get()
+            if item is _CLOSE:
                 done[0] = True
                 return
+            msg, on_taken = item
+            if on_taken is not None:
+                on_taken()
             yield msg
 
     def _run(self) -> None:

@@ -20,13 +20,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.common.rpc import LOST_START
 from radixserve.common.sampling import find_stop
 
 _REPLACEMENT = "\ufffd"
-LOST_START = (
-    "the detokenizer never saw this request's start (it restarted mid-request?): its text cannot be"
-    " rebuilt; retry the request"
-)
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 
 import numpy as np
 
@@ -288,9 +288,13 @@ class BatchScheduler:
         then due soon, each oldest first), each preempting only running requests that arrived
         after it, so the oldest request always progresses (well founded). Room is made for all of
         them that fit together, not just the first: a request that falls due while the first one's
-        prefill runs would otherwise wait one more batch. Only an overdue request triggers any of
-        this, and nothing is preempted in vain: where retracting every younger running request
-        would not make room for the next one, it and those after it wait.
+        prefill runs would otherwise wait one more batch. Nothing happens until some request is
+        overdue (then the due-soon ones get room too), and nothing is preempted in vain: where
+        retracting every younger running request would not make room for the next one, it and
+        those after it wait.
+
+        A head's cached prefix counts against the room when nobody locks it now: it is evictable,
+        so part of ``available()``, and admitting the head locks it.
         """
         overdue, due, _ = self.policy.fairness_tiers(self.waiting, now)
         if not overdue:
@@ -298,9 +302,13 @@ class BatchScheduler:
         cfg, ps = self.config, self.kv.page_size
         ratio, clip = self.new_token_ratio, cfg.clip_max_new_tokens
         need = rows = 0  # KV tokens and table rows the requests served so far need
+        paths: dict[TreeNode, None] = {}  # the served requests' matched prefix nodes
+
+        def relocked() -> int:  # cached prefix tokens of theirs that are evictable now
+            return sum(len(n) for n in paths if n.lock_ref == 0)
 
         def short() -> int:
-            return need + decode_reserve(self.running, ratio, clip) - self.kv.available()
+            return need + relocked() + decode_reserve(self.running, ratio, clip) - self.kv.available()
 
         def rows_short() -> int:
             return max(len(self.running) + rows - cfg.running_limit, rows - self.kv.req_to_token.num_free)
@@ -309,12 +317,16 @@ class BatchScheduler:
             m = self.kv.match(head)
             need += pages_for(head.seq_len - len(m.slots), ps) * ps + decode_reserve((head,), ratio, clip)
             rows += 1
+            node = m.node
+            while node is not None and node.parent is not None:
+                paths[node] = None
+                node = node.parent
             if short() <= 0 and rows_short() <= 0:
                 continue
             younger = sorted(
                 (r for r in self.running if r.arrival_time > head.arrival_time), key=lambda r: -r.arrival_time
             )
-            gain = self._freed_by(younger) + decode_reserve(younger, ratio, clip)
+            gain = self._freed_by(younger, keep=paths) + decode_reserve(younger, ratio, clip)
             if short() > gain or rows_short() > len(younger):
                 return
             for victim in younger:
@@ -324,9 +336,10 @@ class BatchScheduler:
                 self._retract(victim)
             self.num_fairness_preemptions += 1
 
-    def _freed_by(self, victims: Sequence[Req]) -> int:
+    def _freed_by(self, victims: Sequence[Req], keep: Container[TreeNode] = ()) -> int:
         """KV tokens that retracting all of ``victims`` makes available: their private pages and
-        the cached prefix nodes that only they lock (a prefix another running request shares stays).
+        the cached prefix nodes that only they lock (a prefix another running request shares stays;
+        so do the nodes in ``keep``, which the requests being admitted will lock again).
         """
         locks: dict[TreeNode, int] = {}
         freed = 0
@@ -336,7 +349,7 @@ class BatchScheduler:
             while node is not None and node.parent is not None:  # the root is never freed
                 locks[node] = locks.get(node, 0) + 1
                 node = node.parent
-        return freed + sum(len(n) for n, k in locks.items() if k == n.lock_ref)
+        return freed + sum(len(n) for n, k in locks.items() if k == n.lock_ref and n not in keep)
 
     def _decode_fits(self, reqs: Sequence[Req] | None = None) -> bool:
         reqs = self._decode_candidates() if reqs is None else reqs

@@ -42,6 +42,7 @@ class EngineConfig:
     max_prefill_tokens: int = 8192
     schedule_policy: str = "lpm"
     fairness_timeout: float | None = None
+    fairness_lead: float = 0.1  # requests within this fraction of the timeout go first already
     init_new_token_ratio: float = 0.7  # decode reserve estimate; lower admits more (retraction covers it)
     disable_radix_cache: bool = False
     # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread whose
@@ -82,6 +83,7 @@ class Engine:
             memory=mem,
             policy=cfg.schedule_policy,
             fairness_timeout=cfg.fairness_timeout,
+            fairness_lead=cfg.fairness_lead,
             chunked_prefill_size=cfg.chunked_prefill_size,
             max_prefill_tokens=cfg.max_prefill_tokens,
             init_new_token_ratio=cfg.init_new_token_ratio,

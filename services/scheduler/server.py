@@ -91,6 +91,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._rids: set[str] = set()  # admitted, not ended (handlers + engine thread, under _lock)
+        # Ended, but the final message is still in the outbox (not yet handed to gRPC): still "held"
+        # for Holds, so a gateway does not take a response held up here for a lost one.
+        self._unsent: set[str] = set()
         self._queued_adds = 0  # in the inbox, not yet in the waiting queue
         self._live: dict[str, _Live] = {}  # engine thread only
         self.draining = False
@@ -149,7 +152,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):
 
     def Holds(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self._lock:
-            return pb.RequestIds(rids=[rid for rid in request.rids if rid in self._rids])
+            return pb.RequestIds(
+                rids=[rid for rid in request.rids if rid in self._rids or rid in self._unsent]
+            )
 
     def GetLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self.load()
@@ -270,7 +275,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
                 m = self.scheduler.kv.cache.match_prefix(np.asarray(ids, dtype=np.int32))
                 answer.set_result(len(m.slots))
         if entries:
-            self.out.send(pb.TokenBatch(reqs=entries, scheduler=self.address))
+            self._send(entries)
 
     def _emit(self, finished: list[Req]) -> None:
         entries = []
@@ -289,7 +294,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
                 reason = r.finish_reason.value if r.finish_reason else FinishReason.ABORT.value
                 entries.append(self._final(lv, "" if reason != "abort" else "aborted", reason))
         if entries:
-            self.out.send(pb.TokenBatch(reqs=entries, scheduler=self.address))
+            self._send(entries)
 
     def _final(self, lv: _Live, error: str, reason: str = FinishReason.ABORT.value) -> Any:
         r = lv.req
@@ -314,9 +319,20 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         lv.sent += len(tokens)
         return e
 
+    def _send(self, entries: list[Any]) -> None:
+        finals = [e.rid for e in entries if e.finish_reason]
+        taken = (lambda: self._sent(finals)) if finals else None
+        self.out.send(pb.TokenBatch(reqs=entries, scheduler=self.address), on_taken=taken)
+
+    def _sent(self, rids: list[str]) -> None:
+        with self._lock:
+            self._unsent.difference_update(rids)
+
     def _forget(self, rid: str) -> None:
+        """It ended; its final message goes out with the next batch (held for Holds until then)."""
         with self._lock:
             self._rids.discard(rid)
+            self._unsent.add(rid)
 
     def _abort_all(self, reason: str) -> None:
         entries = []
@@ -327,7 +343,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             self._forget(rid)
         self._live.clear()
         if entries:
-            self.out.send(pb.TokenBatch(reqs=entries, scheduler=self.address))
+            self._send(entries)
 
     # -------------------------------------------------------------------------- lifecycle
     def drain(self, timeout_s: float) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
-from radixserve.common.rpc import pb, sampling_to_proto
+from radixserve.common.rpc import LOST_START, pb, sampling_to_proto
 from radixserve.common.sampling import SamplingParams
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.router import (
@@ -79,8 +79,9 @@ class Choice:
     queue: asyncio.Queue[tuple[int, Any]]  # (index, pb.RequestText | ApiError), shared by a request's choices
     prompt_tokens: int
     prompt_index: int = 0  # which prompt of a multi-prompt request
+    submitted: bool = False  # its scheduler accepted it (before that it cannot know it)
     heard_at: float = field(default_factory=time.monotonic)  # submitted, or its last text came
-    suspect: bool = False  # its scheduler no longer held it at the last lost-response check
+    missing_since: float | None = None  # first lost-response check its scheduler no longer held it
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,15 +175,16 @@ class Gateway:
 
         A request the gateway has heard nothing of for ``lost_check_s`` may just be slow (queued
         behind others), or its messages were lost on the way (a detokenizer that died with them).
-        Its scheduler tells which: if it no longer holds the request, the final message was sent;
-        if that still has not come one check later, it never will.
+        Its scheduler tells which: it holds a request until its final message has left for the
+        detokenizer. One it no longer holds whose final message has still not come after another
+        ``lost_check_s`` is not coming (not held up in the scheduler's outbox: that counts as held).
         """
         while True:
             await asyncio.sleep(self.lost_check_s / 2)
             now = time.monotonic()
             quiet: dict[SchedulerHandle, list[Choice]] = {}
             for c in self.choices.values():
-                if now - c.heard_at > self.lost_check_s:
+                if c.submitted and now - c.heard_at > self.lost_check_s:
                     quiet.setdefault(c.scheduler, []).append(c)
             for h, choices in quiet.items():
                 try:
@@ -190,17 +192,21 @@ class Gateway:
                 except grpc.aio.AioRpcError:
                     continue  # the pod is down or busy: its Watch stream says so (scheduler_down)
                 held = set(reply.rids)
+                now = time.monotonic()
                 for c in choices:
-                    if c.rid in held or self.choices.get(c.rid) is not c:
-                        c.suspect = False
-                    elif not c.suspect:
-                        c.suspect = True  # ended there: give its last message one more interval
-                    else:
+                    if self.choices.get(c.rid) is not c:
+                        continue  # ended meanwhile
+                    if c.rid in held:
+                        c.missing_since = None
+                    elif c.missing_since is None:
+                        c.missing_since = now
+                    elif now - c.missing_since >= self.lost_check_s:
                         self.lost(c)
 
     def lost(self, c: Choice) -> None:
         del self.choices[c.rid]
         c.scheduler.outstanding.discard(c.rid)
+        self._abort(c.scheduler, [c.rid], "response lost")  # a no-op unless it is somehow still there
         self.metrics.lost_responses.inc()
         log.warning("request %s: its scheduler ended it but the response never came; failing it", c.rid)
         msg = (
@@ -290,6 +296,9 @@ class Gateway:
             self.metrics.grpc_errors.labels(h.address, e.code().name).inc()
             self.release(choices, "submission failed")
             raise error_from_grpc(e, f"scheduler {h.address}") from e
+        now = time.monotonic()
+        for c in choices:
+            c.submitted, c.heard_at = True, now
         if trace is not None:
             trace.child(
                 "submit", s0, time.monotonic(), {"radixserve.pod": h.address, "radixserve.choices": n}
@@ -342,13 +351,12 @@ class Gateway:
             if t.finish_reason:
                 del self.choices[t.rid]
                 c.scheduler.outstanding.discard(t.rid)
-                # Ended here (a stop string; an abort from the detokenizer, which lost the request's
-                # start) while the scheduler may still run it. (An abort the scheduler sent makes
-                # this a no-op there.)
-                if t.matched_stop or t.finish_reason == "abort":
+                # Ended here while the scheduler may still run it: a stop string, or the
+                # detokenizer lost the request's start.
+                if t.matched_stop or t.error == LOST_START:
                     stopped.setdefault(c.scheduler, []).append(t.rid)
         for h, rids in stopped.items():
-            self._abort(h, rids, "stop string")
+            self._abort(h, rids, "ended by the detokenizer")
 
     def scheduler_down(self, h: SchedulerHandle, why: str) -> None:
         err = ApiError(503, f"scheduler {h.address} went away mid-request ({why})", "server_error")

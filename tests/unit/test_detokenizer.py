@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from radixserve.common.demo_model import make_demo_model
-from radixserve.detokenizer.incremental import LOST_START, IncrementalDetokenizer, TextDelta, TokenUpdate
+from radixserve.common.rpc import LOST_START
+from radixserve.detokenizer.incremental import IncrementalDetokenizer, TextDelta, TokenUpdate
 
 FFFD = "\ufffd"
 IM_START, IM_END = 3, 4

@@ -490,3 +490,41 @@ def test_abort_of_a_request_retracted_while_its_old_batch_is_in_flight_removes_i
     done = run_to_completion(s)
     assert {r.rid for r in done} == {"a", "b"} - {victim.rid}  # the other one still completes
     assert s.kv.available() == s.kv.capacity
+
+
+@pytest.mark.parametrize("n_young", [1, 2, 3])
+def test_an_overdue_request_whose_cached_prefix_nobody_locks_still_gets_room(clock, n_young):
+    """Its prefix is evictable, so it counts in available(), but admitting the request locks it:
+    room must be made for it too, or nothing is preempted and the request waits for the younger
+    decodes to finish (found in review: 100+ steps)."""
+    s = sched(
+        clock=clock,
+        total=400,
+        policy="lpm",
+        fairness_timeout=5.0,
+        chunked_prefill_size=None,
+        init_new_token_ratio=1.0,
+        min_new_token_ratio=1.0,
+        max_prefill_tokens=10_000,
+    )
+    runner = runner_for(s)
+    shared, late_prefix = list(range(1, 151)), list(range(1000, 1100))
+    for rid, prompt in (("p", late_prefix), ("w", shared)):  # both prefixes cached, unlocked
+        s.add(make_req(rid, [*prompt, 0], max_new=1))
+        run_to_completion(s)
+    clock.t = 1.0
+    late = make_req("late", [*late_prefix, *range(3000, 3020)], max_new=10, t=1.0)
+    s.add(late)
+    for i in range(n_young):  # younger cache hits run ahead of it and fill the pool
+        s.add(
+            make_req(f"y{i}", [*shared, *range(5000 + 40 * i, 5040 + 40 * i)], max_new=150, t=1.01 + i / 100)
+        )
+    for _ in range(5):
+        clock.t += 0.01
+        step(s, runner)
+    assert late.admit_time is None  # held back by the younger hits (lpm), not yet due
+    clock.t = 7.0  # overdue
+    batch = step(s, runner)
+    assert late in batch.reqs and s.num_fairness_preemptions > 0
+    run_to_completion(s)
+    assert s.kv.available() == s.kv.capacity
