@@ -51,3 +51,20 @@ def test_scheduler_overhead_runs_with_invariant_checks():
         ns=(64,), page_sizes=(16,), decode_reps=5, prefill_reps=3, warmup=1, check_invariants=True
     )
     assert {r["kind"] for r in rows} >= {"decode", "prefill"}
+
+
+def test_decode_attention_benchmark_compares_both_backends_on_the_same_output(tmp_path):
+    import torch
+
+    from radixserve.scheduler.model import cpu_attention
+
+    if cpu_attention.unavailable_reason(torch.device("cpu"), torch.float32) is not None:
+        pytest.skip("no decode kernel here")
+    threads = torch.get_num_threads()
+    try:
+        assert load("decode_attention").main(["--quick", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    data = json.loads((tmp_path / "decode_attention.json").read_text())
+    assert set(data["results"]) == {"torch", "cpu"} and data["max_abs_diff"] < 1e-4
+    assert all(r["best_ms"] > 0 for r in data["results"].values())

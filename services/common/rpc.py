@@ -106,14 +106,6 @@ def sampling_from_proto(msg: Any, default_max_new_tokens: int | None = None) -> 
 _CLOSE = object()
 
 
-# The error of a request the detokenizer ended because it never saw its first entry (it restarted
-# mid-request); the gateway, seeing it, aborts the request on its scheduler.
-LOST_START = (
-    "the detokenizer never saw this request's start (it restarted mid-request?): its text cannot be"
-    " rebuilt; retry the request"
-)
-
-
 class StreamSender:
     """Sends messages, in order, over one long-lived client-streaming call to ``address``.
 

@@ -20,10 +20,13 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixserve.common.rpc import LOST_START
 from radixserve.common.sampling import find_stop
 
 _REPLACEMENT = "\ufffd"
+LOST_START = (
+    "the detokenizer never saw this request's start (it restarted mid-request?): its text cannot be"
+    " rebuilt; retry the request"
+)
 
 
 @dataclass(slots=True)
@@ -55,6 +58,7 @@ class TextDelta:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    ended_early: bool = False  # ended here while the scheduler may still run it
 
 
 @dataclass(slots=True)
@@ -131,11 +135,10 @@ class IncrementalDetokenizer:
         return [self._lost(u) if st is None else self._delta(st, u) for st, u in todo]
 
     def _lost(self, u: TokenUpdate) -> TextDelta:
-        if not u.finish_reason:  # the scheduler still runs it: its later entries are dropped
-            self._stopped[u.rid] = None
-            while len(self._stopped) > self._max_finished:
-                self._stopped.popitem(last=False)
-        return TextDelta(u.rid, u.reply_to, "", list(u.token_ids), "abort", LOST_START)
+        early = not u.finish_reason
+        if early:
+            self._drop_rest(u.rid)
+        return TextDelta(u.rid, u.reply_to, "", list(u.token_ids), "abort", LOST_START, ended_early=early)
 
     def _decode(self, group: list[DecodeState], skip: bool) -> None:
         decode = self.tokenizer.batch_decode
@@ -178,15 +181,20 @@ class IncrementalDetokenizer:
             st.prompt_tokens,
             len(st.ids),
             st.cached_tokens,
+            ended_early=bool(matched) and not u.finish_reason,
         )
         st.sent = end
         if finish:
             del self.states[st.rid]
-            if matched and not u.finish_reason:  # the scheduler has not ended it yet
-                self._stopped[st.rid] = None
-                while len(self._stopped) > self._max_finished:
-                    self._stopped.popitem(last=False)
+            if out.ended_early:
+                self._drop_rest(st.rid)
         return out
+
+    def _drop_rest(self, rid: str) -> None:
+        """Ended here, not yet by the scheduler: drop its later entries up to the scheduler's final."""
+        self._stopped[rid] = None
+        while len(self._stopped) > self._max_finished:
+            self._stopped.popitem(last=False)
 
 
 def _partial_stop_len(text: str, stops: tuple[str, ...]) -> int:

@@ -45,6 +45,7 @@ def text_to_proto(d: TextDelta) -> Any:
         completion_tokens=d.completion_tokens,
         cached_tokens=d.cached_tokens,
         matched_stop=d.matched_stop,
+        ended_early=d.ended_early,
     )
 
 

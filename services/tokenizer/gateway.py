@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
-from radixserve.common.rpc import LOST_START, pb, sampling_to_proto
+from radixserve.common.rpc import pb, sampling_to_proto
 from radixserve.common.sampling import SamplingParams
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.router import (
@@ -341,7 +341,7 @@ class Gateway:
 
     # ------------------------------------------------------------------ from the detokenizer
     def deliver(self, batch: Any) -> None:
-        stopped: dict[SchedulerHandle, list[str]] = {}
+        early: dict[SchedulerHandle, list[str]] = {}
         for t in batch.reqs:
             c = self.choices.get(t.rid)
             if c is None:
@@ -351,11 +351,9 @@ class Gateway:
             if t.finish_reason:
                 del self.choices[t.rid]
                 c.scheduler.outstanding.discard(t.rid)
-                # Ended here while the scheduler may still run it: a stop string, or the
-                # detokenizer lost the request's start.
-                if t.matched_stop or t.error == LOST_START:
-                    stopped.setdefault(c.scheduler, []).append(t.rid)
-        for h, rids in stopped.items():
+                if t.ended_early:  # a stop string, or a lost start: the scheduler may still run it
+                    early.setdefault(c.scheduler, []).append(t.rid)
+        for h, rids in early.items():
             self._abort(h, rids, "ended by the detokenizer")
 
     def scheduler_down(self, h: SchedulerHandle, why: str) -> None:

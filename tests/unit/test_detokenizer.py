@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from radixserve.common.demo_model import make_demo_model
-from radixserve.common.rpc import LOST_START
-from radixserve.detokenizer.incremental import IncrementalDetokenizer, TextDelta, TokenUpdate
+from radixserve.detokenizer.incremental import LOST_START, IncrementalDetokenizer, TextDelta, TokenUpdate
 
 FFFD = "\ufffd"
 IM_START, IM_END = 3, 4
@@ -172,6 +171,7 @@ def test_partial_stop_match_is_held_back_and_released_when_it_turns_out_no_stop(
     )
     assert (d1.text, d2.text) == ("abc ", "<ENX more ")
     assert (d3.text, d3.finish_reason, d3.matched_stop) == ("", "stop", "<END>")
+    assert not d3.ended_early  # the scheduler ended it in the same entry
     assert detok.states == {}
 
 
@@ -214,12 +214,13 @@ def test_a_request_whose_start_this_detokenizer_never_saw_ends_with_an_error(tok
     does): its text so far is gone, so it ends with an error the client sees instead of half a text."""
     detok = IncrementalDetokenizer(tok)
     (d,) = detok.process([more("ghost", enc(tok, "lo"))])
-    assert (d.text, d.finish_reason, d.error) == ("", "abort", LOST_START)
+    assert (d.text, d.finish_reason, d.error, d.ended_early) == ("", "abort", LOST_START, True)
     assert detok.process([more("ghost", enc(tok, " more"))]) == []  # the rest is dropped ...
     assert detok.process([more("ghost", [], "length")]) == []  # ... up to the scheduler's final entry
     assert detok.states == {} and not detok._stopped
     (d,) = detok.process([more("ghost2", enc(tok, "hi"), "length")])  # its final entry: lost, too
     assert (d.text, d.finish_reason, d.error) == ("", "abort", LOST_START) and not detok._stopped
+    assert not d.ended_early  # the scheduler ended it: nothing to abort there
     (d,) = detok.process([first("r", enc(tok, "hi"), finish="abort", error="queue full")])  # a real first
     assert (d.text, d.finish_reason, d.error) == ("hi", "abort", "queue full")
     u = TokenUpdate(
@@ -256,5 +257,6 @@ def test_same_rid_twice_in_one_call_is_taken_in_order_as_if_in_two_calls(tok):
         [first("s", enc(tok, "x"), ("END",)), more("s", enc(tok, " END")), more("s", [5], "length")]
     )
     assert [(d.text, d.finish_reason) for d in deltas] == [("x", ""), (" ", "stop")]  # final entry dropped
+    assert deltas[-1].ended_early  # stopped here before the scheduler ended it: the gateway aborts it
     assert detok.process([more("o", [], "length")])[0].finish_reason == "length" and detok.states == {}
     assert detok.process([first("s", enc(tok, "new"), finish="length")])[0].text == "new"

@@ -25,6 +25,21 @@ def sched(clock=None, total=4096, page=1, rows=64, ctx=2048, no_cache=False, **k
     return BatchScheduler(SchedulerConfig(memory=mem, **kw), clock=clock)
 
 
+def fair_sched(clock, fairness: float | None = 5.0, ratio: float = 0.0) -> BatchScheduler:
+    """The fairness scenarios' scheduler: 400 KV tokens, lpm, no chunking, prefill batches as large
+    as memory allows, a fixed decode reserve ``ratio``."""
+    return sched(
+        clock=clock,
+        total=400,
+        policy="lpm",
+        fairness_timeout=fairness,
+        chunked_prefill_size=None,
+        init_new_token_ratio=ratio,
+        min_new_token_ratio=ratio,
+        max_prefill_tokens=10_000,
+    )
+
+
 def step(s: BatchScheduler, runner: KVEchoRunner):
     b = s.schedule()
     assert b is not None
@@ -309,16 +324,7 @@ def test_dfs_weight_puts_requests_with_no_cached_prefix_after_the_shared_subtree
 
 @pytest.mark.parametrize("fairness", [None, 5.0])
 def test_overdue_request_preempts_younger_decodes_and_runs_in_the_next_batch(clock, fairness):
-    s = sched(
-        clock=clock,
-        total=400,
-        policy="lpm",
-        fairness_timeout=fairness,
-        chunked_prefill_size=None,
-        init_new_token_ratio=0.0,
-        min_new_token_ratio=0.0,
-        max_prefill_tokens=10_000,
-    )
+    s = fair_sched(clock, fairness=fairness)
     runner = runner_for(s)
     warm = list(range(1, 101))  # a 100-token prefix everyone but `late` shares
     s.add(make_req("w", [*warm, 0], max_new=1))
@@ -377,16 +383,7 @@ def test_wait_before_and_after_a_retraction_counts_once(clock):
 
 
 def test_requests_falling_due_together_run_in_one_batch(clock):
-    s = sched(
-        clock=clock,
-        total=400,
-        policy="lpm",
-        fairness_timeout=5.0,
-        chunked_prefill_size=None,
-        init_new_token_ratio=0.0,
-        min_new_token_ratio=0.0,
-        max_prefill_tokens=10_000,
-    )
+    s = fair_sched(clock)
     runner = runner_for(s)
     warm = list(range(1, 101))
     s.add(make_req("w", [*warm, 0], max_new=1))
@@ -497,16 +494,7 @@ def test_an_overdue_request_whose_cached_prefix_nobody_locks_still_gets_room(clo
     """Its prefix is evictable, so it counts in available(), but admitting the request locks it:
     room must be made for it too, or nothing is preempted and the request waits for the younger
     decodes to finish (found in review: 100+ steps)."""
-    s = sched(
-        clock=clock,
-        total=400,
-        policy="lpm",
-        fairness_timeout=5.0,
-        chunked_prefill_size=None,
-        init_new_token_ratio=1.0,
-        min_new_token_ratio=1.0,
-        max_prefill_tokens=10_000,
-    )
+    s = fair_sched(clock, ratio=1.0)
     runner = runner_for(s)
     shared, late_prefix = list(range(1, 151)), list(range(1000, 1100))
     for rid, prompt in (("p", late_prefix), ("w", shared)):  # both prefixes cached, unlocked
