@@ -45,7 +45,10 @@ Per run and system: TTFT / ITL / TPOT / e2e p50 and p99, output tok/s and req/s 
 in-process ITL / TPOT / TTFT medians (ms). Targets (measured, never asserted): at saturation
 (Poisson rate ``inf``, else the highest rate) served output throughput >= 0.9x in-process; the
 split adds <= 2 ms to median ITL, judged on the closed loops: served - in-process TPOT p50 and ITL
-p50 <= 2 ms at every concurrency (the Poisson differences are reported, not judged).
+p50 <= 2 ms at every concurrency (the Poisson differences are reported, not judged). Each
+concurrency runs ``--repeats`` times (a fresh draw each), the two systems back to back on the same
+draw; the judged difference is the median over repeats of those paired differences. One pair moves
+by 1-2 ms between repeats on this 2-core VM, more than the effect measured.
 
     .venv/bin/python benchmarks/serving.py [--quick] [--out DIR] [--rates 1 2 4 inf]
         [--concurrency 1 8 32] ...
@@ -86,6 +89,7 @@ FULL, QUICK = common.presets(
         ("max_running_requests", 128, 16),
         ("concurrency", (1, 8, 32), (4,)),
         ("requests_per_client", 5, 2),
+        ("repeats", 3, 1),
     )
 )
 
@@ -127,8 +131,9 @@ def rate_seed(seed: int, k: int) -> int:
     return seed * 1000 + k  # a fresh prompt set per rate: no radix-cache hits across rates
 
 
-def closed_seed(seed: int, k: int) -> int:
-    return seed * 1000 + 500 + k  # and per concurrency, disjoint from the rates' draws
+def closed_seed(seed: int, k: int, repeat: int = 0) -> int:
+    # and per concurrency and repeat, disjoint from the rates' draws (k < 100, repeat < 5)
+    return seed * 1000 + 500 + 100 * repeat + k
 
 
 def build_closed_workload(
@@ -419,13 +424,14 @@ def _cluster_cpu(cluster: Any) -> dict[str, float]:
 def run_both(
     model_path: Path,
     workloads: list[list[dict]],
-    closed: list[list[dict]],
+    closed: list[list[list[dict]]],
     eargs: dict,
     args: argparse.Namespace,
 ) -> dict:
     """Both systems on one cluster and one engine: the Poisson rates, then the closed-loop
-    concurrencies, each alternating which system goes first (ABBA: slow drifts in the machine's
-    background load hit both alike). The cluster idles while the in-process engine runs (its CPU
+    concurrencies (``closed[k][rep]``: each concurrency ``--repeats`` times, a fresh draw each), every
+    pair alternating which system goes first (ABBA: slow drifts in the machine's background load hit
+    both alike). The cluster idles while the in-process engine runs (its CPU
     use then is recorded as ``cluster_cpu_s_meanwhile``) and the engine idles in between."""
     import torch
 
@@ -473,12 +479,12 @@ def run_both(
             )
             summary["errors"] = sorted({r["error"] for r in records if r["error"]})[:5]
             summary["dead_services"] = dead
-            served[section][key] = {"summary": summary, "requests": [_public(r) for r in records]}
+            _store(served[section], key, section, summary, records)
             if dead:
                 raise RuntimeError(f"served: {dead} exited during {what}")
         else:
             summary["cluster_cpu_s_meanwhile"] = sum(cpu.values())
-            inproc[section][key] = {"summary": summary, "requests": [_public(r) for r in records]}
+            _store(inproc[section], key, section, summary, records)
         _progress(system, what, summary)
 
     try:
@@ -487,7 +493,11 @@ def run_both(
         asyncio.run(_warm_served(cluster.url, args.vocab_size))
         common.warm_engine(engine, args.vocab_size)
         runs = [("rates", rate_label(r), reqs, 0) for r, reqs in zip(args.rates, workloads, strict=True)]
-        runs += [("concurrency", str(c), reqs, c) for c, reqs in zip(args.concurrency, closed, strict=True)]
+        runs += [
+            ("concurrency", str(c), reqs, c)
+            for c, per_repeat in zip(args.concurrency, closed, strict=True)
+            for reqs in per_repeat
+        ]
         for k, (section, key, reqs, c) in enumerate(runs):
             order = SYSTEMS if k % 2 == 0 else SYSTEMS[::-1]
             for system in order:
@@ -498,7 +508,37 @@ def run_both(
             engine.shutdown()
     engine = None  # drop the engine (measure closes over the name) before gc
     gc.collect()
+    for res in (served, inproc):
+        for entry in res["concurrency"].values():
+            entry["summary"] = median_summary([r["summary"] for r in entry["repeats"]])
     return {"served": served, "inprocess": inproc}
+
+
+def _store(section_results: dict, key: str, section: str, summary: dict, records: list[dict]) -> None:
+    """A Poisson rate runs once; a concurrency once per repeat (its summary: the repeats' medians)."""
+    run = {"summary": summary, "requests": [_public(r) for r in records]}
+    if section == "rates":
+        section_results[key] = run
+    else:
+        section_results.setdefault(key, {"repeats": []})["repeats"].append(run)
+
+
+def median_summary(summaries: list[dict]) -> dict:
+    """Per measure, the median over repeats; counts are summed, ``all_exact`` must hold in all."""
+    import statistics
+
+    out: dict[str, Any] = {}
+    for k, v in summaries[0].items():
+        vals = [s[k] for s in summaries]
+        if k in ("completed", "failed", "output_tokens"):
+            out[k] = sum(vals)
+        elif k == "all_exact":
+            out[k] = all(vals)
+        elif isinstance(v, bool) or not isinstance(v, int | float):
+            out[k] = vals
+        else:
+            out[k] = statistics.median(vals)
+    return out
 
 
 def _progress(system: str, what: str, s: dict) -> None:
@@ -534,8 +574,21 @@ def compare(results: dict, rates: list[str], conc: list[str]) -> dict:
             results["served"][section][key]["summary"], results["inprocess"][section][key]["summary"]
         )
 
+    def paired(c: str) -> dict:
+        """Each repeat's served - in-process, then the median over repeats (paired: both systems ran
+        the same draw back to back, so the machine's slow drifts cancel in the difference)."""
+        import statistics
+
+        runs = zip(
+            results["served"]["concurrency"][c]["repeats"],
+            results["inprocess"]["concurrency"][c]["repeats"],
+            strict=True,
+        )
+        reps = [_added(s["summary"], i["summary"]) for s, i in runs]
+        return {**{k: statistics.median(r[k] for r in reps) for k in reps[0]}, "repeats": reps}
+
     per_rate = {r: pair("rates", r) for r in rates}
-    per_conc = {c: pair("concurrency", c) for c in conc}
+    per_conc = {c: paired(c) for c in conc}
     sat = "inf" if "inf" in rates else max(rates, key=float)
     worst_tpot = max(v["tpot_ms_p50_added"] for v in per_conc.values())
     worst_itl = max(v["itl_ms_p50_added"] for v in per_conc.values())
@@ -597,7 +650,13 @@ def format_table(results: dict, rates: list[str], conc: list[str], verdict: dict
         f"{'C':>5} {'system':9} {'ok':>7} {'out_tok/s':>9} {'ratio':>6} {'inflt':>5} {'TTFT50':>7}"
         f" {'ITL50':>6} {'ITL99':>6} {'+ITL50':>6} {'TPOT50':>6} {'+TPOT50':>7} {'e2e50':>7}"
     )
-    lines += ["", "Closed loop (C clients, requests back to back)", head, "-" * len(head)]
+    lines += [
+        "",
+        "Closed loop (C clients, requests back to back; medians over repeats, +X: median of paired"
+        " differences)",
+        head,
+        "-" * len(head),
+    ]
     for c, name, s, v in _table_rows(results, verdict, "concurrency", "per_concurrency", conc):
         ratio = _served_cell(v, "output_tok_s_ratio", ">5.2f", 6, "x")
         itl = _served_cell(v, "itl_ms_p50_added", ">+6.2f", 6)
@@ -633,7 +692,7 @@ def format_table(results: dict, rates: list[str], conc: list[str], verdict: dict
     return "\n".join(lines)
 
 
-def plot(results: dict, rates: list[str], conc: list[str], path: Path) -> None:
+def plot(results: dict, rates: list[str], conc: list[str], verdict: dict, path: Path) -> None:
     plt = common.pyplot()
     x = list(range(len(rates)))
     style = {"served": ("#4c72b0", "served (HTTP, gRPC)"), "inprocess": ("#55a868", "in-process Engine")}
@@ -670,12 +729,11 @@ def plot(results: dict, rates: list[str], conc: list[str], path: Path) -> None:
     ax3.set_yscale("symlog", linthresh=10)
     xc = list(range(len(conc)))
     for metric, mark, col in (("tpot", "o-", "#c44e52"), ("itl", "s--", "#8172b2")):
-        ys = [
-            results["served"]["concurrency"][c]["summary"][f"{metric}_ms_p50"]
-            - results["inprocess"]["concurrency"][c]["summary"][f"{metric}_ms_p50"]
-            for c in conc
-        ]
-        ax4.plot(xc, ys, mark, color=col, label=f"{metric.upper()} p50 added")
+        ys = [verdict["per_concurrency"][c][f"{metric}_ms_p50_added"] for c in conc]
+        ax4.plot(xc, ys, mark, color=col, label=f"{metric.upper()} p50 added (median of repeats)")
+        for i, c in enumerate(conc):  # each repeat's paired difference
+            each = [r[f"{metric}_ms_p50_added"] for r in verdict["per_concurrency"][c]["repeats"]]
+            ax4.plot([i] * len(each), each, ".", color=col, alpha=0.4)
         for i, y in zip(xc, ys, strict=True):
             ax4.annotate(
                 f"{y:+.1f}", (i, y), textcoords="offset points", xytext=(6, 2), fontsize=7, color=col
@@ -684,7 +742,7 @@ def plot(results: dict, rates: list[str], conc: list[str], path: Path) -> None:
     ax4.axhline(0, color="grey", lw=0.6)
     ax4.set_xticks(xc, conc)
     ax4.set_xlabel("closed loop: concurrent clients C")
-    ax4.set_ylabel("served - in-process (ms per token)")
+    ax4.set_ylabel("served - in-process, paired per repeat (ms per token)")
     ax4.set_title("Latency added by the split (closed loop, batch ~C)", fontsize=10)
     ax4.legend(fontsize=7)
     common.save_figure(fig, path)
@@ -711,6 +769,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help=f"closed loop: requests each client runs back to back ({FULL['requests_per_client']})",
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"closed loop: paired runs per concurrency, the verdict on their median ({FULL['repeats']})",
+    )
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--threads", type=int, default=1, help="torch threads: the scheduler and in-process (1)")
     common.add_run_args(p, quick_help="tiny model, few short requests (< 60 s)")
@@ -728,6 +792,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--concurrency above --max-running-requests: the running batch could not hold C requests")
     if args.requests_per_client < 1:
         p.error("--requests-per-client must be >= 1")
+    if not 1 <= args.repeats <= 5:
+        p.error("--repeats must be in 1..5")
     common.check_ranges(p, args, ("input_range", "output_range"))
     return args
 
@@ -749,18 +815,23 @@ def run(args: argparse.Namespace) -> dict:
             for k, rate in enumerate(args.rates)
         ]
         closed = [
-            build_closed_workload(
-                c,
-                args.requests_per_client,
-                tuple(args.input_range),
-                tuple(args.output_range),
-                args.vocab_size,
-                closed_seed(args.seed, k),
-            )
+            [
+                build_closed_workload(
+                    c,
+                    args.requests_per_client,
+                    tuple(args.input_range),
+                    tuple(args.output_range),
+                    args.vocab_size,
+                    closed_seed(args.seed, k, rep),
+                )
+                for rep in range(args.repeats)
+            ]
             for k, c in enumerate(args.concurrency)
         ]
         eargs = engine_args(
-            workloads, args.max_running_requests, closed=list(zip(args.concurrency, closed, strict=True))
+            workloads,
+            args.max_running_requests,
+            closed=[(c, w) for c, ws in zip(args.concurrency, closed, strict=True) for w in ws],
         )
         labels = [rate_label(r) for r in args.rates]
         conc = [str(c) for c in args.concurrency]
@@ -787,8 +858,13 @@ def run(args: argparse.Namespace) -> dict:
             "closed_loop": "C clients, client j runs requests j, j+C, j+2C, ... back to back (served: the"
             " next HTTP request as soon as the previous stream ended; in-process: the next Req added"
             " right after the step that finished the previous one); same prompts and lengths in both"
-            " systems, a fresh draw per concurrency",
-            "closed_loop_workloads": {c: workload_summary(w) for c, w in zip(conc, closed, strict=True)},
+            " systems, a fresh draw per concurrency and repeat; each concurrency runs --repeats times,"
+            " the two systems back to back each time (alternating which goes first), and the latency"
+            " added is the median over repeats of the paired differences",
+            "closed_loop_repeats": args.repeats,
+            "closed_loop_workloads": {
+                c: [workload_summary(w) for w in ws] for c, ws in zip(conc, closed, strict=True)
+            },
         }
         print(
             f"rates {labels}, {args.num_requests} requests each; closed loop at concurrency {conc},"
@@ -811,8 +887,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
     labels, conc = report["config"]["rates"], report["config"]["concurrency"]
+    verdict = report["verdict"]
     json_path, png_path = common.write_outputs(
-        args.out, "serving", report, lambda path: plot(report["results"], labels, conc, path)
+        args.out, "serving", report, lambda path: plot(report["results"], labels, conc, verdict, path)
     )
     print(format_table(report["results"], labels, conc, report["verdict"]))
     print(f"wrote {json_path} and {png_path}")

@@ -51,6 +51,7 @@ _BENCH_SERVING_VALUE_FLAGS = (
     "num_requests",
     "concurrency",
     "requests_per_client",
+    "repeats",
     "input_range",
     "output_range",
     "max_running_requests",
@@ -183,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="online serving: the HTTP server vs the Engine in-process, Poisson arrivals at several rates"
         " and closed loops at fixed concurrency",
         description="Writes OUT/serving.json and OUT/serving.png. Unset flags take benchmarks/serving.py's "
-        "defaults (full run ~6 min on 2 CPU cores; --quick < 60 s).",
+        "defaults (full run ~12 min on 2 CPU cores; --quick < 60 s).",
     )
     p.add_argument("--model", help="HF model folder (default: build the small demo model in a temp dir)")
     p.add_argument("--rates", nargs="+", help="request rates in req/s, inf = all at once (1 2 4 inf)")
@@ -196,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--requests-per-client", type=int, help="closed loop: requests each client runs (5; quick: 2)"
+    )
+    p.add_argument(
+        "--repeats", type=int, help="closed loop: paired served/in-process runs per concurrency (3; quick: 1)"
     )
     p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 64 256")
     p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 32 128")

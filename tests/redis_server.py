@@ -5,25 +5,38 @@
         server.stop()                      # the port goes dark (connections are refused)
         server.start()                     # back on the same port, EMPTY (no persistence)
 
+    with RedisServer(password="pw", tls=True) as server:   # TLS only (no plain port)
+        server.url      # rediss://:pw@127.0.0.1:PORT/0?ssl_ca_certs=/tmp/.../ca.pem
+        server.ca_file  # the throwaway CA that signed the server's certificate
+
+With ``tls=True`` a throwaway CA and a server certificate for 127.0.0.1 / localhost (both in the
+subject alternative names) are made with the openssl CLI in the server's temporary directory;
+clients need not present a certificate (``--tls-auth-clients no``).
+
 The server runs in the foreground (``--daemonize no``) so it stays our child: we stop it by pid
 (SIGTERM, wait, SIGKILL on timeout) and nothing outlives the test. Tests skip when redis-server is
-not on PATH.
+not on PATH (or, for ``tls=True``, openssl is not).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import pytest
 
 from radixserve.launcher import free_port
 
 REDIS_SERVER = "redis-server"
+OPENSSL = "openssl"
 
 
 def redis_server_path() -> str | None:
@@ -37,6 +50,46 @@ def require_redis_server() -> str:
     return path
 
 
+def require_openssl() -> str:
+    path = shutil.which(OPENSSL)
+    if path is None:
+        pytest.skip("openssl is not on PATH (needed to make the test certificates)")
+    return path
+
+
+def make_test_certs(directory: str, openssl: str = OPENSSL) -> tuple[str, str, str]:
+    """A throwaway CA and a server certificate it signed, valid for 127.0.0.1 and localhost (in the
+    subject alternative names: clients check those, not the CN). EC P-256 keys (quick to make),
+    valid for a day. Returns the paths of (CA certificate, server certificate, server key)."""
+    d = directory
+    ca_key, ca, key = f"{d}/ca.key", f"{d}/ca.pem", f"{d}/server.key"
+    csr, cert, ext = f"{d}/server.csr", f"{d}/server.pem", f"{d}/server.ext"
+    ec_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    with open(ext, "w") as f:
+        f.write(
+            "basicConstraints = critical, CA:FALSE\n"
+            "keyUsage = critical, digitalSignature, keyEncipherment\n"
+            "extendedKeyUsage = serverAuth\n"
+            "subjectAltName = IP:127.0.0.1, DNS:localhost\n"
+            "subjectKeyIdentifier = hash\n"
+            "authorityKeyIdentifier = keyid, issuer\n"
+        )
+    serial = str(int.from_bytes(os.urandom(8), "big"))
+    steps = [
+        ["req", "-x509", *ec_key, "-keyout", ca_key, "-out", ca, "-days", "1"]
+        + ["-subj", "/CN=radixserve test CA", "-addext", "basicConstraints=critical,CA:TRUE"]
+        + ["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+        ["req", "-new", *ec_key, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-set_serial", serial]
+        + ["-days", "1", "-sha256", "-extfile", ext, "-out", cert],
+    ]
+    for args in steps:
+        r = subprocess.run([openssl, *args], capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(f"openssl {' '.join(args[:2])} failed ({r.returncode}): {r.stderr}")
+    return ca, cert, key
+
+
 def _resp(*args: str) -> bytes:
     out = [f"*{len(args)}\r\n".encode()]
     for a in args:
@@ -46,19 +99,32 @@ def _resp(*args: str) -> bytes:
 
 
 class RedisServer:
-    """One redis-server child. ``start`` after ``stop`` reuses the port (a restart: empty)."""
+    """One redis-server child. ``start`` after ``stop`` reuses the port (a restart: empty).
 
-    def __init__(self, password: str | None = None, port: int | None = None) -> None:
+    ``tls=True``: TLS only, on ``port`` (the plain port is off); ``url`` is then a rediss:// URL
+    that carries the CA (``?ssl_ca_certs=``), and ``ca_file`` is that CA."""
+
+    def __init__(self, password: str | None = None, port: int | None = None, tls: bool = False) -> None:
         self.binary = require_redis_server()
         self.password = password
+        self.tls = tls
         self.port = port or free_port()
         self.host = "127.0.0.1"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.last_ping_error: OSError | None = None  # why the last failed ping failed
         self._dir = tempfile.TemporaryDirectory(prefix="radixserve-redis-")
+        self.ca_file: str | None = None
+        self.cert_file: str | None = None
+        self.key_file: str | None = None
+        if tls:
+            self.ca_file, self.cert_file, self.key_file = make_test_certs(self._dir.name, require_openssl())
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.tls:
+            assert self.ca_file is not None
+            return f"rediss://{auth}{self.host}:{self.port}/0?ssl_ca_certs={quote(self.ca_file)}"
         return f"redis://{auth}{self.host}:{self.port}/0"
 
     @property
@@ -70,7 +136,7 @@ class RedisServer:
         cmd = [
             self.binary,
             "--port",
-            str(self.port),
+            "0" if self.tls else str(self.port),
             "--bind",
             self.host,
             "--save",
@@ -86,6 +152,20 @@ class RedisServer:
         ]
         if self.password:
             cmd += ["--requirepass", self.password]
+        if self.tls:
+            assert self.ca_file and self.cert_file and self.key_file
+            cmd += [
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                self.cert_file,
+                "--tls-key-file",
+                self.key_file,
+                "--tls-ca-cert-file",
+                self.ca_file,
+                "--tls-auth-clients",
+                "no",
+            ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout_s
         while not self.ping():
@@ -94,14 +174,22 @@ class RedisServer:
                 raise RuntimeError(f"redis-server on port {self.port} exited ({self.proc.returncode}): {err}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"redis-server on port {self.port} did not answer PING in {timeout_s} s")
+                raise RuntimeError(
+                    f"redis-server on port {self.port} did not answer PING in {timeout_s} s"
+                    f" (last error: {self.last_ping_error!r})"
+                )
             time.sleep(0.01)
         return self
 
     def ping(self) -> bool:
-        """PING over a raw socket (independent of the redis client's retry policy)."""
+        """PING over a raw socket (independent of the redis client's retry policy); with TLS, over
+        a TLS socket that checks the server's certificate against ``ca_file`` and 127.0.0.1."""
         try:
-            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
+            with contextlib.ExitStack() as stack:
+                s = stack.enter_context(socket.create_connection((self.host, self.port), timeout=0.5))
+                if self.tls:
+                    ctx = ssl.create_default_context(cafile=self.ca_file)
+                    s = stack.enter_context(ctx.wrap_socket(s, server_hostname=self.host))
                 msg = (_resp("AUTH", self.password) if self.password else b"") + _resp("PING")
                 s.sendall(msg)
                 data = b""
@@ -113,7 +201,8 @@ class RedisServer:
                     if data.startswith(b"-"):
                         return False
                 return True
-        except OSError:
+        except OSError as e:  # ssl.SSLError included
+            self.last_ping_error = e
             return False
 
     def stop(self, timeout_s: float = 5.0) -> None:

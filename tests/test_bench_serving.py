@@ -49,6 +49,15 @@ def test_closed_loop_workload_deals_requests_to_clients_round_robin(serving):
     assert eargs["max_total_tokens"] >= sum(biggest)
 
 
+def test_closed_loop_repeats_are_fresh_draws_and_summarised_by_their_median(serving):
+    seeds = {serving.closed_seed(0, k, rep) for k in range(3) for rep in range(5)}
+    assert len(seeds) == 15 and not seeds & {serving.rate_seed(0, k) for k in range(100)}
+    runs = [{"itl_ms_p50": x, "completed": 4, "failed": 0, "all_exact": True} for x in (3.0, 1.0, 2.0)]
+    m = serving.median_summary(runs)
+    assert m == {"itl_ms_p50": 2.0, "completed": 12, "failed": 0, "all_exact": True}
+    assert not serving.median_summary([*runs[:2], {**runs[2], "all_exact": False}])["all_exact"]
+
+
 def test_itl_spreads_a_multi_token_event_over_its_tokens(serving):
     assert serving.itl_samples([1.0, 1.5, 2.5], [1, 1, 2]) == [0.5, 0.5, 0.5]
 
@@ -87,26 +96,33 @@ def test_quick_run_reports_both_systems_with_exact_token_counts(serving, tmp_pat
         assert "output_tok_s_ratio" in data["verdict"]["per_rate"][rate]
     conc = data["config"]["concurrency"]
     assert len(conc) == 1  # quick covers one concurrency
+    repeats = data["config"]["closed_loop_repeats"]
+    assert repeats == 1  # quick runs each concurrency once
     for c in conc:
-        wl = data["config"]["closed_loop_workloads"][c]
-        assert wl["num_requests"] == int(c) * data["config"]["requests_per_client"]
+        wls = data["config"]["closed_loop_workloads"][c]
+        assert len(wls) == repeats
         for system in ("served", "inprocess"):
             entry = results[system]["concurrency"][c]
-            s = entry["summary"]
-            assert s["completed"] == wl["num_requests"] and s["failed"] == 0, (system, c, s)
-            assert s["all_exact"] and s["output_tokens"] == wl["output_tokens"]
-            assert len(entry["requests"]) == wl["num_requests"]
-            for i, r in enumerate(entry["requests"]):
-                assert r["ok"] and r["output_tokens"] == r["expected_tokens"]
-                assert r["client"] == i % int(c) and 0 <= r["ttft"] <= r["e2e"]
-            # each client's requests ran back to back, never overlapping
-            for j in range(int(c)):
-                mine = entry["requests"][j :: int(c)]
-                for a, b in itertools.pairwise(mine):
-                    assert b["arrival"] >= a["arrival"] + a["e2e"] - 1e-6
-            assert s["output_tok_s"] > 0 and s["tpot_ms_p50"] >= 0 and s["itl_ms_p50"] >= 0
+            assert len(entry["repeats"]) == repeats
+            for wl, run in zip(wls, entry["repeats"], strict=True):
+                assert wl["num_requests"] == int(c) * data["config"]["requests_per_client"]
+                s = run["summary"]
+                assert s["completed"] == wl["num_requests"] and s["failed"] == 0, (system, c, s)
+                assert s["all_exact"] and s["output_tokens"] == wl["output_tokens"]
+                assert len(run["requests"]) == wl["num_requests"]
+                for i, r in enumerate(run["requests"]):
+                    assert r["ok"] and r["output_tokens"] == r["expected_tokens"]
+                    assert r["client"] == i % int(c) and 0 <= r["ttft"] <= r["e2e"]
+                # each client's requests ran back to back, never overlapping
+                for j in range(int(c)):
+                    mine = run["requests"][j :: int(c)]
+                    for a, b in itertools.pairwise(mine):
+                        assert b["arrival"] >= a["arrival"] + a["e2e"] - 1e-6
+                assert s["output_tok_s"] > 0 and s["tpot_ms_p50"] >= 0 and s["itl_ms_p50"] >= 0
+            assert entry["summary"]["itl_ms_p50"] == entry["repeats"][0]["summary"]["itl_ms_p50"]
         v = data["verdict"]["per_concurrency"][c]
         assert {"tpot_ms_p50_added", "itl_ms_p50_added", "output_tok_s_ratio"} <= set(v)
+        assert len(v["repeats"]) == repeats
     assert "closed_loop_max_tpot_ms_p50_added" in data["verdict"]
     assert data["verdict"]["every_request_exact"]
     assert {"cpu_count", "torch_threads", "python", "torch", "date"} <= set(data["machine"])

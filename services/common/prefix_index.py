@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -169,8 +170,13 @@ return out
 
 
 class RedisPrefixIndex:
-    """``url``: redis://[:password@]host:port/db or rediss:// (TLS). A lookup is one round trip;
-    errors (Redis down, timeouts) raise redis.RedisError for the caller to degrade on.
+    """``url``: redis://[user:password@]host:port/db, or rediss:// for TLS: the server's certificate
+    is checked against the system CAs, or a CA named in the URL
+    (``rediss://:pw@redis:6379/0?ssl_ca_certs=/etc/redis-tls/ca.pem``; ``ssl_certfile`` /
+    ``ssl_keyfile`` add a client certificate). A lookup is one round trip; errors (Redis down,
+    timeouts) raise redis.RedisError for the caller to degrade on. A URL redis-py cannot use (an
+    unknown query parameter, a CA file that is not there) is a ValueError here, at start, not a
+    failure on every later connection.
 
     Writes go in scripts of at most ``CHUNK`` hashes, so a pod's snapshot (100k+ blocks on a big
     GPU) never runs into the socket timeout nor blocks Redis, and every router's lookup, for long.
@@ -182,11 +188,12 @@ class RedisPrefixIndex:
     def __init__(self, url: str, namespace: str = "radixserve:", timeout_s: float = 0.25) -> None:
         import redis
 
-        self.url = url
+        self.url = redact_url(url)  # for logs: never the password
         self.ns = namespace
         self.redis = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
         )
+        _check_connection_args(self.redis.connection_pool, self.url)
         self._apply = self.redis.register_script(_APPLY)
         self._clear = self.redis.register_script(_CLEAR)
         self._match = self.redis.register_script(_MATCH)
@@ -248,6 +255,35 @@ class RedisPrefixIndex:
 
     def num_blocks(self, pod: str) -> int:
         return int(self.redis.scard(f"{self.ns}p:{pod}:blocks"))
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _check_connection_args(pool: Any, shown_url: str) -> None:
+    # redis-py hands unknown URL query parameters to the connection class as they are, so a typo
+    # (or ssl_ca_certs on a redis:// URL) would only fail at connect time, with a TypeError, on
+    # every attempt: the router would degrade to least-load for good with a vague warning.
+    try:
+        pool.connection_class(**pool.connection_kwargs)  # builds the object; connects lazily
+    except TypeError as e:
+        raise ValueError(f"prefix index {shown_url}: a query parameter redis cannot use ({e})") from None
+    for key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        path = pool.connection_kwargs.get(key)
+        if path and not Path(path).is_file():
+            raise ValueError(f"prefix index {shown_url}: {key}={path} is not a file")
 
 
 def open_index(spec: str) -> InMemoryPrefixIndex | RedisPrefixIndex:

@@ -10,14 +10,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from radixserve.common.block_hash import block_hashes
-from radixserve.common.prefix_index import InMemoryPrefixIndex, RedisPrefixIndex
+from radixserve.common.prefix_index import InMemoryPrefixIndex, RedisPrefixIndex, open_index, redact_url
+from radixserve.common.rpc import pb
 from radixserve.scheduler.kv_events import EventHub, EventSubscriber, RedisPublisher
-from tests.redis_server import RedisServer, redis_server_fixture  # noqa: F401
+from radixserve.tokenizer.router import CacheAwareRouter, SchedulerHandle
+from tests.redis_server import RedisServer, make_test_certs, redis_server_fixture  # noqa: F401
 
 MODEL = "m"
 BS = 16
@@ -203,6 +206,98 @@ def test_redis_url_with_a_password() -> None:
         anonymous = RedisPrefixIndex(f"redis://{s.host}:{s.port}/0")
         with pytest.raises(redis.RedisError, match=r"(?i)auth"):
             anonymous.match(h)
+
+
+# TLS: redis-server with only a TLS port and a throwaway CA (tests/redis_server.py). The URL carries
+# the CA: redis-py's from_url passes query parameters it does not know (ssl_ca_certs, ssl_certfile,
+# ssl_keyfile, ssl_cert_reqs) to the connection as strings, and rediss:// makes it a TLS one.
+@pytest.fixture
+def tls_server() -> Iterator[RedisServer]:
+    with RedisServer(password="s3cret", tls=True) as server:
+        yield server
+
+
+def test_rediss_url_with_a_password_and_the_ca_in_the_url(tls_server: RedisServer) -> None:
+    import redis
+
+    s = tls_server
+    url = f"rediss://:s3cret@{s.host}:{s.port}/0?ssl_ca_certs={s.ca_file}"
+    writer, reader = RedisPrefixIndex(url), open_index(url)  # a scheduler's and a gateway's
+    assert isinstance(reader, RedisPrefixIndex)
+    assert reader.redis.connection_pool.connection_class is redis.SSLConnection
+    h = hashes_of(prompt(1, 6))
+    writer.apply("a", h, [])
+    writer.apply("b", h[:2], [])
+    assert writer.heartbeat("a", {"waiting": 1}, 10) is False
+    assert writer.heartbeat("a", {"waiting": 2}, 10) is True
+    assert reader.match(h) == {"a": 6, "b": 2}
+    assert reader.live_pods() == {"a": {"waiting": 2}}
+    writer.apply("a", [], h[4:])  # removed events
+    assert reader.match(h) == {"a": 4, "b": 2}
+    assert reader.num_blocks("a") == 4
+    assert reader.sweep() == ["b"]  # published blocks, never a heartbeat
+    assert reader.match(h) == {"a": 4}
+    writer.remove_pod("a")
+    assert reader.match(h) == {} and reader.live_pods() == {}
+    # the password still counts over TLS
+    anonymous = RedisPrefixIndex(f"rediss://{s.host}:{s.port}/0?ssl_ca_certs={s.ca_file}")
+    with pytest.raises(redis.RedisError, match=r"(?i)auth"):
+        anonymous.match(h)
+    # "localhost" is in the certificate too; a restart (same port, same certificate) is reconnected to
+    by_name = RedisPrefixIndex(f"rediss://:s3cret@localhost:{s.port}/0?ssl_ca_certs={s.ca_file}")
+    writer.apply("a", h, [])
+    assert by_name.match(h) == {"a": 6}
+    s.restart()  # empty
+    assert by_name.match(h) == {}
+    writer.apply("a", h[:3], [])
+    assert by_name.match(h) == {"a": 3}
+
+
+def test_rediss_verifies_the_servers_certificate(tls_server: RedisServer, tmp_path: Path) -> None:
+    """Without the CA (the system's CAs only) or with another CA the handshake fails: the
+    certificate is checked, not just encrypted to. Only ssl_cert_reqs=none skips that."""
+    import redis
+
+    s = tls_server
+    h = hashes_of(prompt(1, 2))
+    no_ca = RedisPrefixIndex(f"rediss://:s3cret@{s.host}:{s.port}/0")
+    with pytest.raises(redis.ConnectionError, match=r"(?i)certificate verify failed"):
+        no_ca.match(h)
+    other_ca, _, _ = make_test_certs(str(tmp_path))
+    wrong_ca = RedisPrefixIndex(f"rediss://:s3cret@{s.host}:{s.port}/0?ssl_ca_certs={other_ca}")
+    with pytest.raises(redis.ConnectionError, match=r"(?i)certificate verify failed"):
+        wrong_ca.match(h)
+    unverified = RedisPrefixIndex(f"rediss://:s3cret@{s.host}:{s.port}/0?ssl_cert_reqs=none")
+    assert unverified.match(h) == {}
+
+
+def test_a_plain_redis_url_cannot_talk_to_the_tls_port(tls_server: RedisServer) -> None:
+    import redis
+
+    s = tls_server
+    plain = RedisPrefixIndex(f"redis://:s3cret@{s.host}:{s.port}/0")
+    t = time.perf_counter()
+    with pytest.raises(redis.ConnectionError):
+        plain.match(hashes_of(prompt(1, 2)))
+    assert time.perf_counter() - t < 1.0  # the server drops it at once, no hang
+    assert s.client().dbsize() == 0
+
+
+def test_a_url_redis_cannot_use_fails_at_start_and_logs_never_show_the_password(tmp_path: Path) -> None:
+    """A typo'd query parameter (or a TLS one on redis://) would otherwise fail every connection
+    with a TypeError, and routing would stay on least-load for good; a missing CA file likewise."""
+    with pytest.raises(ValueError, match="query parameter"):
+        open_index("rediss://:pw@127.0.0.1:6390/0?sslcacerts=/tmp/ca.pem")
+    with pytest.raises(ValueError, match="query parameter"):
+        open_index(f"redis://127.0.0.1:6390/0?ssl_ca_certs={tmp_path}")
+    with pytest.raises(ValueError, match=r"ssl_ca_certs=.*nope\.pem is not a file"):
+        open_index(f"rediss://127.0.0.1:6390/0?ssl_ca_certs={tmp_path}/nope.pem")
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    index = open_index(f"rediss://app:s3cret@redis.example:6390/0?ssl_ca_certs={ca}")
+    assert isinstance(index, RedisPrefixIndex)
+    assert "s3cret" not in index.url and index.url.startswith("rediss://app:***@redis.example:6390/0?")
+    assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
 
 
 def _top_level_calls(client: Any) -> dict[str, int]:
@@ -444,3 +539,38 @@ def test_publisher_republishes_after_a_gateway_swept_the_pod(publishing: Any) ->
     index.remove_pod("pod-a")  # what sweep() does to a pod whose heartbeat lapsed
     wait_until(lambda: index.match(first) == {"pod-a": 4}, what="republishing after a sweep")
     assert index.live_pods() == {"pod-a": LOAD}
+
+
+def test_over_tls_a_pods_publisher_feeds_a_gateways_router_and_heals_after_a_restart(
+    tls_server: RedisServer,
+) -> None:
+    """The scheduler's side (RedisPublisher on RedisPrefixIndex(url)) and the gateway's
+    (open_index(url) under CacheAwareRouter), both given the same rediss:// URL."""
+    url = tls_server.url  # rediss://:s3cret@127.0.0.1:PORT/0?ssl_ca_certs=/tmp/.../ca.pem
+    assert url.startswith("rediss://:s3cret@") and "ssl_ca_certs=" in url
+    hub = EventHub()
+    ids = prompt(1, 4) + [7, 8, 9]
+    a, b = (SchedulerHandle(p, healthy=True, load=pb.Load()) for p in ("pod-a", "pod-b"))
+    router = CacheAwareRouter(open_index(url), MODEL, BS, recent_ttl_s=0)
+
+    def routed() -> tuple[str, str, int]:
+        router.choose(ids, [b, a])
+        d = router.decisions[-1]
+        return d.pod, d.reason, d.matched_blocks
+
+    with FakeEngine(hub) as engine:
+        engine.store(hashes_of(prompt(1, 4)))
+        pub = RedisPublisher(
+            RedisPrefixIndex(url), "pod-a", hub.subscribe(EventSubscriber()), lambda: LOAD, 0.05, 1.0
+        )
+        pub.start()
+        try:
+            wait_until(lambda: routed() == ("pod-a", "prefix", 4), what="routing on the published prefix")
+            engine.evict(hashes_of(prompt(1, 4))[2:])
+            wait_until(lambda: routed() == ("pod-a", "prefix", 2), what="removed blocks")
+            tls_server.restart()  # empty; the publisher reconnects over TLS and republishes
+            wait_until(lambda: routed() == ("pod-a", "prefix", 2), what="republishing after a restart")
+            assert router.index.live_pods() == {"pod-a": LOAD}
+        finally:
+            pub.close()
+    assert routed()[1] == "no-match"  # a closing pod removes its entries
