@@ -34,6 +34,7 @@ _BENCH_OFFLINE_VALUE_FLAGS = (
     "hf_batch_sizes",
     "max_running_requests",
     "check_requests",
+    "repeats",
     "threads",
     "seed",
     "out",
@@ -172,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-batch-sizes", type=int, nargs="+", help="HF static batch sizes; best is kept (16)")
     p.add_argument("--max-running-requests", type=int, help="engine's running-batch limit (128)")
     p.add_argument("--check-requests", type=int, help="requests compared with HF batch-1 greedy (3)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        help="runs of each system in alternating order, judged on the median (3; quick: 1)",
+    )
     p.add_argument("--threads", type=int, help="torch intra-op threads for every system (1)")
     p.add_argument("--seed", type=int, help="workload seed (0)")
     p.add_argument("--quick", action="store_true", help="tiny model, few short requests: smoke test < 60 s")
