@@ -22,12 +22,13 @@ requests, Poisson arrivals (first at t=0), one draw scaled to each of ``--rates`
 avoided.
 
 Rates: on the reference machine (2 CPU cores, small demo model, 1 torch thread per pod) the full
-run sweeps 2 req/s (light for cache-aware, about the capacity of round-robin), 4 req/s (near
-cache-aware's capacity, round-robin overloaded) and ``inf`` (everything queued at once: output
-throughput is then each router's capacity, the only rate where a throughput ratio means more than
-"served what was offered"). With every request queued, each pod's ``lpm`` policy groups same-tenant
-requests out of its deep queue, so round-robin's hit rate rises there. On other machines choose
-``--rates`` the same way. The full default run takes about 20 minutes there.
+run sweeps 1 req/s (light for both: no queues, so the hit rate is the routing's alone), 4 and 6
+req/s (round-robin overloaded, cache-aware near its capacity: the TTFT comparison) and ``inf``
+(everything queued at once: output throughput is then each router's capacity, the only rate where
+a throughput ratio means more than "served what was offered"). With requests queued, each pod's
+``lpm`` policy groups same-tenant requests out of its queue, so round-robin's hit rate rises with
+load (0.20 at 1 req/s, 0.25 at 2, 0.49 at 6 in calibration runs). On other machines choose
+``--rates`` the same way. The full default run takes about 32 minutes there.
 
 KV capacity: every pod gets ``--max-total-tokens`` (default: ``--kv-prefixes`` x the mean prefix
 length, page-rounded: room for about that many tenants' prefixes, running requests included). With
@@ -115,7 +116,7 @@ FULL, QUICK = common.presets(
         ("model_size", "small", "tiny"),
         ("schedulers", 4, 2),
         ("num_requests", 240, 32),
-        ("rates", (2.0, 4.0, math.inf), (16.0,)),
+        ("rates", (1.0, 4.0, 6.0, math.inf), (16.0,)),
         ("tenants", 16, 4),
         ("prefix_range", (500, 1000), (96, 160)),
         ("suffix_range", (20, 60), (17, 24)),
