@@ -256,8 +256,8 @@ def pick_check_requests(reqs: list[dict], k: int) -> list[int]:
     if k <= 0:
         return []
     order = sorted(range(len(reqs)), key=lambda i: len(reqs[i]["input_ids"]) + reqs[i]["output_len"])
-    picked = [next((i for i in order if reqs[i]["shared"] and i > 0), None)]
-    picked = [i for i in picked if i is not None]
+    first = next((i for i in order if reqs[i]["shared"] and i > 0), None)
+    picked = [] if first is None else [first]
     picked += [i for i in order if i not in picked][: k - len(picked)]
     return sorted(picked)
 
