@@ -65,16 +65,7 @@ def build(args: argparse.Namespace):
         table.host[i, :n] = slots[:n]
     b = len(lens)
     last = torch.from_numpy(table.host[np.arange(b), np.array(lens) - 1].astype(np.int64))
-    fb = ForwardBatch(
-        ForwardMode.DECODE,
-        torch.zeros(b, dtype=torch.int64),
-        torch.tensor(lens) - 1,
-        last,
-        np.array(lens) - 1,
-        np.ones(b, dtype=np.int64),
-        None,
-        None,
-    )
+    fb = ForwardBatch.for_attention(ForwardMode.DECODE, np.array(lens) - 1, np.ones(b), last)
     q = torch.randn(b, HEADS, HEAD_DIM, generator=g)
     k_new, v_new = pool.k[0][last].clone(), pool.v[0][last].clone()  # rewrite what is there
     return pool, table, fb, np.arange(b), q, k_new, v_new, lens

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -483,8 +484,6 @@ def plot(results: dict, path: Path) -> None:
 def median_runs(repeats: list[dict[str, dict]]) -> dict[str, dict]:
     """Per system, the repeat with the median output tok/s (a real run, whole), with every repeat's
     tok/s alongside (``repeats_output_tok_s``); its ``speedup_vs_hf`` is the median of the repeats'."""
-    import statistics
-
     out = {}
     for name in SYSTEMS:
         tps = [r[name]["output_tok_s"] for r in repeats]
@@ -499,7 +498,6 @@ def median_runs(repeats: list[dict[str, dict]]) -> dict[str, dict]:
 
 def verdict(repeats: list[dict[str, dict]]) -> dict:
     """Ratios within each repeat (paired), judged on their median; every repeat's are listed."""
-    import statistics
 
     def ratios(a: str, b: str) -> list[float]:
         return [r[a]["output_tok_s"] / r[b]["output_tok_s"] for r in repeats]

@@ -27,8 +27,8 @@ req/s (round-robin overloaded, cache-aware near its capacity: the TTFT compariso
 (everything queued at once: output throughput is then each router's capacity, the only rate where
 a throughput ratio means more than "served what was offered"). With requests queued, each pod's
 ``lpm`` policy groups same-tenant requests out of its queue, so round-robin's hit rate rises with
-load (0.20 at 1 req/s, 0.25 at 2, 0.49 at 6 in calibration runs). On other machines choose
-``--rates`` the same way. The full default run takes about 32 minutes there.
+load (0.21 at 1 req/s, 0.35 at 4, 0.49 at 6, 0.69 all at once in the last full run). On other
+machines choose ``--rates`` the same way. The full default run takes about 30 minutes there.
 
 KV capacity: every pod gets ``--max-total-tokens`` (default: ``--kv-prefixes`` x the mean prefix
 length, page-rounded: room for about that many tenants' prefixes, running requests included). With

@@ -64,6 +64,7 @@ import asyncio
 import gc
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -525,8 +526,6 @@ def _store(section_results: dict, key: str, section: str, summary: dict, records
 
 def median_summary(summaries: list[dict]) -> dict:
     """Per measure, the median over repeats; counts are summed, ``all_exact`` must hold in all."""
-    import statistics
-
     out: dict[str, Any] = {}
     for k, v in summaries[0].items():
         vals = [s[k] for s in summaries]
@@ -577,8 +576,6 @@ def compare(results: dict, rates: list[str], conc: list[str]) -> dict:
     def paired(c: str) -> dict:
         """Each repeat's served - in-process, then the median over repeats (paired: both systems ran
         the same draw back to back, so the machine's slow drifts cancel in the difference)."""
-        import statistics
-
         runs = zip(
             results["served"]["concurrency"][c]["repeats"],
             results["inprocess"]["concurrency"][c]["repeats"],

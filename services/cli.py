@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         "offline",
         help="offline throughput: HF generate (static batches) vs the Engine, normal and overlap",
         description="Writes OUT/offline.json and OUT/offline.png. Unset flags take benchmarks/offline.py's "
-        "defaults (full run ~3-6 min on 2 CPU cores; --quick < 60 s).",
+        "defaults (full run ~7 min on 2 CPU cores: three repeats; --quick < 60 s).",
     )
     p.add_argument("--model", help="HF model folder (default: build the small demo model in a temp dir)")
     p.add_argument("--num-requests", type=int, help="default 64 (quick: 12)")
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="online serving: the HTTP server vs the Engine in-process, Poisson arrivals at several rates"
         " and closed loops at fixed concurrency",
         description="Writes OUT/serving.json and OUT/serving.png. Unset flags take benchmarks/serving.py's "
-        "defaults (full run ~12 min on 2 CPU cores; --quick < 60 s).",
+        "defaults (full run ~9 min on 2 CPU cores; --quick < 60 s).",
     )
     p.add_argument("--model", help="HF model folder (default: build the small demo model in a temp dir)")
     p.add_argument("--rates", nargs="+", help="request rates in req/s, inf = all at once (1 2 4 inf)")

@@ -77,19 +77,7 @@ class Pages:
 
 
 def make_fb(mode: ForwardMode, prefix, extend, slots: np.ndarray) -> ForwardBatch:
-    prefix, extend = np.asarray(prefix, dtype=np.int64), np.asarray(extend, dtype=np.int64)
-    t = int(extend.sum())
-    positions = np.concatenate([np.arange(p, p + n) for p, n in zip(prefix, extend, strict=True)])
-    return ForwardBatch(
-        mode,
-        torch.zeros(t, dtype=torch.int64, device=DEV),
-        torch.from_numpy(positions).to(DEV),
-        torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(DEV),
-        prefix,
-        extend,
-        torch.zeros(len(extend), dtype=torch.int64, device=DEV),
-        None,
-    )
+    return ForwardBatch.for_attention(mode, prefix, extend, slots, DEV)
 
 
 # Against an fp32 reference computed from the same (rounded) inputs, and against the torch backend

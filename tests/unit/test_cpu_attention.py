@@ -30,16 +30,7 @@ def decode_batch(table: ReqToTokenPool, lens: list[int], num_slots: int, heads: 
         at += n
     b = len(lens)
     last = torch.from_numpy(table.host[np.arange(b), np.array(lens) - 1].astype(np.int64))
-    fb = ForwardBatch(
-        ForwardMode.DECODE,
-        torch.zeros(b, dtype=torch.int64),
-        torch.tensor(lens) - 1,
-        last,
-        np.array(lens) - 1,
-        np.ones(b, dtype=np.int64),
-        None,
-        None,
-    )
+    fb = ForwardBatch.for_attention(ForwardMode.DECODE, np.array(lens) - 1, np.ones(b), last)
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, heads, dim, generator=g)
     return fb, np.array(rows), q
@@ -73,16 +64,7 @@ def test_prefill_batches_take_the_torch_path() -> None:
     table = ReqToTokenPool(2, 32)
     ours = CpuAttention(pool, table, 2, 16)
     table.host[0, :5] = [9, 3, 7, 1, 20]
-    fb = ForwardBatch(
-        ForwardMode.EXTEND,
-        torch.zeros(5, dtype=torch.int64),
-        torch.arange(5),
-        torch.tensor([9, 3, 7, 1, 20]),
-        np.array([0]),
-        np.array([5]),
-        None,
-        None,
-    )
+    fb = ForwardBatch.for_attention(ForwardMode.EXTEND, [0], [5], [9, 3, 7, 1, 20])
     ours.prepare(fb, np.array([0]))
     assert fb.attn.starts is None  # no kernel metadata for an extend
     q, k, v = torch.randn(5, 2, 16), torch.randn(5, 2, 16), torch.randn(5, 2, 16)

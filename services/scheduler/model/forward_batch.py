@@ -28,3 +28,24 @@ class ForwardBatch:
     @property
     def batch_size(self) -> int:
         return len(self.extend_lens)
+
+    @classmethod
+    def for_attention(
+        cls, mode: ForwardMode, prefix_lens: Any, extend_lens: Any, out_slots: Any, device: Any = "cpu"
+    ) -> ForwardBatch:
+        """A batch for an attention backend alone (tests, benchmarks): request ``i`` adds
+        ``extend_lens[i]`` tokens after ``prefix_lens[i]`` cached ones, written to ``out_slots``;
+        no token ids, no sampling. The runner builds its batches in ``ModelRunner.prepare``."""
+        prefix = np.asarray(prefix_lens, dtype=np.int64)
+        extend = np.asarray(extend_lens, dtype=np.int64)
+        positions = np.concatenate([np.arange(p, p + n) for p, n in zip(prefix, extend, strict=True)])
+        return cls(
+            mode,
+            torch.zeros(int(extend.sum()), dtype=torch.int64, device=device),
+            torch.from_numpy(positions).to(device),
+            torch.as_tensor(np.asarray(out_slots, dtype=np.int64)).to(device),
+            prefix,
+            extend,
+            torch.zeros(len(extend), dtype=torch.int64, device=device),
+            None,
+        )
