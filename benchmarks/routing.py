@@ -939,7 +939,7 @@ def run(args: argparse.Namespace) -> dict:
             "kv_prefixes": None if args.max_total_tokens else args.kv_prefixes,
             "engine_args": eargs,
             "scheduler_flags": common.scheduler_flags(eargs),
-            "gateway_defaults": "--block-size 16 --balance-abs-threshold 16 --balance-rel-threshold 1.5"
+            "gateway_defaults": "--block-size 16 --balance-abs-threshold 16 --balance-rel-threshold 1.25"
             " --recent-ttl 10",
             "sampling": "greedy (temperature 0), ignore_eos, max_tokens = output length",
             "prompts": "tenant prefix (random token ids) + unique random suffix, sent as token ids",

@@ -11,10 +11,11 @@ Routers share one small interface (``choose``); ``cache-aware`` is the default:
     matched = per pod, leading blocks it holds: the prefix index (Redis or in-memory), or what
               this router recently sent there (a burst sharing a new prefix lands together
               before the first prefill has published anything)
-    if the load is out of balance (max - min > abs AND max > rel x min): least loaded
-    elif nobody holds any block: among pods not much busier than the least busy, the one with the
-              smallest working set (blocks this router sent it in the last ``working_set_s``)
-    else: the longest match (ties: least loaded)
+    if nobody holds any block: among pods not much busier than the least busy, the one with the
+              smallest working set (the prefix blocks this router sent it in the last
+              ``working_set_s``; a request's own unshared tail does not count)
+    else: the longest match (ties: least loaded), unless that pod is out of balance with the least
+              loaded one (busy - min > abs AND busy > rel x min): then the least loaded
 
 If the index fails (Redis down), routing degrades to least-load with a warning and retries the
 index after ``retry_s``.
@@ -172,7 +173,7 @@ class CacheAwareRouter(_Recorder):
         model_name: str,
         block_size: int = DEFAULT_BLOCK_SIZE,
         balance_abs: int = 16,
-        balance_rel: float = 1.5,
+        balance_rel: float = 1.25,
         recent_ttl_s: float = 10.0,
         retry_s: float = 1.0,
         working_set_s: float = 60.0,
@@ -211,32 +212,35 @@ class CacheAwareRouter(_Recorder):
         pod, n = self.recent.match(hashes, now)
         if pod is not None and n > matched.get(pod, 0):
             matched[pod] = n
-        loads = [h.busy for h in candidates]
-        hi, lo = max(loads), min(loads)
-        if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
-            h, reason, best = least_loaded(candidates, rotate), "balance", 0
+        lo = min(h.busy for h in candidates)
+        best = max((matched.get(h.address, 0) for h in candidates), default=0)
+        if best == 0:
+            # A new prefix: to the pod with the smallest working set among those not much busier
+            # than the least busy (SGLang sends it to the smallest tree), so prefixes spread by the
+            # KV they need, not by request count, and fewer of them get evicted.
+            # Ties (a fresh router): the least KV held, then the least busy.
+            calm = [c for c in candidates if c.busy <= lo + self.balance_abs]
+            k = rotate % len(calm)
+            h = min(
+                [*calm[k:], *calm[:k]],
+                key=lambda c: (self.working_set.blocks(c.address, now), c.footprint, c.busy),
+            )
+            reason = "no-match"
         else:
-            best = max((matched.get(h.address, 0) for h in candidates), default=0)
-            if best == 0:
-                # A new prefix: to the pod with the smallest working set among those not much
-                # busier than the least busy (SGLang sends it to the smallest tree), so prefixes
-                # spread by the KV they need, not by request count, and fewer of them get evicted.
-                # Ties (a fresh router): the least KV held, then the least busy.
-                calm = [c for c in candidates if c.busy <= lo + self.balance_abs]
-                k = rotate % len(calm)
-                h = min(
-                    [*calm[k:], *calm[:k]],
-                    key=lambda c: (self.working_set.blocks(c.address, now), c.footprint, c.busy),
-                )
-                reason = "no-match"
-            else:
-                h, reason = (
-                    least_loaded([c for c in candidates if matched.get(c.address, 0) == best], rotate),
-                    "prefix",
-                )
+            h = least_loaded([c for c in candidates if matched.get(c.address, 0) == best], rotate)
+            reason = "prefix"
+            # Out of balance is judged on the pod the prefix would go to, not on the spread of all
+            # pods: diverting requests whose prefix lives on a calm pod would copy their prefixes
+            # elsewhere and leave the overloaded pod as loaded as before.
+            if h.busy - lo > self.balance_abs and h.busy > self.balance_rel * lo:
+                h, reason = least_loaded(candidates, rotate), "balance"
         h.routed_tokens += len(input_ids) - matched.get(h.address, 0) * self.block_size
         self.recent.remember(hashes, h.address, now)
-        self.working_set.remember(hashes, h.address, now)
+        # The working set counts prefixes, not requests: a request that shares a prefix adds only
+        # that prefix (its own tail blocks are never reused), or every request would grow its
+        # pod's set by its unique tail and new prefixes would spread by request count instead.
+        shared = max(matched.get(h.address, 0), best)
+        self.working_set.remember(hashes[:shared] if shared else hashes, h.address, now)
         self.record(Decision(h.address, reason, matched.get(h.address, 0), time.perf_counter() - t))
         return h
 

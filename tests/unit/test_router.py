@@ -137,6 +137,37 @@ def test_an_out_of_balance_load_overrides_the_prefix(
     assert router.decisions[-1].reason == ("balance" if expect == "b" else "prefix")
 
 
+def test_balance_is_judged_on_the_pod_the_prefix_goes_to(index: InMemoryPrefixIndex) -> None:
+    """Another pod being overloaded does not divert a request whose prefix lives on a calm pod
+    (that would copy its prefix to a third pod and leave the overloaded one as it was)."""
+    a, b, c = pod("a", running=5), pod("b", running=40), pod("c")
+    ids = tokens(1, 4)
+    index.apply("a", hashes_of(ids), [])
+    router = CacheAwareRouter(index, MODEL, BS, balance_abs=16, balance_rel=1.25)
+    assert router.choose(ids, [a, b, c]) is a  # b vs c is out of balance; a vs c is not
+    assert router.decisions[-1].reason == "prefix"
+    set_load(a, running=17)  # now a is: 17 > 16 apart and 17 > 1.25 x 0
+    assert router.choose(ids, [a, b, c]) is c
+    assert router.decisions[-1].reason == "balance"
+
+
+def test_the_working_set_grows_by_new_prefixes_not_by_requests(index: InMemoryPrefixIndex) -> None:
+    """Requests sharing a prefix add nothing to their pod's working set, whatever their own tails
+    (unique, never reused): else a busy pod would look full of prefixes and new ones would spread
+    by request count."""
+    a, b = pod("a"), pod("b")
+    router = CacheAwareRouter(index, MODEL, BS, recent_ttl_s=60)
+    system = tokens(1, 4, tail=0)
+    first = router.choose([*system, *tokens(2, 2)], [a, b])  # a new prefix: 6 blocks
+    for i in range(10):  # 10 more of that tenant, each with 2 blocks of its own
+        assert router.choose([*system, *tokens(10 + i, 2)], [a, b]) is first
+    now = time.monotonic()
+    assert router.working_set.blocks(first.address, now) == 6
+    other = b if first is a else a
+    assert router.choose(tokens(3, 2), [a, b]) is other  # a new tenant: the smaller working set
+    assert router.working_set.blocks(other.address, now) == 2
+
+
 def test_a_burst_sharing_a_new_prefix_lands_on_one_pod_until_recent_routes_expire(
     index: InMemoryPrefixIndex,
 ) -> None:
