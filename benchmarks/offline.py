@@ -31,6 +31,10 @@ time, output tok/s (useful), total tok/s (prompt + useful output), speedup vs HF
 wall (under ~ the thread count means another process took CPU from this one), and for ours the
 engine's non-forward host time per step
 (``engine.loop.stats``: scheduling + prepare + processing) and its share of wall time.
+Host-bound check (``--host-bound-pairs``, 4): on the tiny demo model, whose forwards (~1 ms) are
+mostly op dispatch on the host, the normal loop against the overlap loop as the engine runs it
+(a CPU forward shorter than ``cpu_overlap_thread_min_ms`` runs inline) and against the overlap loop
+with every forward forced onto its worker thread; ratios to the normal loop of the same pair.
 Correctness: a few requests are re-run through HF unpadded (batch 1) and their greedy token
 ids compared with ours. ``--profile`` adds a breakdown of where one normal-mode engine run
 spends its time (module timers over a whole run + a torch.profiler op table of decode steps).
@@ -48,6 +52,7 @@ import gc
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -74,8 +79,17 @@ FULL, QUICK = common.presets(
         ("max_running_requests", 128, 16),
         ("check_requests", 3, 2),
         ("repeats", 3, 1),
+        ("host_bound_pairs", 4, 1),
     )
 )
+# The host-bound check: the tiny demo model (forwards ~1 ms, mostly op dispatch on the host), where
+# the loop's own host work is a large share of a step. Shapes as measured on the dev machine.
+HOST_BOUND = {
+    "num_requests": 64,
+    "input_range": (16, 64),
+    "output_range": (64, 256),
+    "max_running_requests": 64,
+}
 # HF's B: a full sweep on the 2-core dev machine (1 thread, default workload, 2026-11-21) gave
 # B=8: 112.1, B=16: 112.4, B=32: 107.8 useful output tok/s (bigger B batches more rows per forward
 # but waits on a longer tail). Rerun with --hf-batch-sizes 8 16 32 to redo it.
@@ -215,12 +229,21 @@ def _sampling(reqs: list[dict]):
 
 
 def run_ours(
-    model_path: Path, reqs: list[dict], overlap: bool, eargs: dict, vocab_size: int
+    model_path: Path,
+    reqs: list[dict],
+    overlap: bool,
+    eargs: dict,
+    vocab_size: int,
+    thread_min_ms: float | None = None,
 ) -> tuple[dict, list]:
+    """``thread_min_ms``: the overlap loop's ``cpu_overlap_thread_min_ms`` (None: the engine's default)."""
     from radixserve import Engine
     from radixserve.scheduler.event_loop import LoopStats
 
+    if thread_min_ms is not None:
+        eargs = {**eargs, "cpu_overlap_thread_min_ms": thread_min_ms}
     engine = Engine(str(model_path), disable_overlap=not overlap, **eargs)
+    stream = engine.loop.stream
     try:
         common.warm_engine(engine, vocab_size)
         st = engine.loop.stats = LoopStats()  # count the measured run only, not the warm-up
@@ -229,6 +252,8 @@ def run_ours(
             outs = engine.generate(input_ids=[r["input_ids"] for r in reqs], sampling_params=sp)
         steps, host, wait = st.steps, st.host_s, st.wait_s
         per_step = list(st.per_step_host_s)
+        # CPU overlap: forwards run on the worker thread / inline (the warm-up's included)
+        threaded, inline = (stream.threaded, stream.inline) if stream is not None else (0, 0)
     finally:
         engine.shutdown()
     rec = {"system": "ours_overlap" if overlap else "ours_normal", **_timing(m)}
@@ -245,6 +270,8 @@ def run_ours(
         host_ms_p50=1e3 * common.percentile(per_step, 50, empty=0.0),
         host_ms_p99=1e3 * common.percentile(per_step, 99, empty=0.0),
         host_frac_of_wall=host / rec["wall_s"],
+        forwards_on_worker_thread=threaded,
+        forwards_inline=inline,
     )
     del engine
     gc.collect()
@@ -438,12 +465,12 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path, verdict: dict | None = None, host: dict | None = None) -> None:
     plt = common.pyplot()
     names = ["hf", "ours_normal", "ours_overlap"]
     labels = [f"HF generate\n(static B={results['hf']['batch_size']})", "ours\nnormal", "ours\noverlap"]
     tps = [results[n]["output_tok_s"] for n in names]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), gridspec_kw={"width_ratios": [3, 2, 2]})
     bars = ax.bar(labels, tps, color=["#999999", "#4c72b0", "#55a868"])
     for i, (b, n, v) in enumerate(zip(bars, names, tps, strict=True)):
         each = results[n]["repeats_output_tok_s"]
@@ -478,6 +505,25 @@ def plot(results: dict, path: Path) -> None:
     ax2.set_ylabel("ms per engine step")
     ax2.set_title("Engine non-forward host time per step")
     ax2.legend(fontsize=8)
+
+    # overlap / normal, every pair: this model, and the tiny one (inline as run, or forced threaded)
+    series = [("small\noverlap", (verdict or {}).get("overlap_vs_normal_each", []))]
+    if host:
+        series += [
+            ("tiny\noverlap", host["overlap_vs_normal_each"]),
+            ("tiny overlap\nall threaded", host["overlap_thread_vs_normal_each"]),
+        ]
+    for i, (_, each) in enumerate(series):
+        ax3.plot([i] * len(each), each, "o", color="#55a868", alpha=0.7)
+        if each:
+            ax3.annotate(
+                f"median {statistics.median(each):.3f}", (i, max(each)), ha="center", va="bottom", fontsize=8
+            )
+    ax3.axhline(1.0, ls="--", color="#c44e52", lw=1)
+    ax3.set_xticks(range(len(series)), [lab for lab, _ in series])
+    ax3.set_xlim(-0.5, len(series) - 0.5)
+    ax3.set_ylabel("overlap / normal output tok/s (same pair)")
+    ax3.set_title("Overlap vs normal loop, every pair")
     common.save_figure(fig, path)
 
 
@@ -522,6 +568,69 @@ def verdict(repeats: list[dict[str, dict]]) -> dict:
     }
 
 
+def host_bound(args: argparse.Namespace) -> dict:
+    """Normal vs overlap on the tiny model (``HOST_BOUND``), ``--host-bound-pairs`` times in
+    alternating order: the overlap loop as the engine runs it (short CPU forwards inline) and with
+    every forward forced onto its worker thread (``cpu_overlap_thread_min_ms=0``), both as ratios to
+    the normal loop of the same pair."""
+    from radixserve.common.demo_model import make_demo_model
+
+    systems = {"normal": (False, None), "overlap": (True, None), "overlap_thread": (True, 0.0)}
+    with tempfile.TemporaryDirectory(prefix="radixserve-bench-") as tmp:
+        path = Path(make_demo_model(Path(tmp) / "model", arch="llama", size="tiny", seed=0))
+        vocab = common.model_vocab_size(path)
+        reqs = build_workload(
+            HOST_BOUND["num_requests"],
+            HOST_BOUND["input_range"],
+            HOST_BOUND["output_range"],
+            0.0,
+            0,
+            vocab,
+            args.seed,
+        )
+        eargs = engine_args(reqs, HOST_BOUND["max_running_requests"])
+        pairs = []
+        for k in range(args.host_bound_pairs):
+            names = list(systems) if k % 2 == 0 else list(systems)[::-1]
+            runs = {}
+            for name in names:
+                overlap, min_ms = systems[name]
+                rec, _ = run_ours(path, reqs, overlap, eargs, vocab, thread_min_ms=min_ms)
+                runs[name] = {
+                    key: rec[key]
+                    for key in (
+                        "output_tok_s",
+                        "wall_s",
+                        "steps",
+                        "host_ms_per_step",
+                        "outputs_exact",
+                        "forwards_on_worker_thread",
+                        "forwards_inline",
+                    )
+                }
+            pairs.append(runs)
+            print(
+                f"host-bound pair {k}: "
+                + ", ".join(f"{n} {r['output_tok_s']:.0f}" for n, r in runs.items())
+                + " out tok/s",
+                flush=True,
+            )
+
+    def ratio(name: str) -> list[float]:
+        return [p[name]["output_tok_s"] / p["normal"]["output_tok_s"] for p in pairs]
+
+    return {
+        "model": "demo llama/tiny",
+        "workload": workload_summary(reqs),
+        "engine_args": eargs,
+        "pairs": pairs,
+        "overlap_vs_normal_each": ratio("overlap"),
+        "overlap_vs_normal": statistics.median(ratio("overlap")),
+        "overlap_thread_vs_normal_each": ratio("overlap_thread"),
+        "overlap_thread_vs_normal": statistics.median(ratio("overlap_thread")),
+    }
+
+
 # --------------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -542,6 +651,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads for every system (default 1)"
+    )
+    p.add_argument(
+        "--host-bound-pairs",
+        type=int,
+        default=None,
+        help="normal/overlap pairs on the tiny model, where host work matters; 0: skip"
+        f" ({FULL['host_bound_pairs']})",
     )
     p.add_argument("--profile", action="store_true", help="also profile a normal-mode engine run")
     common.add_run_args(p, quick_help="tiny model, few short requests (< 60 s)")
@@ -644,6 +760,8 @@ def run(args: argparse.Namespace) -> dict:
                 "all_equal": all(v for row in check for k, v in row.items() if k.endswith("_equal")),
             },
         }
+        if args.host_bound_pairs > 0:
+            report["host_bound"] = host_bound(args)
         if args.profile:
             print("profiling a normal-mode engine run ...", flush=True)
             report["profile_normal_mode"] = profile_engine(model_path, reqs, eargs, vocab)
@@ -655,10 +773,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
     json_path, png_path = common.write_outputs(
-        args.out, "offline", report, lambda path: plot(report["results"], path)
+        args.out,
+        "offline",
+        report,
+        lambda path: plot(report["results"], path, report["verdict"], report.get("host_bound")),
     )
     print(format_table(report["results"]))
     print("verdict:", json.dumps(report["verdict"]))
+    if "host_bound" in report:
+        hb = report["host_bound"]
+        print(
+            "host-bound (tiny model): overlap / normal "
+            + ", ".join(f"{x:.3f}" for x in hb["overlap_vs_normal_each"])
+            + "; all threaded / normal "
+            + ", ".join(f"{x:.3f}" for x in hb["overlap_thread_vs_normal_each"])
+        )
     print("correctness vs HF batch-1:", json.dumps(report["correctness_vs_hf_batch1"]))
     print(f"wrote {json_path} and {png_path}")
     return 0

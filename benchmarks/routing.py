@@ -28,7 +28,7 @@ req/s (round-robin overloaded, cache-aware near its capacity: the TTFT compariso
 a throughput ratio means more than "served what was offered"). With requests queued, each pod's
 ``lpm`` policy groups same-tenant requests out of its queue, so round-robin's hit rate rises with
 load (0.21 at 1 req/s, 0.35 at 4, 0.49 at 6, 0.69 all at once in the last full run). On other
-machines choose ``--rates`` the same way. The full default run takes about 30 minutes there.
+machines choose ``--rates`` the same way. The full default run takes about 35 minutes there.
 
 KV capacity: every pod gets ``--max-total-tokens`` (default: ``--kv-prefixes`` x the mean prefix
 length, page-rounded: room for about that many tenants' prefixes, running requests included). With
@@ -71,9 +71,13 @@ alive (``launcher.free_port`` can draw one port twice; a scheduler that then fai
 passes the launcher's health check through the other one at that address), and again afterwards.
 
 Ratios vs round-robin at each rate: hit rate x, output throughput x, TTFT p90 divided (round-robin
-/ config). Targets (measured, never asserted; PASS/FAIL per cache-aware config and rate, and the
-rates where each passed): hit rate >= 3.8x round-robin's, throughput >= 1.9x (meaningful at the
-highest rate only), TTFT p90 >= 10x lower, decision p99 < 2 ms.
+/ config). The highest rate is run ``--saturation-repeats`` times in all (3; round-robin and the
+cache-aware configs, order alternating; least-load once): one run there moves by 5-15% on the 2-core VM,
+so its throughput ratio is paired within each repeat and judged on the median of the repeats
+(``repeats``, ``output_tok_s_x_each`` in the JSON).
+Targets (measured, never asserted; PASS/FAIL per cache-aware config and rate, and the rates where
+each passed): hit rate >= 3.8x round-robin's, throughput >= 1.9x (meaningful at the highest rate
+only), TTFT p90 >= 10x lower, decision p99 < 2 ms.
 
     .venv/bin/python benchmarks/routing.py [--quick] [--out DIR] [--rates R ...] [--num-requests N] ...
     radixserve bench routing [same flags]
@@ -88,6 +92,7 @@ import asyncio
 import bisect
 import math
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -125,6 +130,7 @@ FULL, QUICK = common.presets(
         ("page_size", 16, 16),
         ("max_running_requests", 32, 16),
         ("decision_passes", 3, 2),
+        ("saturation_repeats", 3, 1),
     )
 )
 
@@ -596,10 +602,12 @@ def run_config(
     args: argparse.Namespace,
     previous: threading.Thread | None = None,
     label: str = "",
+    time_routing: bool = True,
 ) -> tuple[dict, threading.Thread]:
     """One configuration on a fresh cluster. Returns its results and the thread stopping its cluster
     (and Redis): the next configuration starts its own meanwhile and waits for that thread before
-    sending any traffic (``previous``), so no two clusters are ever up during a measurement."""
+    sending any traffic (``previous``), so no two clusters are ever up during a measurement.
+    ``time_routing``: replay the decisions for their latency (off for the saturation repeats)."""
     from radixserve.common.prefix_index import RedisPrefixIndex
     from radixserve.launcher import build_cluster, free_port
 
@@ -670,11 +678,15 @@ def run_config(
         routing["unattributable_requests"] = attribution.unattributable
         t = time.perf_counter()
         index: Any = None
-        if policy == "cache-aware":
+        decision: dict[str, Any] = {}
+        if policy == "cache-aware" and time_routing:
             # +redis: the pods' live published state; memory: what the gateway's index was fed
             index = RedisPrefixIndex(redis_srv.url) if redis_srv is not None else monitor.index
         try:
-            decision = time_decisions(policy, index, addresses, monitor, wl["requests"], args.decision_passes)
+            if time_routing:
+                decision = time_decisions(
+                    policy, index, addresses, monitor, wl["requests"], args.decision_passes
+                )
         finally:
             if isinstance(index, RedisPrefixIndex):
                 index.redis.close()
@@ -685,8 +697,8 @@ def run_config(
     print(
         f"  {label}{name}: {s['completed']}/{len(records)} ok, hit rate {s['hit_rate']:.3f},"
         f" {s['output_tok_s']:.1f} out tok/s, TTFT p90 {s['ttft_ms_p90']:.0f} ms,"
-        f" decision p99 {decision['decision_ms_p99']:.3f} ms,"
-        f" requests per pod {routing['requests_per_pod']}, prefix prefills {routing['prefix_prefills']}"
+        + (f" decision p99 {decision['decision_ms_p99']:.3f} ms," if decision else "")
+        + f" requests per pod {routing['requests_per_pod']}, prefix prefills {routing['prefix_prefills']}"
         f" ({time.perf_counter() - t_cfg:.0f} s)",
         flush=True,
     )
@@ -732,6 +744,34 @@ def compare(results: dict) -> dict:
     return verdict
 
 
+def saturation_lite(res: dict) -> dict:
+    """What a repeat at the highest rate keeps: throughput and where the requests went."""
+    s, r = res["summary"], res["routing"]
+    return {
+        "output_tok_s": s["output_tok_s"],
+        "hit_rate": s["hit_rate"],
+        "makespan_s": s["makespan_s"],
+        "all_exact": s["all_exact"],
+        "requests_per_pod": r["requests_per_pod"],
+        "prefix_prefills": r["prefix_prefills"],
+    }
+
+
+def judge_saturation(top: dict, repeats: list[dict[str, dict]]) -> None:
+    """The highest rate's throughput ratio, paired within each repeat (the first is ``top`` itself),
+    judged on the median: one run there moves by ~5% on the 2-core VM. Updates ``top`` in place."""
+    top["repeats"] = repeats
+    for name, targets in top["verdict"]["targets"].items():
+        each = [r[name]["output_tok_s"] / r[BASELINE]["output_tok_s"] for r in repeats]
+        v = top["verdict"]["vs_round_robin"][name]
+        v["output_tok_s_x_each"] = each
+        v["output_tok_s_x_median"] = statistics.median(each)
+        targets[f"throughput_ge_{TARGET_THROUGHPUT_RATIO:g}x"] = (
+            v["output_tok_s_x_median"] >= TARGET_THROUGHPUT_RATIO
+        )
+    top["verdict"]["every_request_exact"] &= all(x["all_exact"] for r in repeats for x in r.values())
+
+
 def overall(runs: list[dict]) -> dict:
     """Per cache-aware configuration and target, the rates where it was met. Throughput is only a
     ratio of capacities at the highest rate: below saturation every router serves what is offered."""
@@ -743,7 +783,12 @@ def overall(runs: list[dict]) -> dict:
                 k: [r["rate"] for r in runs if r["verdict"]["targets"][name][k]] for k in targets
             },
             "highest_rate": top["rate"],
-            "throughput_x_at_highest_rate": top["verdict"]["vs_round_robin"][name]["output_tok_s_x"],
+            "throughput_x_at_highest_rate": top["verdict"]["vs_round_robin"][name].get(
+                "output_tok_s_x_median", top["verdict"]["vs_round_robin"][name]["output_tok_s_x"]
+            ),
+            "throughput_x_at_highest_rate_each": top["verdict"]["vs_round_robin"][name].get(
+                "output_tok_s_x_each", [top["verdict"]["vs_round_robin"][name]["output_tok_s_x"]]
+            ),
         }
     return out
 
@@ -880,6 +925,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--configs", nargs="+", choices=CONFIGS, default=None, help="subset to run (all)")
     p.add_argument("--redis-server", default=None, help="redis-server binary (default: from PATH)")
     p.add_argument("--decision-passes", type=int, default=None, help="replays of the decisions per config")
+    p.add_argument(
+        "--saturation-repeats",
+        type=int,
+        default=None,
+        help="runs of the highest rate (round-robin and cache-aware configs), each a paired throughput"
+        f" ratio, judged on the median ({FULL['saturation_repeats']})",
+    )
     common.add_run_args(p, quick_help="tiny model, 2 pods, few requests (< 90 s)")
     args = p.parse_args(argv)
     common.fill_defaults(args, FULL, QUICK)
@@ -939,7 +991,7 @@ def run(args: argparse.Namespace) -> dict:
             "kv_prefixes": None if args.max_total_tokens else args.kv_prefixes,
             "engine_args": eargs,
             "scheduler_flags": common.scheduler_flags(eargs),
-            "gateway_defaults": "--block-size 16 --balance-abs-threshold 16 --balance-rel-threshold 1.25"
+            "gateway_defaults": "--block-size 16 --balance-abs-threshold 16 --balance-rel-threshold 1.5"
             " --recent-ttl 10",
             "sampling": "greedy (temperature 0), ignore_eos, max_tokens = output length",
             "prompts": "tenant prefix (random token ids) + unique random suffix, sent as token ids",
@@ -968,6 +1020,28 @@ def run(args: argparse.Namespace) -> dict:
                         name, model_path, wl_r, eargs, args, stopper, label=f"{label} req/s "
                     )
                 runs.append({"rate": label, "results": results, "verdict": compare(results)})
+            # The highest rate again (baseline and cache-aware configs), alternating the order, for
+            # a throughput ratio paired within each repeat.
+            top, rate = runs[-1], args.rates[-1]
+            names = [n for n in args.configs if n == BASELINE or POLICY[n] == "cache-aware"]
+            repeats = [{n: saturation_lite(top["results"][n]) for n in names}]
+            if BASELINE in names:
+                for k in range(1, args.saturation_repeats):
+                    again = {}
+                    for name in names[::-1] if k % 2 else names:
+                        res, stopper = run_config(
+                            name,
+                            model_path,
+                            at_rate(wl, 1.0, rate),
+                            eargs,
+                            args,
+                            stopper,
+                            label=f"{top['rate']} req/s repeat {k}: ",
+                            time_routing=False,
+                        )
+                        again[name] = saturation_lite(res)
+                    repeats.append(again)
+                judge_saturation(top, repeats)
         finally:
             if stopper is not None:
                 stopper.join()
@@ -995,8 +1069,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, t in report["targets"].items():
         for key, rates in t["met_at_rates"].items():
             print(f"{name}: {key}: met at rates {rates or 'none'}")
-        x = t["throughput_x_at_highest_rate"]
-        print(f"{name}: throughput x at the highest rate ({t['highest_rate']}): {x:.2f}x")
+        x, each = t["throughput_x_at_highest_rate"], t["throughput_x_at_highest_rate_each"]
+        print(
+            f"{name}: throughput x at the highest rate ({t['highest_rate']}): {x:.2f}x"
+            f" (median of {len(each)} paired repeats: {', '.join(f'{e:.2f}' for e in each)})"
+        )
     print(f"wall {report['benchmark_wall_s']:.0f} s; wrote {json_path} and {png_path}")
     return 0
 

@@ -83,4 +83,13 @@ def test_quick_run_reports_three_systems_with_exact_token_counts(tmp_path):
     assert results["hf"]["output_tokens"] == wl["output_tokens"]
     assert results["hf"]["raw_generated_tokens"] >= wl["output_tokens"]
     assert {"cpu_count", "torch_threads", "python", "torch", "date"} <= set(data["machine"])
+    # the host-bound check (tiny model): one pair in quick mode, each loop exact
+    hb = data["host_bound"]
+    (pair,) = hb["pairs"]
+    assert set(pair) == {"normal", "overlap", "overlap_thread"}
+    assert all(r["outputs_exact"] for r in pair.values())
+    assert pair["normal"]["forwards_on_worker_thread"] == pair["normal"]["forwards_inline"] == 0
+    forced = pair["overlap_thread"]
+    assert forced["forwards_inline"] == 0 and forced["forwards_on_worker_thread"] > 0
+    assert hb["overlap_thread_vs_normal_each"] == [forced["output_tok_s"] / pair["normal"]["output_tok_s"]]
     assert data["correctness_vs_hf_batch1"]["requests"]

@@ -45,10 +45,15 @@ class EngineConfig:
     fairness_lead: float = 0.1  # requests within this fraction of the timeout go first already
     init_new_token_ratio: float = 0.7  # decode reserve estimate; lower admits more (retraction covers it)
     disable_radix_cache: bool = False
-    # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread whose
-    # own OpenMP team competes with the main thread's for the cores: measured slower for small
-    # forwards (tiny model 0.72x, 2 cores), so it is opt-in there (disable_overlap=False).
+    # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
+    # the host's Python and the worker's op dispatch share one GIL: the overlap can hide host work
+    # only behind long kernels, which a CPU forward of our models rarely has for long enough to
+    # gain (small demo model: within noise of the normal loop), so it is opt-in there.
     disable_overlap: bool | None = None
+    # CPU overlap: forwards whose recent average is shorter than this run inline instead of on the
+    # worker thread (tiny demo model, ~1 ms forwards: the thread made the loop 0.63-0.76x). 0: always
+    # the worker thread (the tests, to exercise it).
+    cpu_overlap_thread_min_ms: float = 10.0
     attention_backend: str = "auto"
     device: str = "auto"
     dtype: str = "auto"  # from config.json, or float32 / bfloat16 / float16
@@ -105,7 +110,9 @@ class Engine:
             page_size=cfg.page_size,
         )
         overlap = device.startswith("cuda") if cfg.disable_overlap is None else not cfg.disable_overlap
-        self.loop = EventLoop(self.scheduler, self.runner, overlap=overlap)
+        self.loop = EventLoop(
+            self.scheduler, self.runner, overlap=overlap, cpu_thread_min_s=cfg.cpu_overlap_thread_min_ms / 1e3
+        )
         self._ids = itertools.count()
         self._closed = False
 

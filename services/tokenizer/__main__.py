@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="cache-aware: route to the least loaded pod when loads differ by more than this ...",
     )
     p.add_argument(
-        "--balance-rel-threshold", type=float, default=1.25, help="... and by more than this factor"
+        "--balance-rel-threshold", type=float, default=1.5, help="... and by more than this factor"
     )
     p.add_argument(
         "--recent-ttl",

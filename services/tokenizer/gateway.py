@@ -90,7 +90,7 @@ class RoutingConfig:
     prefix_index: str = "memory"  # "memory" (fed by the pods' Watch streams) or a redis:// URL
     block_size: int = 16
     balance_abs: int = 16  # cache-aware: loads (waiting + running) differing by more than this ...
-    balance_rel: float = 1.25  # ... and by more than this factor go to the least loaded pod
+    balance_rel: float = 1.5  # ... and by more than this factor go to the least loaded pod
     recent_ttl_s: float = 10.0  # how long a routed prefix counts as held by its pod before it publishes
     working_set_s: float = 60.0  # cache-aware: window of a pod's working set (where new prefixes go)
     sweep_s: float = 1.0  # Redis: how often expired pods are looked for (and removed)

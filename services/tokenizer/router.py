@@ -173,7 +173,7 @@ class CacheAwareRouter(_Recorder):
         model_name: str,
         block_size: int = DEFAULT_BLOCK_SIZE,
         balance_abs: int = 16,
-        balance_rel: float = 1.25,
+        balance_rel: float = 1.5,
         recent_ttl_s: float = 10.0,
         retry_s: float = 1.0,
         working_set_s: float = 60.0,

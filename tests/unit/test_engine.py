@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import numpy as np
@@ -138,6 +139,7 @@ def test_greedy_equals_hf_with_every_engine_feature(llama_dir, llama_ref, overla
         page_size=page,
         chunked_prefill_size=chunk,
         disable_overlap=not overlap,
+        cpu_overlap_thread_min_ms=0,  # overlap: every forward on the worker thread
         disable_radix_cache=not radix,
         max_running_requests=8,
     ) as engine:
@@ -164,6 +166,7 @@ def test_greedy_equals_hf_under_decode_retraction(llama_dir, llama_ref, overlap,
         page_size=page,
         chunked_prefill_size=None,
         disable_overlap=not overlap,
+        cpu_overlap_thread_min_ms=0,  # overlap: every forward on the worker thread
         max_running_requests=8,
     ) as engine:
         outs = engine.generate(
@@ -185,6 +188,7 @@ def test_greedy_equals_hf_with_the_cpu_attention_backend(llama_dir, llama_ref, o
         page_size=page,
         chunked_prefill_size=16,
         disable_overlap=not overlap,
+        cpu_overlap_thread_min_ms=0,  # overlap: every forward on the worker thread
         max_running_requests=8,
     ) as engine:
         assert engine.runner.backend.name == "cpu"
@@ -269,7 +273,9 @@ def test_bad_input_is_rejected_and_the_engine_keeps_serving(llama_dir):
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_overlap_launches_each_batch_before_reading_the_previous_ones_tokens(llama_dir, llama_ref, overlap):
-    with Engine(llama_dir, max_total_tokens=2048, disable_overlap=not overlap) as engine:
+    with Engine(
+        llama_dir, max_total_tokens=2048, disable_overlap=not overlap, cpu_overlap_thread_min_ms=0
+    ) as engine:
         fed_placeholders = []
         prepare = engine.runner.prepare
 
@@ -300,6 +306,7 @@ def test_randomised_load_loses_nothing_and_returns_the_pool_full(llama_dir, over
         chunked_prefill_size=16,
         max_running_requests=6,
         disable_overlap=not overlap,
+        cpu_overlap_thread_min_ms=0,  # overlap: every forward on the worker thread
         init_new_token_ratio=0.0,
         schedule_policy=["lpm", "fcfs", "dfs-weight"][seed % 3],
         fairness_timeout=0.05,
@@ -341,7 +348,7 @@ def test_randomised_load_loses_nothing_and_returns_the_pool_full(llama_dir, over
 def _both_loops(path, ids, params, **kw):
     results = []
     for overlap in (False, True):
-        with Engine(path, disable_overlap=not overlap, **kw) as engine:
+        with Engine(path, disable_overlap=not overlap, cpu_overlap_thread_min_ms=0, **kw) as engine:
             outs = engine.generate(input_ids=ids, sampling_params=params)
             assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
             results.append([(o["finish_reason"], o["token_ids"]) for o in outs])
@@ -391,8 +398,41 @@ def test_a_rejected_generate_call_leaves_nothing_queued(llama_dir):
         assert engine.scheduler.idle and len(out["token_ids"]) <= 2
 
 
+LOOP_MODES = {
+    "thread": (0.0, (True, False)),
+    "inline": (math.inf, (False, True)),
+    "mixed": (0.0, (True, True)),
+}
+
+
+@pytest.mark.parametrize("mode", LOOP_MODES)
+def test_the_cpu_overlap_stream_keeps_launch_order_on_the_thread_inline_and_mixed(llama_dir, llama_ref, mode):
+    """The CPU overlap loop runs a forward on its worker thread, or inline when forwards are short;
+    any mix keeps the stream's order (batch N+1 reads batch N's tokens through the FutureMap)."""
+    min_ms, (want_threaded, want_inline) = LOOP_MODES[mode]
+    with Engine(
+        llama_dir, max_total_tokens=2048, disable_overlap=False, cpu_overlap_thread_min_ms=min_ms
+    ) as engine:
+        stream = engine.loop.stream
+        if mode == "mixed":  # flip after every batch: an inline launch follows a threaded one in flight
+
+            def flip(*_):
+                stream.cpu_thread_min_s = math.inf if stream.cpu_thread_min_s == 0 else 0.0
+
+            engine.loop.on_batch = flip
+        for _ in range(2):
+            outs = engine.generate(
+                prompt=PROMPTS,
+                sampling_params=SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True),
+            )
+            assert [o["token_ids"] for o in outs] == llama_ref
+        assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
+        assert (stream.threaded > 0, stream.inline > 0) == (want_threaded, want_inline)
+        assert stream.forward_s > 0  # what the choice is made on
+
+
 def test_overlap_is_the_default_on_cuda_only(llama_dir):
     with Engine(llama_dir, max_total_tokens=256, device="cpu") as engine:
-        assert engine.loop.overlap is False  # measured slower on CPU for small forwards
+        assert engine.loop.overlap is False  # no gain measured on CPU (one GIL for host and forward)
     with Engine(llama_dir, max_total_tokens=256, device="cpu", disable_overlap=False) as engine:
         assert engine.loop.overlap is True
