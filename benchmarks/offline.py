@@ -85,7 +85,7 @@ FULL, QUICK = common.presets(
 # The host-bound check: the tiny demo model (forwards ~1 ms, mostly op dispatch on the host), where
 # the loop's own host work is a large share of a step. Shapes as measured on the dev machine.
 HOST_BOUND = {
-    "num_requests": 64,
+    "num_requests": 256,
     "input_range": (16, 64),
     "output_range": (64, 256),
     "max_running_requests": 64,

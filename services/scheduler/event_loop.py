@@ -64,6 +64,7 @@ class _DeviceStream:
         self.cpu_thread_min_s = cpu_thread_min_s
         self.forward_s = 0.0  # CPU: moving average of the forwards' durations (the worker writes it too)
         self.threaded = self.inline = 0  # CPU forwards run each way
+        self.inline_s = 0.0  # CPU: time spent in forwards (and waiting for the worker) inline
         self._last: Future | None = None  # CPU: the latest launch, which an inline one waits for
         if self.cuda:
             self.stream = torch.cuda.Stream(runner.device)
@@ -88,6 +89,7 @@ class _DeviceStream:
             self.threaded += 1
             self._last = self.worker.submit(self._forward_cpu, fb)
             return self._last
+        t = time.perf_counter()
         if self._last is not None:
             self._last.exception()  # wait for it: the stream's order (its error is raised by result())
         self.inline += 1
@@ -96,6 +98,7 @@ class _DeviceStream:
             self._last.set_result(self._forward_cpu(fb))
         except Exception as e:
             self._last.set_exception(e)
+        self.inline_s += time.perf_counter() - t
         return self._last
 
     def _forward_cpu(self, fb: ForwardBatch) -> list[int]:
@@ -158,9 +161,13 @@ class EventLoop:
         assert self.stream is not None
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
+        waited = 0.0
         if batch is not None:
-            self.in_flight.append((batch, self.stream.launch(self.runner.prepare(batch)), t0))
-        finished, waited = [], 0.0
+            fb = self.runner.prepare(batch)
+            inline_s = self.stream.inline_s
+            self.in_flight.append((batch, self.stream.launch(fb), t0))
+            waited += self.stream.inline_s - inline_s  # a CPU forward run inline is device time too
+        finished: list[Req] = []
         # Keep one batch running on the device while the host processes the one before it.
         while len(self.in_flight) > (1 if batch is not None else 0):
             done_batch, handle, launched = self.in_flight.popleft()

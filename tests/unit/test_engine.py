@@ -429,6 +429,9 @@ def test_the_cpu_overlap_stream_keeps_launch_order_on_the_thread_inline_and_mixe
         assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
         assert (stream.threaded > 0, stream.inline > 0) == (want_threaded, want_inline)
         assert stream.forward_s > 0  # what the choice is made on
+        # forwards run inline count as device time, not as the loop's own host time
+        assert (stream.inline_s > 0) == want_inline
+        assert engine.loop.stats.wait_s >= stream.inline_s
 
 
 def test_overlap_is_the_default_on_cuda_only(llama_dir):
