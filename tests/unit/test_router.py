@@ -90,7 +90,7 @@ def test_cache_aware_sends_a_new_prefix_to_the_calm_pod_with_the_smallest_workin
     a = pod("a", waiting=41)
     a.load.kv_cached_tokens = 500  # a fresh router knows only the pods' KV: the tie-break
     b = pod("b", running=40)
-    c = pod("c", waiting=57)  # empty, but 17 busier than b: not calm (57 < 1.5 x 40: no balance override)
+    c = pod("c", waiting=57)  # empty, but 17 busier than b: not calm
     router = CacheAwareRouter(index, MODEL, BS)
     assert router.choose(tokens(1, 3), [a, b, c]) is b
     assert router.decisions[-1].reason == "no-match"
