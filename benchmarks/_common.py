@@ -271,15 +271,22 @@ def model_description(args: argparse.Namespace) -> str:
 
 
 @contextlib.contextmanager
-def model_folder(args: argparse.Namespace) -> Iterator[Path]:
-    """``--model``, or the demo model of ``args.model_size`` built in a temporary folder for the run."""
-    if args.model is not None:
-        yield Path(args.model)
-        return
+def demo_model_folder(size: str) -> Iterator[Path]:
+    """The llama demo model of ``size`` (seed 0), built in a temporary folder for the run."""
     from radixserve.common.demo_model import make_demo_model
 
     with tempfile.TemporaryDirectory(prefix="radixserve-bench-") as tmp:
-        yield Path(make_demo_model(Path(tmp) / "model", arch="llama", size=args.model_size, seed=0))
+        yield Path(make_demo_model(Path(tmp) / "model", arch="llama", size=size, seed=0))
+
+
+@contextlib.contextmanager
+def model_folder(args: argparse.Namespace) -> Iterator[Path]:
+    """``--model``, or the demo model of ``args.model_size`` built for the run."""
+    if args.model is not None:
+        yield Path(args.model)
+        return
+    with demo_model_folder(args.model_size) as path:
+        yield path
 
 
 def model_vocab_size(model_path: Path) -> int:

@@ -52,7 +52,6 @@ import gc
 import json
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -573,11 +572,8 @@ def host_bound(args: argparse.Namespace) -> dict:
     alternating order: the overlap loop as the engine runs it (short CPU forwards inline) and with
     every forward forced onto its worker thread (``cpu_overlap_thread_min_ms=0``), both as ratios to
     the normal loop of the same pair."""
-    from radixserve.common.demo_model import make_demo_model
-
     systems = {"normal": (False, None), "overlap": (True, None), "overlap_thread": (True, 0.0)}
-    with tempfile.TemporaryDirectory(prefix="radixserve-bench-") as tmp:
-        path = Path(make_demo_model(Path(tmp) / "model", arch="llama", size="tiny", seed=0))
+    with common.demo_model_folder("tiny") as path:
         vocab = common.model_vocab_size(path)
         reqs = build_workload(
             HOST_BOUND["num_requests"],
