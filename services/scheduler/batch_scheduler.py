@@ -19,6 +19,9 @@ after it: it runs in the next prefill batch instead of waiting for decodes to dr
 Requests due soon (``fairness_lead``) are offered right after overdue ones: younger
 requests stop taking the memory they will need, so they are not overdue and still
 waiting for older decodes (which nothing preempts) to drain.
+
+Admission keeps the cached prefixes the rest of the queue will hit, and starts a shared
+prefix only with room for the requests waiting to hit it (PrefillAdder, ``keep_wanted``).
 """
 
 from __future__ import annotations
@@ -197,6 +200,7 @@ class BatchScheduler:
 
     def _schedule_prefill(self) -> ScheduleBatch | None:
         if not self.waiting and self.chunked is None:
+            self.kv.want_hits_of(())  # nobody waits: no prefix is wanted
             return None
         now = self.clock()
         if self.config.fairness_timeout is not None and self.chunked is None:
@@ -207,8 +211,15 @@ class BatchScheduler:
             self.chunked = chunked  # no room this step; it keeps its KV and lock
         if self.chunked is None:
             in_prefill = [chunked] if chunked is not None else []
-            for req in self.policy.order(self.waiting, now, in_prefill):
-                if adder.add(req) is not AddResult.ADDED:
+            ordered = self.policy.order(self.waiting, now, in_prefill)
+            # Admit new work only into room that keeps the prefixes the rest of the queue will
+            # hit: evicting one to run a request sooner costs its whole prefill again later.
+            # Requests the fairness bound serves first are exempt (they must get room).
+            self.kv.want_hits_of(self.waiting)
+            for req in ordered:
+                keep = not self.policy.due_soon(req, now)
+                followers = self.policy.followers.get(id(req), ())
+                if adder.add(req, keep_wanted=keep, followers=followers) is not AddResult.ADDED:
                     break
                 req.waited = now - req.queue_time  # queue_time already counts earlier waits
                 if req.admit_time is None:

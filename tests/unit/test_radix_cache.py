@@ -90,6 +90,36 @@ def test_evict_is_lru_and_parents_follow_their_last_child():
     assert c.total_size == 0 and c.allocator.free_tokens == free_before + 6
 
 
+def test_prefixes_waiting_requests_want_are_evicted_after_everything_else():
+    c = make_cache()
+    put(c, [1, 2, 3])
+    put(c, [5, 6])
+    put(c, [7, 8, 9])
+    m = c.match_prefix(np.array([1, 2]))  # a waiting request's match: splits off [3]
+    c.want([m.node])
+    c.match_prefix(np.array([5, 6]))  # the others are used more recently than [1, 2]
+    c.match_prefix(np.array([7, 8, 9]))
+    assert c.wanted_evictable_size() == 2
+    assert c.evict(1) == 1  # [3]: not wanted, least recent; [1, 2] is a leaf now but wanted
+    assert c.evict(3) == 5  # [5, 6] and [7, 8, 9] go before the older [1, 2]
+    assert len(c.match_prefix(np.array([1, 2, 4])).slots) == 2
+    c.lock(m.node)
+    assert c.wanted_evictable_size() == 0  # locked: not evictable at all
+    c.unlock(m.node)
+    assert c.evict(100) == 2 and c.total_size == 0  # wanted is a preference, not a lock
+    assert not c.wanted
+
+
+def test_a_split_keeps_the_wanted_mark_on_both_halves():
+    c = make_cache()
+    put(c, [1, 2, 3, 4])
+    c.want([c.match_prefix(np.array([1, 2, 3, 4])).node])
+    c.match_prefix(np.array([1, 2, 9]))  # splits [1, 2, 3, 4] after [1, 2]
+    assert c.wanted_evictable_size() == 4
+    c.want([])
+    assert c.wanted_evictable_size() == 0
+
+
 def test_disabled_cache_has_the_same_interface_and_never_matches():
     c = make_cache(cls=NoCache)
     assert len(c.match_prefix(np.array([1, 2, 3])).slots) == 0

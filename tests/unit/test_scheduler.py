@@ -516,3 +516,86 @@ def test_an_overdue_request_whose_cached_prefix_nobody_locks_still_gets_room(clo
     assert late in batch.reqs and s.num_fairness_preemptions > 0
     run_to_completion(s)
     assert s.kv.available() == s.kv.capacity
+
+
+A_PREFIX = list(range(1000, 1100))  # two tenants' system prompts, 100 and 150 tokens
+B_PREFIX = list(range(2000, 2150))
+
+
+def tight_sched() -> BatchScheduler:
+    """400 KV tokens, lpm, no chunking, an exact decode reserve (ratio 1): admission alone decides
+    what gets evicted."""
+    return sched(
+        total=400,
+        policy="lpm",
+        chunked_prefill_size=None,
+        init_new_token_ratio=1.0,
+        min_new_token_ratio=1.0,
+        max_prefill_tokens=10_000,
+    )
+
+
+def test_admission_keeps_a_cached_prefix_that_a_waiting_request_will_hit():
+    s = tight_sched()
+    s.add(make_req("a0", A_PREFIX + [1], max_new=1))
+    s.add(make_req("b0", B_PREFIX + [1], max_new=1))
+    run_to_completion(s)  # both prefixes cached, nothing locks them
+    s.add(make_req("long", list(range(3000, 3040)), max_new=30))
+    step(s, runner_for(s))  # "long" runs: the engine is not idle
+    # The B requests go first (longer match). All three fit only by evicting A's prefix, which
+    # "a1" (behind them) would then compute again.
+    for i in range(3):
+        s.add(make_req(f"b{i + 1}", B_PREFIX + list(range(4000 + 100 * i, 4050 + 100 * i)), max_new=2))
+    s.add(make_req("a1", A_PREFIX + [7, 7, 7, 7, 7], max_new=2))
+    b = step(s, runner_for(s))
+    assert b.mode is ForwardMode.EXTEND and [r.rid for r in b.reqs] == ["b1"]
+    done = {r.rid: r for r in run_to_completion(s)}
+    assert done["a1"].num_cached_tokens == 100  # A's prefix was still there
+    assert all(
+        r.output_ids == reference_output(r.origin_ids.tolist(), 2) for r in done.values() if r.rid != "long"
+    )
+    assert s.kv.available() == s.kv.capacity
+
+
+def test_an_idle_engine_admits_a_request_even_if_it_evicts_a_wanted_prefix():
+    s = tight_sched()
+    s.add(make_req("a0", A_PREFIX + [1], max_new=1))
+    s.add(make_req("b0", B_PREFIX + [1], max_new=1))
+    run_to_completion(s)
+    # "x" (longest match) needs more than the free pages plus everything but A's prefix, which
+    # "a1" wants. With nothing running, nothing would ever make room for it: it goes now.
+    s.add(make_req("x", B_PREFIX + list(range(5000, 5200)), max_new=1))
+    s.add(make_req("a1", A_PREFIX + [7], max_new=1))
+    b = step(s, runner_for(s))
+    assert [r.rid for r in b.reqs] == ["x"] and b.reqs[0].finish_reason is FinishReason.LENGTH
+    (a1,) = run_to_completion(s)
+    assert a1.rid == "a1" and a1.output_ids == reference_output(a1.origin_ids.tolist(), 1)
+    assert s.kv.available() == s.kv.capacity
+
+
+def test_a_shared_prefix_starts_only_with_room_for_the_requests_waiting_to_hit_it():
+    # Two tenants' bursts arrive at once; nothing is cached. Each tenant's first request is
+    # offered (the rest are held back to hit its prefix). Both firsts fit, but only one tenant's
+    # whole group fits beside the other's: starting both would pin two prefixes and leave room
+    # for neither group, so the second tenant starts once the first is done.
+    s = sched(
+        total=300,
+        policy="lpm",
+        chunked_prefill_size=None,
+        init_new_token_ratio=1.0,
+        min_new_token_ratio=1.0,
+        max_prefill_tokens=10_000,
+    )
+    for i in range(5):
+        s.add(make_req(f"a{i}", A_PREFIX + [10 + i] * 10, max_new=4, t=i))
+    for i in range(5):
+        s.add(make_req(f"b{i}", B_PREFIX[:120] + [20 + i] * 10, max_new=4, t=5 + i))
+    b = step(s, runner_for(s))
+    assert [r.rid for r in b.reqs] == ["a0"]
+    done = {r.rid: r for r in run_to_completion(s)}
+    assert len(done) == 10 and all(
+        r.output_ids == reference_output(r.origin_ids.tolist(), 4) for r in done.values()
+    )
+    assert [done[f"a{i}"].num_cached_tokens for i in range(1, 5)] == [100] * 4
+    assert [done[f"b{i}"].num_cached_tokens for i in range(1, 5)] == [120] * 4
+    assert s.kv.available() == s.kv.capacity

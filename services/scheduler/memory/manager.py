@@ -74,6 +74,21 @@ class KVCacheManager:
             return req.last_match[1]
         return self.match(req)
 
+    def want_hits_of(self, waiting: Iterable[Req]) -> None:
+        """Mark the cached prefixes that ``waiting`` requests matched since the cache last changed
+        (the policy's matches this step) as wanted: evicted last, and kept out of the room that
+        ``available_keeping_wanted`` offers new work."""
+        version = self.cache.version
+        self.cache.want(
+            r.last_match[1].node
+            for r in waiting
+            if r.last_match is not None and r.last_match[0] == version and r.match_len > 0
+        )
+
+    def available_keeping_wanted(self) -> int:
+        """``available()`` less the evictable tokens that waiting requests will hit."""
+        return self.available() - self.cache.wanted_evictable_size()
+
     def admit(self, req: Req, m: MatchResult) -> None:
         """Give ``req`` a table row and lock its matched prefix (no new pages yet)."""
         assert req.req_pool_idx is None

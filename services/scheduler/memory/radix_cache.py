@@ -20,6 +20,10 @@ the ReqToTokenPool is split at ``req.cached_len`` (a multiple of ``page_size``):
 Keys are page aligned: a node's key length is a multiple of ``page_size``, nodes are
 split only at page boundaries, and children are indexed by their first page.
 
+Eviction takes unlocked leaves, least recently used first, except that nodes on the prefixes
+waiting requests matched (``want``, set by the scheduler each prefill step) go after every other
+leaf: evicting one of those costs its whole prefill again when the request is admitted.
+
 Accounting: ``free + evictable + protected + sum(private pages of live requests)``
 equals the pool's capacity after every operation (``KVCacheManager.check``).
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -66,9 +71,6 @@ class TreeNode:
     def __len__(self) -> int:
         return len(self.key)
 
-    def __lt__(self, other: TreeNode) -> bool:  # heap order: least recently used first
-        return (self.last_access, self.id) < (other.last_access, other.id)
-
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
 
@@ -93,7 +95,7 @@ def _common_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
 
 
 class RadixCache:
-    """Prefix cache: token sequences -> KV slots, LRU eviction of unlocked leaves."""
+    """Prefix cache: token sequences -> KV slots, LRU eviction of unlocked leaves (wanted ones last)."""
 
     disabled = False
 
@@ -130,6 +132,9 @@ class RadixCache:
         self.version = 0
         self.evictable_size = 0  # tokens in nodes with lock_ref == 0
         self.protected_size = 0  # tokens in nodes with lock_ref > 0
+        # Nodes on the cached prefixes that waiting requests matched (``want``): evicted last, and
+        # the scheduler keeps them out of what it admits new work into.
+        self.wanted: set[TreeNode] = set()
         if self.block_size:
             self.block_events.append(("cleared", []))
 
@@ -180,6 +185,8 @@ class RadixCache:
         upper = TreeNode(child.key[:n], child.value[:n], child.parent)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
+        if child in self.wanted:
+            self.wanted.add(upper)
         upper.children = {self._child_key(child.key[n:]): child}
         upper.depth = child.depth
         child.depth += n
@@ -259,28 +266,49 @@ class RadixCache:
             node = node.parent  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ evict
+    def want(self, nodes: Iterable[TreeNode]) -> None:
+        """Mark the paths to ``nodes`` (the ends of waiting requests' matches) as wanted, replacing
+        the previous marks."""
+        wanted: set[TreeNode] = set()
+        for node in nodes:
+            while node is not self.root and node not in wanted:
+                wanted.add(node)
+                node = node.parent  # type: ignore[assignment]
+        self.wanted = wanted
+
+    def wanted_evictable_size(self) -> int:
+        """Tokens in wanted nodes that nothing locks: evictable, but waiting requests will hit them."""
+        return sum(len(n) for n in self.wanted if n.lock_ref == 0)
+
     def evict(self, num_tokens: int) -> int:
-        """Free at least ``num_tokens`` tokens from unlocked leaves, least recently used first.
+        """Free at least ``num_tokens`` tokens from unlocked leaves: leaves nobody waits for first,
+        each group least recently used first.
 
         Returns the number of tokens freed (less when not enough is evictable).
         """
         if num_tokens <= 0:
             return 0
-        heap = [n for n in self._leaves() if n.lock_ref == 0]
+        wanted = self.wanted
+
+        def entry(n: TreeNode) -> tuple[bool, int, int, TreeNode]:
+            return (n in wanted, n.last_access, n.id, n)
+
+        heap = [entry(n) for n in self._leaves() if n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
-            leaf = heapq.heappop(heap)
+            leaf = heapq.heappop(heap)[-1]
             parent = leaf.parent
             assert parent is not None
             self.allocator.free_slots(leaf.value)
             del parent.children[self._child_key(leaf.key)]
+            wanted.discard(leaf)
             if leaf.blocks:
                 self.block_events.append(("removed", leaf.blocks))
             self.evictable_size -= len(leaf)
             freed += len(leaf)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, parent)
+                heapq.heappush(heap, entry(parent))
         if freed:
             self.version += 1
         return freed

@@ -18,7 +18,8 @@ Two rules sit on top of every policy:
   it falls due, and it does not fall due stuck behind long decodes.
 * In-batch de-duplication (lpm, dfs-weight): when several waiting requests share a
   prefix nobody has cached yet, only the first is offered this step; the rest are
-  held back one step and then hit the prefix the first one cached.
+  held back one step and then hit the prefix the first one cached. ``followers`` names
+  them for the PrefillAdder, which starts the first only with room for them.
 
 Cache-aware ordering needs a prefix match per waiting request; above
 ``lpm_fcfs_threshold`` waiting requests the sort costs more than it wins and the
@@ -41,6 +42,14 @@ class SchedulePolicy:
         self.config = config
         self.kv = kv
         self.cache_aware = config.policy != "fcfs" and not config.memory.disable_radix_cache
+        # From the last ``order``: id of a request offered first for an uncached shared prefix ->
+        # the requests held back to hit it (de-duplication below).
+        self.followers: dict[int, list[Req]] = {}
+
+    def due_soon(self, req: Req, now: float) -> bool:
+        """``req`` is overdue or due soon: the fairness bound serves it first."""
+        t = self.config.fairness_timeout
+        return t is not None and now - req.queue_time > t * (1.0 - self.config.fairness_lead)
 
     def fairness_tiers(self, waiting: Sequence[Req], now: float) -> tuple[list[Req], list[Req], list[Req]]:
         """``waiting`` (in arrival order) split into overdue, due soon (within the lead) and the rest."""
@@ -63,6 +72,7 @@ class SchedulePolicy:
         requests that share their uncached prefix are held back too.
         """
         overdue, due, rest = self.fairness_tiers(waiting, now)
+        self.followers = {}
         return overdue + due + self._order_rest(rest, in_prefill)
 
     def _order_rest(self, waiting: Sequence[Req], in_prefill: Sequence[Req]) -> list[Req]:
@@ -114,16 +124,19 @@ class SchedulePolicy:
             return ordered
         # Two requests share >= k uncached tokens iff they end their match on the same node
         # and their next k tokens are equal.
-        seen = set()
+        seen: dict[tuple[int, bytes], Req | None] = {}  # key -> the request offered for it
         for r in in_prefill:
             if r.last_node is not None and r.seq_len - r.cached_len >= k:
-                seen.add((r.last_node.id, r.fill_ids()[r.cached_len : r.cached_len + k].tobytes()))
+                seen[(r.last_node.id, r.fill_ids()[r.cached_len : r.cached_len + k].tobytes())] = None
         out = []
         for r in ordered:
             if r.seq_len - r.match_len > k:
                 key = (nodes[r].id, r.fill_ids()[r.match_len : r.match_len + k].tobytes())
                 if key in seen:
+                    first = seen[key]
+                    if first is not None:
+                        self.followers.setdefault(id(first), []).append(r)
                     continue  # held back one step: it will hit what the first one caches
-                seen.add(key)
+                seen[key] = r
             out.append(r)
         return out
