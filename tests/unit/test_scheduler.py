@@ -522,11 +522,11 @@ A_PREFIX = list(range(1000, 1100))  # two tenants' system prompts, 100 and 150 t
 B_PREFIX = list(range(2000, 2150))
 
 
-def tight_sched() -> BatchScheduler:
-    """400 KV tokens, lpm, no chunking, an exact decode reserve (ratio 1): admission alone decides
+def tight_sched(total: int = 400) -> BatchScheduler:
+    """A small pool, lpm, no chunking, an exact decode reserve (ratio 1): admission alone decides
     what gets evicted."""
     return sched(
-        total=400,
+        total=total,
         policy="lpm",
         chunked_prefill_size=None,
         init_new_token_ratio=1.0,
@@ -577,15 +577,8 @@ def test_a_shared_prefix_starts_only_with_room_for_the_requests_waiting_to_hit_i
     # Two tenants' bursts arrive at once; nothing is cached. Each tenant's first request is
     # offered (the rest are held back to hit its prefix). Both firsts fit, but only one tenant's
     # whole group fits beside the other's: starting both would pin two prefixes and leave room
-    # for neither group, so the second tenant starts once the first is done.
-    s = sched(
-        total=300,
-        policy="lpm",
-        chunked_prefill_size=None,
-        init_new_token_ratio=1.0,
-        min_new_token_ratio=1.0,
-        max_prefill_tokens=10_000,
-    )
+    # for neither group, so the second tenant starts when its group has room.
+    s = tight_sched(total=300)
     for i in range(5):
         s.add(make_req(f"a{i}", A_PREFIX + [10 + i] * 10, max_new=4, t=i))
     for i in range(5):
