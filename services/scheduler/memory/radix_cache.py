@@ -86,7 +86,7 @@ class InsertResult(NamedTuple):
     slots: np.ndarray  # the tree's slots for the whole key
 
 
-def _common_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
+def common_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
     """Length of the common prefix of a and b, floored to a page boundary."""
     n = min(len(a), len(b))
     if a[:n].tobytes() != b[:n].tobytes():  # memcmp first: most compares match fully
@@ -164,7 +164,7 @@ class RadixCache:
             if child is None:
                 break
             child.last_access = now
-            n = _common_len(child.key, tokens[pos:], ps)
+            n = common_len(child.key, tokens[pos:], ps)
             if n < len(child):
                 child = self._split(child, n)
             parts.append(child.value)

@@ -43,6 +43,7 @@ import numpy as np
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.allocator import pages_for
 from radixserve.scheduler.memory.manager import KVCacheManager
+from radixserve.scheduler.memory.radix_cache import common_len
 from radixserve.scheduler.policy.req import Req
 
 
@@ -96,10 +97,7 @@ class PrefillAdder:
         ids = req.fill_ids()
         need = 0
         for f in followers[: max(0, room)]:
-            other = f.fill_ids()
-            n = min(len(ids), len(other))
-            diff = np.flatnonzero(ids[:n] != other[:n])
-            shared = int(diff[0]) if len(diff) else n
+            shared = common_len(ids, f.fill_ids(), ps)  # whole pages: what f will find cached
             need += (pages_for(f.seq_len, ps) - shared // ps) * ps + self._decode_reserve(f)
         return need
 

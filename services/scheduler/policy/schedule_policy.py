@@ -56,13 +56,11 @@ class SchedulePolicy:
         t = self.config.fairness_timeout
         if t is None:
             return [], [], list(waiting)
-        soon = t * (1.0 - self.config.fairness_lead)
         overdue: list[Req] = []
         due: list[Req] = []
         rest: list[Req] = []
         for r in waiting:
-            w = now - r.queue_time
-            (overdue if w > t else due if w > soon else rest).append(r)
+            (rest if not self.due_soon(r, now) else overdue if now - r.queue_time > t else due).append(r)
         return overdue, due, rest
 
     def order(self, waiting: Sequence[Req], now: float, in_prefill: Sequence[Req] = ()) -> list[Req]:
