@@ -63,7 +63,12 @@ Measured per configuration (from this process, over HTTP: ``POST /v1/completions
   ``RedisPrefixIndex`` on the live Redis the pods published to (one real loopback round trip per
   decision). Candidates: one ``SchedulerHandle`` per pod with the pod's load as sampled at the
   request's arrival time during the run. Not measured: the gateway's event-loop queueing before
-  ``choose``, and the run's own decisions (they are not observable).
+  ``choose``. The run's own decisions by reason (prefix, no-match, balance, ...) come from the
+  gateway's ``radixserve_router_decisions_total`` before and after the traffic
+  (``routing.live_decision_reasons``).
+* where the cores went: CPU seconds of every process (gateway, each scheduler and its busiest
+  thread, the engine's; detokenizer; redis-server; this client) from the first request to the last
+  response (``cpu_s``, from /proc). On 2 cores the engines' threads take about 90% of it.
 
 The Watch streams above add one KV-event subscriber per pod in every configuration alike. Before any
 traffic, the run checks that the launcher gave every service its own port and that every process is
@@ -91,6 +96,7 @@ import argparse
 import asyncio
 import bisect
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -567,6 +573,20 @@ class RedisServer:
 
 
 # --------------------------------------------------------------------------------- runs
+def gateway_decisions(url: str) -> dict[str, float]:
+    """The gateway's own count of its routing decisions by reason (its /metrics)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("radixserve_router_decisions_total{"):
+            labels, value = line.rsplit(" ", 1)
+            reason = labels.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = out.get(reason, 0.0) + float(value)
+    return out
+
+
 def _ports(cluster: Any) -> list[str]:
     """Every port the cluster's command lines name (--port, --grpc-port, --metrics-port, ...)."""
     out = []
@@ -584,6 +604,45 @@ def _check_alive(cluster: Any, when: str) -> None:
     addresses = [s.grpc_address for s in cluster.schedulers]
     if dead or len(set(addresses)) != len(addresses):
         raise RuntimeError(f"cluster broken {when}: exited {dead}, scheduler addresses {addresses}")
+
+
+def _cpu_seconds(stat_path: str) -> float:
+    """User + system CPU time of a process or thread (``/proc/PID/stat``, ``/proc/PID/task/TID/stat``)."""
+    try:
+        with open(stat_path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    except FileNotFoundError:  # a thread that ended
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds each process of the cluster (and this benchmark's client) used over a window:
+    where the machine's cores went besides the engines' forwards. Schedulers are split into their
+    busiest thread (the engine's) and the rest (gRPC, KV events, metrics)."""
+
+    def __init__(self, cluster: Any, redis_srv: RedisServer | None) -> None:
+        self.pids = {s.name: s.proc.pid for s in cluster.services if s.proc is not None}
+        if redis_srv is not None:
+            self.pids["redis-server"] = redis_srv.proc.pid
+        self.pids["client"] = os.getpid()
+
+    def read(self) -> dict[str, dict[int, float]]:
+        out = {}
+        for name, pid in self.pids.items():
+            tids = os.listdir(f"/proc/{pid}/task")
+            out[name] = {int(t): _cpu_seconds(f"/proc/{pid}/task/{t}/stat") for t in tids}
+        return out
+
+    @staticmethod
+    def used(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, threads in after.items():
+            per = [s - before[name].get(tid, 0.0) for tid, s in threads.items()]
+            out[name] = round(sum(per), 2)
+            if name.startswith("scheduler"):
+                out[f"{name}:engine-thread"] = round(max(per), 2)
+        return out
 
 
 def _teardown(cluster: Any, redis_srv: RedisServer | None) -> None:
@@ -654,6 +713,9 @@ def run_config(
         addresses = [s.grpc_address or "" for s in cluster.schedulers]
         attribution = Attribution(wl, BLOCK_SIZE)
         times: dict[str, float] = {}
+        cpu = CpuMeter(cluster, redis_srv)
+        cpu_used: dict[str, float] = {}
+        live_reasons: dict[str, int] = {}  # the gateway's decisions during the traffic, by reason
 
         async def traffic() -> tuple[list[dict], PodMonitor]:
             t = time.perf_counter()
@@ -662,7 +724,13 @@ def run_config(
             monitor = PodMonitor(addresses, attribution)
             start = time.perf_counter() + 0.3  # the Watch snapshots arrive; every task is sleeping
             monitor.start(start)
+            cpu_before = cpu.read()
+            decisions_before = await asyncio.to_thread(gateway_decisions, cluster.url)
             records = await _run_requests(cluster.url, wl["requests"], start)
+            cpu_used.update(CpuMeter.used(cpu_before, cpu.read()))
+            after = await asyncio.to_thread(gateway_decisions, cluster.url)
+            live_reasons.update({k: int(v - decisions_before.get(k, 0)) for k, v in after.items()})
+            times["cpu_window_s"] = time.perf_counter() - start
             await asyncio.sleep(0.5)  # the last block events
             monitor.stop()
             times["traffic_wall_s"] = time.perf_counter() - start
@@ -676,6 +744,7 @@ def run_config(
         summary = summarize(records)
         routing = monitor.summary(wl, summary["makespan_s"], [r["cached_tokens"] for r in records])
         routing["unattributable_requests"] = attribution.unattributable
+        routing["live_decision_reasons"] = live_reasons
         t = time.perf_counter()
         index: Any = None
         decision: dict[str, Any] = {}
@@ -698,8 +767,9 @@ def run_config(
         f"  {label}{name}: {s['completed']}/{len(records)} ok, hit rate {s['hit_rate']:.3f},"
         f" {s['output_tok_s']:.1f} out tok/s, TTFT p90 {s['ttft_ms_p90']:.0f} ms,"
         + (f" decision p99 {decision['decision_ms_p99']:.3f} ms," if decision else "")
-        + f" requests per pod {routing['requests_per_pod']}, prefix prefills {routing['prefix_prefills']}"
-        f" ({time.perf_counter() - t_cfg:.0f} s)",
+        + f" requests per pod {routing['requests_per_pod']}, prefix prefills {routing['prefix_prefills']},"
+        f" decisions {live_reasons}"
+        f" ({time.perf_counter() - t_cfg:.0f} s); CPU s over {times['cpu_window_s']:.1f} s: {cpu_used}",
         flush=True,
     )
     result = {
@@ -712,6 +782,9 @@ def run_config(
         "cluster_start_s": started_s,
         **times,
         "loadavg_1m_before_after": traffic_meter.loadavg_before_after(),
+        # CPU seconds per process from just before the first request to the last response
+        # (cpu_window_s; the client's count includes its monitor's polling)
+        "cpu_s": cpu_used,
         "requests": [_public(r) for r in records],
     }
     return result, stopper
@@ -754,6 +827,7 @@ def saturation_lite(res: dict) -> dict:
         "all_exact": s["all_exact"],
         "requests_per_pod": r["requests_per_pod"],
         "prefix_prefills": r["prefix_prefills"],
+        "cpu_s": res["cpu_s"],
     }
 
 

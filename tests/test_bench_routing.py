@@ -115,6 +115,12 @@ def test_quick_run_reports_every_config_with_every_request_completed(routing, tm
         assert 0 <= s["hit_rate"] <= 1 and s["output_tok_s"] > 0 and s["ttft_ms_p90"] > 0
         assert res["decision"]["decisions"] > 0 and res["decision"]["decision_ms_p99"] > 0
         assert res["routing"]["attributed_requests"] == n
+        # the gateway's own decision count for the traffic (warm-up excluded), by reason
+        assert sum(res["routing"]["live_decision_reasons"].values()) == n
+        cpu = res["cpu_s"]  # CPU seconds per process over the traffic: the engines did the work
+        assert cpu["scheduler-0"] >= cpu["scheduler-0:engine-thread"] > 0 and cpu["gateway"] > 0
+        assert ("redis-server" in cpu) == name.endswith("+redis")
+    assert set(results["round-robin"]["routing"]["live_decision_reasons"]) == {"policy"}
     assert results["cache-aware"]["summary"]["hit_rate"] > results["round-robin"]["summary"]["hit_rate"]
     if "cache-aware+redis" in results:
         assert results["cache-aware+redis"]["decision"]["index"] == "RedisPrefixIndex"
