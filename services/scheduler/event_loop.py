@@ -10,9 +10,11 @@ The "device stream" is a CUDA stream on CUDA and one ordered worker thread on CP
 the overlap loop runs, and is tested, everywhere. Results are read only after the
 step's copy-done event (CUDA) or the worker's future (CPU).
 
-On CPU the worker thread takes a forward only when recent forwards were long (see
-_DeviceStream): both threads run Python under one GIL, so the host's work can hide only
-behind a forward's long kernels, and a short, dispatch-bound forward just pays the hand-off.
+On CPU the overlap loop overlaps only while recent forwards were long (see _DeviceStream):
+both threads run Python under one GIL, so the host's work can hide only behind a forward's
+long kernels, and a short, dispatch-bound forward would just pay the hand-off. While forwards
+are short it steps exactly as the normal loop does: overlapping nothing, it should not pay the
+overlap's lag either (batch N+1 is scheduled before N's finished requests free their room).
 """
 
 from __future__ import annotations
@@ -46,14 +48,14 @@ class _DeviceStream:
 
     CUDA: a side stream; ``launch`` returns once the kernels are queued.
 
-    CPU: one ordered worker thread, for forwards that last at least ``cpu_thread_min_s`` (moving
-    average of the recent ones). The main thread's Python (scheduling, processing) runs beside the
-    worker only while the worker is inside a kernel that released the GIL; every hand-off costs a
-    thread wake-up (~0.06 ms here) and the GIL changes hands at each op the worker dispatches. With
-    the tiny demo model (forwards ~1 ms, mostly op dispatch) the worker made the overlap loop 0.63 to
-    0.76x the normal loop's throughput (2-vCPU VM), while with the small model (~100 ms forwards)
-    the two loops were within the VM's noise. Shorter forwards therefore run inline, on the calling
-    thread, after everything launched before them: the order is the stream's either way.
+    CPU: one ordered worker thread. The main thread's Python (scheduling, processing) runs beside
+    the worker only while the worker is inside a kernel that released the GIL; every hand-off costs
+    a thread wake-up (~0.06 ms here) and the GIL changes hands at each op the worker dispatches.
+    With the tiny demo model (forwards ~1 ms, mostly op dispatch) the worker made the overlap loop
+    0.63 to 0.76x the normal loop's throughput (2-vCPU VM), while with the small model (~100 ms
+    forwards) the two loops were within the VM's noise. So on CPU ``overlaps`` is true only while
+    recent forwards lasted at least ``cpu_thread_min_s`` (a moving average); otherwise the loop runs
+    the forward itself (``ran_inline``), after whatever it launched before.
     """
 
     EMA = 0.2  # weight of the newest forward in the moving average
@@ -64,16 +66,21 @@ class _DeviceStream:
         self.cpu_thread_min_s = cpu_thread_min_s
         self.forward_s = 0.0  # CPU: moving average of the forwards' durations (the worker writes it too)
         self.threaded = self.inline = 0  # CPU forwards run each way
-        self.inline_s = 0.0  # CPU: time spent in forwards (and waiting for the worker) inline
-        self._last: Future | None = None  # CPU: the latest launch, which an inline one waits for
+        self.inline_s = 0.0  # CPU: time spent in forwards run inline
         if self.cuda:
             self.stream = torch.cuda.Stream(runner.device)
         else:
             self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
 
+    @property
+    def overlaps(self) -> bool:
+        """Whether the next forward should run beside the host's work."""
+        return self.cuda or self.forward_s >= self.cpu_thread_min_s
+
     def launch(self, fb: ForwardBatch):
         if not self.cuda:
-            return self._launch_cpu(fb)
+            self.threaded += 1
+            return self.worker.submit(self._forward_cpu, fb)
         self.stream.wait_stream(torch.cuda.current_stream())  # inputs copied on the main stream
         with torch.cuda.stream(self.stream):
             tokens = self.runner.forward(fb)
@@ -84,28 +91,20 @@ class _DeviceStream:
         # to the caching allocator (and be reused) while this stream may still read them.
         return host, done, fb
 
-    def _launch_cpu(self, fb: ForwardBatch) -> Future:
-        if self.forward_s >= self.cpu_thread_min_s:
-            self.threaded += 1
-            self._last = self.worker.submit(self._forward_cpu, fb)
-            return self._last
-        t = time.perf_counter()
-        if self._last is not None:
-            self._last.exception()  # wait for it: the stream's order (its error is raised by result())
-        self.inline += 1
-        self._last = Future()
-        try:
-            self._last.set_result(self._forward_cpu(fb))
-        except Exception as e:
-            self._last.set_exception(e)
-        self.inline_s += time.perf_counter() - t
-        return self._last
-
     def _forward_cpu(self, fb: ForwardBatch) -> list[int]:
         t = time.perf_counter()
         tokens = self.runner.forward(fb).tolist()
-        self.forward_s += self.EMA * (time.perf_counter() - t - self.forward_s)
+        self._note(time.perf_counter() - t)
         return tokens
+
+    def ran_inline(self, seconds: float) -> None:
+        """The loop ran a CPU forward itself, in ``seconds``."""
+        self.inline += 1
+        self.inline_s += seconds
+        self._note(seconds)
+
+    def _note(self, seconds: float) -> None:
+        self.forward_s += self.EMA * (seconds - self.forward_s)
 
     def result(self, handle) -> list[int]:
         if isinstance(handle, Future):
@@ -150,6 +149,8 @@ class EventLoop:
         t1 = time.perf_counter()
         tokens = self.runner.forward(fb).tolist()
         t2 = time.perf_counter()
+        if self.stream is not None:  # the overlap loop stepping as this one (short CPU forwards)
+            self.stream.ran_inline(t2 - t1)
         finished = self.scheduler.process(batch, tokens)
         t3 = time.perf_counter()
         self._account(t1 - t0 + t3 - t2, 0.0)
@@ -159,17 +160,28 @@ class EventLoop:
 
     def _step_overlap(self) -> list[Req]:
         assert self.stream is not None
+        if not self.stream.overlaps:
+            # Nothing to hide the host's work behind (short CPU forwards): finish what was launched
+            # on the worker, then step as the normal loop does.
+            finished = self.drain()
+            return finished + self._step_normal()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
-        waited = 0.0
         if batch is not None:
             fb = self.runner.prepare(batch)
-            inline_s = self.stream.inline_s
             self.in_flight.append((batch, self.stream.launch(fb), t0))
-            waited += self.stream.inline_s - inline_s  # a CPU forward run inline is device time too
-        finished: list[Req] = []
         # Keep one batch running on the device while the host processes the one before it.
-        while len(self.in_flight) > (1 if batch is not None else 0):
+        finished, waited = self._process_in_flight(keep=1 if batch is not None else 0)
+        self._account(time.perf_counter() - t0 - waited, waited)
+        return finished
+
+    def _process_in_flight(self, keep: int) -> tuple[list[Req], float]:
+        """Process launched batches, oldest first, until ``keep`` are left; returns the requests
+        that finished and the time spent waiting for the device."""
+        assert self.stream is not None
+        finished: list[Req] = []
+        waited = 0.0
+        while len(self.in_flight) > keep:
             done_batch, handle, launched = self.in_flight.popleft()
             w0 = time.perf_counter()
             tokens = self.stream.result(handle)
@@ -177,8 +189,7 @@ class EventLoop:
             finished += self.scheduler.process(done_batch, tokens)
             if self.on_batch is not None:
                 self.on_batch(done_batch, launched, time.perf_counter())
-        self._account(time.perf_counter() - t0 - waited, waited)
-        return finished
+        return finished, waited
 
     def _account(self, host: float, wait: float) -> None:
         self.stats.steps += 1
@@ -188,11 +199,7 @@ class EventLoop:
 
     def drain(self) -> list[Req]:
         """Process whatever is still in flight (shutdown)."""
-        finished: list[Req] = []
-        while self.in_flight:
-            batch, handle, _ = self.in_flight.popleft()
-            finished += self.scheduler.process(batch, self.stream.result(handle))  # type: ignore[union-attr]
-        return finished
+        return self._process_in_flight(keep=0)[0] if self.in_flight else []
 
     def close(self) -> None:
         self.drain()

@@ -429,9 +429,28 @@ def test_the_cpu_overlap_stream_keeps_launch_order_on_the_thread_inline_and_mixe
         assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
         assert (stream.threaded > 0, stream.inline > 0) == (want_threaded, want_inline)
         assert stream.forward_s > 0  # what the choice is made on
-        # forwards run inline count as device time, not as the loop's own host time
         assert (stream.inline_s > 0) == want_inline
-        assert engine.loop.stats.wait_s >= stream.inline_s
+        assert not engine.loop.in_flight
+
+
+def test_with_short_cpu_forwards_the_overlap_loop_steps_exactly_as_the_normal_loop(llama_dir):
+    """Overlapping nothing, it must not pay the overlap's lag either: batch N+1 scheduled before
+    N's finished requests left would admit waiting requests one step late. Same batches, same steps."""
+    lengths = [3, 9, 5, 12, 4, 7]
+
+    def batches(**loop_args) -> tuple[list, int]:
+        with Engine(llama_dir, max_total_tokens=2048, max_running_requests=2, **loop_args) as engine:
+            seen: list = []
+            engine.loop.on_batch = lambda b, *_: seen.append((b.mode.name, b.extend_lens.tolist()))
+            sps = [SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
+            engine.generate(prompt=PROMPTS, sampling_params=sps)
+            return seen, engine.loop.stats.steps
+
+    normal = batches(disable_overlap=True)
+    inline = batches(disable_overlap=False, cpu_overlap_thread_min_ms=math.inf)
+    assert inline == normal
+    threaded = batches(disable_overlap=False, cpu_overlap_thread_min_ms=0)  # the real overlap differs
+    assert threaded[0] != normal[0]
 
 
 def test_overlap_is_the_default_on_cuda_only(llama_dir):
