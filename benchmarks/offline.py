@@ -33,7 +33,8 @@ engine's non-forward host time per step
 (``engine.loop.stats``: scheduling + prepare + processing) and its share of wall time.
 Host-bound check (``--host-bound-pairs``, 4): on the tiny demo model, whose forwards (~1 ms) are
 mostly op dispatch on the host, the normal loop against the overlap loop as the engine runs it
-(a CPU forward shorter than ``cpu_overlap_thread_min_ms`` runs inline) and against the overlap loop
+(while CPU forwards are shorter than ``cpu_overlap_thread_min_ms`` it steps as the normal loop:
+``forwards_inline``) and against the overlap loop
 with every forward forced onto its worker thread; ratios to the normal loop of the same pair.
 Correctness: a few requests are re-run through HF unpadded (batch 1) and their greedy token
 ids compared with ours. ``--profile`` adds a breakdown of where one normal-mode engine run
@@ -77,7 +78,7 @@ FULL, QUICK = common.presets(
         ("hf_batch_sizes", (16,), (4,)),
         ("max_running_requests", 128, 16),
         ("check_requests", 3, 2),
-        ("repeats", 3, 1),
+        ("repeats", 5, 1),
         ("host_bound_pairs", 4, 1),
     )
 )

@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         "offline",
         help="offline throughput: HF generate (static batches) vs the Engine, normal and overlap",
         description="Writes OUT/offline.json and OUT/offline.png. Unset flags take benchmarks/offline.py's "
-        "defaults (full run ~7 min on 2 CPU cores: three repeats; --quick < 60 s).",
+        "defaults (full run ~11 min on 2 CPU cores: five repeats; --quick < 60 s).",
     )
     p.add_argument("--model", help="HF model folder (default: build the small demo model in a temp dir)")
     p.add_argument("--num-requests", type=int, help="default 64 (quick: 12)")
