@@ -1000,6 +1000,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--threads", type=int, default=1, help="torch threads per scheduler (1)")
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="another scheduler engine argument, e.g. chunked_prefill_size=512 (repeatable)",
+    )
     p.add_argument("--configs", nargs="+", choices=CONFIGS, default=None, help="subset to run (all)")
     p.add_argument("--redis-server", default=None, help="redis-server binary (default: from PATH)")
     p.add_argument("--decision-passes", type=int, default=None, help="replays of the decisions per config")
@@ -1016,6 +1023,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.num_requests < 1 or args.schedulers < 1 or args.tenants < 1 or not all(r > 0 for r in args.rates):
         p.error("--num-requests, --schedulers, --tenants and --rates must be positive")
     args.rates = sorted(set(args.rates))
+    if any("=" not in kv for kv in args.engine_arg):
+        p.error("--engine-arg takes NAME=VALUE")
     common.check_ranges(p, args, ("prefix_range", "suffix_range", "output_range"))
     args.configs = list(args.configs or CONFIGS)
     if BASELINE not in args.configs:
@@ -1051,6 +1060,9 @@ def run(args: argparse.Namespace) -> dict:
             max_total_tokens=total,
             max_running_requests=args.max_running_requests,
         )
+        for kv in args.engine_arg:
+            name, _, value = kv.partition("=")
+            eargs[name] = value
         summary = workload_summary(wl, args.page_size)
         config = {
             "model": common.model_description(args),

@@ -21,6 +21,11 @@ from collections.abc import Sequence
 
 from radixserve.common.config import add_model_flag, parse_args, resolve_model, served_model_name
 
+_HELP = {
+    "chunked_prefill_size": "tokens of one prompt per prefill step; default by device (CUDA 2048,"
+    " CPU 256); 0: no chunking",
+}
+
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     from radixserve.scheduler.engine import EngineConfig
@@ -44,7 +49,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, action="store_true", default=f.default)
         else:
             typ = int if "int" in hint else float if "float" in hint else str
-            group.add_argument(flag, type=typ, default=f.default, help=f"default {f.default}")
+            text = _HELP.get(f.name, f"default {f.default}")
+            group.add_argument(flag, type=typ, default=f.default, help=text)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, typing.Any]:

@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="cache-aware: a new prefix goes to the pod sent the fewest prefix blocks in this many seconds",
     )
+    p.add_argument(
+        "--kv-fill",
+        type=float,
+        default=0.9,
+        help="cache-aware: a new prefix goes first to pods where those blocks + the prompt stay within"
+        " this share of the pod's KV capacity",
+    )
     return p
 
 
@@ -100,6 +107,7 @@ async def run(args: argparse.Namespace) -> None:
         balance_rel=args.balance_rel_threshold,
         recent_ttl_s=args.recent_ttl,
         working_set_s=args.working_set_window,
+        kv_fill=args.kv_fill,
     )
     gw = Gateway(
         resolve_model(args.model),

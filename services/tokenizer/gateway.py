@@ -93,6 +93,7 @@ class RoutingConfig:
     balance_rel: float = 1.5  # ... and by more than this factor go to the least loaded pod
     recent_ttl_s: float = 10.0  # how long a routed prefix counts as held by its pod before it publishes
     working_set_s: float = 60.0  # cache-aware: window of a pod's working set (where new prefixes go)
+    kv_fill: float = 0.9  # cache-aware: a new prefix fits a pod while working set + prompt <= this x KV
     sweep_s: float = 1.0  # Redis: how often expired pods are looked for (and removed)
 
 
@@ -126,6 +127,7 @@ class Gateway:
                 routing.balance_rel,
                 routing.recent_ttl_s,
                 working_set_s=routing.working_set_s,
+                kv_fill=routing.kv_fill,
             )
         elif routing.policy == "least-load":
             self.router = LeastLoadRouter()

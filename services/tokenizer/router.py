@@ -11,9 +11,10 @@ Routers share one small interface (``choose``); ``cache-aware`` is the default:
     matched = per pod, leading blocks it holds: the prefix index (Redis or in-memory), or what
               this router recently sent there (a burst sharing a new prefix lands together
               before the first prefill has published anything)
-    if nobody holds any block: among pods not much busier than the least busy, the one with the
-              smallest working set (the prefix blocks this router sent it in the last
-              ``working_set_s``; a request's own unshared tail does not count)
+    if nobody holds any block: preferring pods whose KV has room for it (working set + prompt
+              within ``kv_fill`` of the pod's KV), then pods not much busier than the least busy,
+              the one with the smallest working set (the prefix blocks this router sent it in the
+              last ``working_set_s``; a request's own unshared tail does not count)
     else: the longest match (ties: least loaded), unless that pod is out of balance with the least
               loaded one (busy - min > abs AND busy > rel x min): then the least loaded
 
@@ -177,6 +178,7 @@ class CacheAwareRouter(_Recorder):
         recent_ttl_s: float = 10.0,
         retry_s: float = 1.0,
         working_set_s: float = 60.0,
+        kv_fill: float = 0.9,
     ) -> None:
         super().__init__()
         self.index = index
@@ -187,9 +189,26 @@ class CacheAwareRouter(_Recorder):
         # Each pod's share of the prefixes in use: what this router sent it lately. New prefixes go
         # where it is smallest. (Pods' own KV figures cannot tell this: a warm cache is always full.)
         self.working_set = RecentRoutes(working_set_s)
+        # A new prefix fits a pod while its working set stays under this share of the pod's KV
+        # (the rest is for the running requests' own tokens).
+        if kv_fill <= 0:
+            raise ValueError(f"kv_fill must be > 0 (got {kv_fill})")
+        self.kv_fill = kv_fill
         self.retry_s = retry_s
         self._index_down_until = 0.0
         self._n = itertools.count()
+
+    def _new_prefix_rank(self, c: SchedulerHandle, tokens: int, lo: int, now: float) -> tuple[Any, ...]:
+        """Sort key of the pods for a prompt that matches nowhere: smallest is best."""
+        ws = self.working_set.blocks(c.address, now) * self.block_size
+        capacity = c.load.kv_capacity_tokens if c.load is not None else 0
+        # Room first: a prefix sent where the working set already fills the KV evicts another
+        # tenant's prefix, which is computed again on its next request. In a burst the pods holding
+        # popular tenants stop being calm early, and the calm rule alone piled six tenants (4,157
+        # tokens) onto one 3,696-token pod and two onto another.
+        fits = capacity == 0 or ws + tokens <= capacity * self.kv_fill
+        calm = c.busy <= lo + self.balance_abs
+        return (not fits, not calm, ws, c.footprint, c.busy)
 
     def choose(self, input_ids: Sequence[int], candidates: Sequence[SchedulerHandle]) -> SchedulerHandle:
         t = time.perf_counter()
@@ -215,16 +234,13 @@ class CacheAwareRouter(_Recorder):
         lo = min(h.busy for h in candidates)
         best = max((matched.get(h.address, 0) for h in candidates), default=0)
         if best == 0:
-            # A new prefix: to the pod with the smallest working set among those not much busier
-            # than the least busy (SGLang sends it to the smallest tree), so prefixes spread by the
-            # KV they need, not by request count, and fewer of them get evicted.
+            # A new prefix: to the pod with the smallest working set among those with room for it
+            # and not much busier than the least busy (SGLang sends it to the smallest tree), so
+            # prefixes spread by the KV they need, not by request count, and fewer get evicted.
             # Ties (a fresh router): the least KV held, then the least busy.
-            calm = [c for c in candidates if c.busy <= lo + self.balance_abs]
-            k = rotate % len(calm)
-            h = min(
-                [*calm[k:], *calm[:k]],
-                key=lambda c: (self.working_set.blocks(c.address, now), c.footprint, c.busy),
-            )
+            k = rotate % len(candidates)
+            rotated = [*candidates[k:], *candidates[:k]]
+            h = min(rotated, key=lambda c: self._new_prefix_rank(c, len(input_ids), lo, now))
             reason = "no-match"
         else:
             h = least_loaded([c for c in candidates if matched.get(c.address, 0) == best], rotate)

@@ -371,7 +371,7 @@ AGREE = {  # dtype -> (first, prefix) thresholds, under the measured numbers abo
 
 @pytest.mark.parametrize(
     ("dtype", "page_size", "chunk"),
-    [("float16", 1, None), ("float16", 16, 24), ("bfloat16", 16, 24)],
+    [("float16", 1, 0), ("float16", 16, 24), ("bfloat16", 16, 24)],
     ids=["fp16-page1", "fp16-page16-chunk24", "bf16-page16-chunk24"],
 )
 def test_engine_flashinfer_greedy_agrees_with_torch(flashinfer, small_llama, dtype, page_size, chunk):

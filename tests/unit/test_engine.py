@@ -124,7 +124,7 @@ def llama_ref(llama_dir):
     return hf_greedy(llama_dir, PROMPTS)
 
 
-COMBOS = list(itertools.product([False, True], [False, True], [None, 16], [1, 16]))
+COMBOS = list(itertools.product([False, True], [False, True], [0, 16], [1, 16]))
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_greedy_equals_hf_under_decode_retraction(llama_dir, llama_ref, overlap,
         max_total_tokens=96,
         init_new_token_ratio=0.0,
         page_size=page,
-        chunked_prefill_size=None,
+        chunked_prefill_size=0,  # no chunking
         disable_overlap=not overlap,
         cpu_overlap_thread_min_ms=0,  # overlap: every forward on the worker thread
         max_running_requests=8,
@@ -216,6 +216,24 @@ def test_outputs_and_meta_info(llama_dir):
             sampling_params=SamplingParams(max_new_tokens=5, ignore_eos=True, temperature=0),
         )
         assert by_ids["meta_info"]["cached_tokens"] > 0  # the same prompt again
+
+
+def test_chunked_prefill_size_defaults_by_device_and_zero_turns_chunking_off(llama_dir):
+    long_prompt = list(range(10, 10 + 600))  # more than one CPU chunk
+    sp = SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True)
+    for requested, chunk in ((None, 256), (0, None), (100, 100)):
+        with Engine(llama_dir, max_total_tokens=2048, chunked_prefill_size=requested) as engine:
+            assert engine.scheduler.config.chunked_prefill_size == chunk
+            steps: list[int] = []
+            forward = engine.runner.forward
+
+            def counted(fb, forward=forward, steps=steps):
+                steps.append(int(fb.extend_lens.sum()))
+                return forward(fb)
+
+            engine.runner.forward = counted
+            engine.generate(input_ids=long_prompt, sampling_params=sp)
+            assert max(steps) == (chunk or 600)  # the prompt's tokens per prefill step
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(llama_dir):

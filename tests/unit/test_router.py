@@ -105,6 +105,31 @@ def test_cache_aware_sends_a_new_prefix_to_the_calm_pod_with_the_smallest_workin
     assert router.decisions[-1].reason == "no-match"
 
 
+def test_a_new_prefix_goes_where_the_kv_has_room_for_it_before_it_goes_where_it_is_calm(
+    index: InMemoryPrefixIndex,
+) -> None:
+    # The burst that piled six tenants onto one pod: b holds two popular tenants, so its queue is
+    # long (not calm), while a and c are calm but their working sets already fill their KV.
+    a, b, c = pod("a", waiting=2), pod("b", waiting=30), pod("c", waiting=4)
+    for h in (a, b, c):
+        h.load.kv_capacity_tokens = 20 * BS
+    router = CacheAwareRouter(index, MODEL, BS, kv_fill=0.9)  # a new prefix fits within 18 blocks
+    now = time.monotonic()
+    router.working_set.remember(hashes_of(tokens(1, 14)), "a", now)
+    router.working_set.remember(hashes_of(tokens(2, 4)), "b", now)
+    router.working_set.remember(hashes_of(tokens(3, 12)), "c", now)
+    # 4 blocks (+ a partial one) fit on c (12 + 5 <= 18) and on b; c is calm: c
+    assert router.choose(tokens(4, 4), [a, b, c]) is c
+    assert router.decisions[-1].reason == "no-match"
+    # now c holds 16 blocks: the next 4-block prefix fits only on b, the busy one
+    assert router.choose(tokens(5, 4), [a, b, c]) is b
+    # where it fits nowhere, calm and the smallest working set decide, as before
+    assert router.choose(tokens(6, 30), [a, b, c]) is a
+    # a pod that has not reported its KV yet counts as having room
+    d = pod("d", waiting=3)
+    assert router.choose(tokens(7, 4), [a, c, d]) is d
+
+
 def test_working_set_forgets_after_its_window() -> None:
     a, b = pod("a"), pod("b")
     router = CacheAwareRouter(InMemoryPrefixIndex(), MODEL, BS, recent_ttl_s=0, working_set_s=0.3)
