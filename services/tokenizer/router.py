@@ -203,9 +203,9 @@ class CacheAwareRouter(_Recorder):
         ws = self.working_set.blocks(c.address, now) * self.block_size
         capacity = c.load.kv_capacity_tokens if c.load is not None else 0
         # Room first: a prefix sent where the working set already fills the KV evicts another
-        # tenant's prefix, which is computed again on its next request. In a burst the pods holding
-        # popular tenants stop being calm early, and the calm rule alone piled six tenants (4,157
-        # tokens) onto one 3,696-token pod and two onto another.
+        # tenant's prefix, which is computed again on its next request. In one routing-benchmark
+        # burst the calm-first rule ended with six tenants (4,157 tokens) on one 3,696-token pod and
+        # two on another (likely: the pods holding popular tenants stopped being calm early).
         fits = capacity == 0 or ws + tokens <= capacity * self.kv_fill
         calm = c.busy <= lo + self.balance_abs
         return (not fits, not calm, ws, c.footprint, c.busy)

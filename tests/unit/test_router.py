@@ -125,8 +125,10 @@ def test_a_new_prefix_goes_where_the_kv_has_room_for_it_before_it_goes_where_it_
     assert router.choose(tokens(5, 4), [a, b, c]) is b
     # where it fits nowhere, calm and the smallest working set decide, as before
     assert router.choose(tokens(6, 30), [a, b, c]) is a
-    # a pod that has not reported its KV yet counts as having room
+    # a pod that has not reported its KV yet counts as having room: d wins though its working set
+    # is the largest of the calm pods
     d = pod("d", waiting=3)
+    router.working_set.remember(hashes_of(tokens(8, 20)), "d", now)
     assert router.choose(tokens(7, 4), [a, c, d]) is d
 
 
