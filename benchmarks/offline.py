@@ -357,12 +357,12 @@ def profile_engine(
         runner.forward = forward  # type: ignore[method-assign]
         wrap(runner.backend, "forward", "attention (kv write + gather + sdpa)")
         for layer in runner.model.model.layers:
-            for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            for p in ("qkv_proj", "o_proj"):
                 wrap(getattr(layer.self_attn, p), "forward", "qkv/o projections")
             wrap(layer.mlp, "forward", "mlp")
             wrap(layer.input_layernorm, "forward", "rmsnorm")
             wrap(layer.post_attention_layernorm, "forward", "rmsnorm")
-        wrap(runner.model.model.rotary, "cos_sin", "rope cos/sin")
+        wrap(runner.model.ops, "rope_inputs", "rope cos/sin")
         wrap(runner.sampler, "__call__", "sampler")
         st = engine.loop.stats
         s0, h0 = st.steps, st.host_s

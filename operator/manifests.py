@@ -413,7 +413,9 @@ def scheduler_statefulset(ctx: BuildContext) -> Obj:
         {"name": "grpc", "containerPort": SCHEDULER_PORT, "protocol": "TCP"},
         {"name": "metrics", "containerPort": SCHEDULER_METRICS_PORT, "protocol": "TCP"},
     ]
-    # Loading weights onto a GPU can take many minutes: a long startup budget, then tight probes.
+    # The scheduler's gRPC server (and so its health service) starts only once the engine is warm:
+    # weights loaded, flashinfer's kernels JIT-compiled (minutes on a fresh node), decode graphs
+    # captured and a warm-up request run (Engine.warmup). A 30-minute startup budget, then tight probes.
     template = _pod_template(
         ctx,
         "scheduler",

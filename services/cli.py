@@ -8,6 +8,7 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
     radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [-- scheduler flags]
     radixserve bench offline [--model PATH] [--num-requests N] [--input-range MIN MAX] [--quick] ...
     radixserve bench serving [--model PATH] [--rates 1 2 4 inf] [--num-requests N] [--quick] ...
+    radixserve bench gpu [--device cuda] [--num-requests N] [--hf-batch-sizes B ...] [--smoke] ...
 """
 
 from __future__ import annotations
@@ -65,6 +66,25 @@ _BENCH_SERVING_VALUE_FLAGS = (
 def _cmd_bench_serving(args: argparse.Namespace) -> int:
     """Runs benchmarks/serving.py (a repository file, not part of the package) with the given flags."""
     return _run_bench("serving", args, _BENCH_SERVING_VALUE_FLAGS, ["quick"])
+
+
+_BENCH_GPU_VALUE_FLAGS = (
+    "device",
+    "prompt_len",
+    "decode_steps",
+    "num_requests",
+    "input_range",
+    "output_range",
+    "hf_batch_sizes",
+    "max_running_requests",
+    "seed",
+    "out",
+)
+
+
+def _cmd_bench_gpu(args: argparse.Namespace) -> int:
+    """Runs benchmarks/gpu.py (a repository file, not part of the package) with the given flags."""
+    return _run_bench("gpu", args, _BENCH_GPU_VALUE_FLAGS, ["smoke"])
 
 
 def _cmd_bench_routing(args: argparse.Namespace) -> int:
@@ -215,6 +235,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny model, few short requests: smoke test < 60 s")
     p.add_argument("--out", help="output folder (default benchmarks/results)")
     p.set_defaults(func=_cmd_bench_serving)
+    p = bench.add_parser(
+        "gpu",
+        help="GPU decode: step time vs the memory floor, kernels per step, offline throughput vs HF",
+        description="Writes OUT/gpu-<device>.json and a PNG beside it. Unset flags take benchmarks/gpu.py's "
+        "defaults (random-weight Qwen3-0.6B shapes, bfloat16, CUDA; --smoke: a tiny model on CPU, < 60 s).",
+    )
+    p.add_argument("--device", help="cuda (default) or cpu (the default with --smoke)")
+    p.add_argument("--prompt-len", type=int, help="decode runs' prompt length (128)")
+    p.add_argument("--decode-steps", type=int, help="tokens each decode run decodes (64)")
+    p.add_argument("--num-requests", type=int, help="offline workload requests (256)")
+    p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 100 1024")
+    p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 100 1024")
+    p.add_argument("--hf-batch-sizes", type=int, nargs="+", help="HF static batch sizes; best is kept (64)")
+    p.add_argument("--max-running-requests", type=int, help="offline runs' running-batch limit (256)")
+    p.add_argument("--seed", type=int, help="workload seed (0)")
+    p.add_argument("--smoke", action="store_true", help="tiny model on CPU, tiny counts: end to end < 60 s")
+    p.add_argument("--out", help="output folder (default benchmarks/results)")
+    p.set_defaults(func=_cmd_bench_gpu)
     p = bench.add_parser(
         "routing",
         help="cache-aware vs least-load vs round-robin routing over 4 scheduler processes",

@@ -56,7 +56,7 @@ def test_scheduler_overhead_runs_with_invariant_checks():
 def test_decode_attention_benchmark_compares_both_backends_on_the_same_output(tmp_path):
     import torch
 
-    from radixserve.scheduler.model import cpu_attention
+    from radixserve.scheduler.model.attention import cpu as cpu_attention
 
     if cpu_attention.unavailable_reason(torch.device("cpu"), torch.float32) is not None:
         pytest.skip("no decode kernel here")

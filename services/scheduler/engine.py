@@ -8,7 +8,9 @@ with Engine("path/to/hf-model", page_size=16) as engine:
 from __future__ import annotations
 
 import itertools
+import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -23,9 +25,12 @@ from radixserve.scheduler.event_loop import EventLoop
 from radixserve.scheduler.memory.allocator import capacity_from_memory
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.model.config import ModelConfig
-from radixserve.scheduler.model.loader import safetensor_files
+from radixserve.scheduler.model.device import resolve_profile
+from radixserve.scheduler.model.loader import load_model, safetensor_files
 from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.policy.req import FinishReason, Req
+
+log = logging.getLogger(__name__)
 
 # A prefill step delays every other request's next token (and a new request's first) until it is
 # done, so its size is a latency bound. 2048 tokens take milliseconds on a GPU, but on one CPU core
@@ -73,9 +78,21 @@ class EngineConfig:
     # the worker thread (the tests, to exercise it).
     cpu_overlap_thread_min_ms: float = 10.0
     attention_backend: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"  # from config.json, or float32 / bfloat16 / float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # auto: the checkpoint's dtype, but a float32 checkpoint serves in bfloat16 on CUDA; or float32 /
+    # bfloat16 / float16 (model/device.py decides, and logs what it decided).
+    dtype: str = "auto"
     seed: int = 0
+    # CUDA: decode batches of up to cuda_graph_max_bs requests replay a graph captured at start
+    # (model/graph_runner.py); larger ones, and every prefill, launch eagerly.
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 160
+    # CPU: run decode through the same padded static-buffer path the graphs use, eagerly (tests: it
+    # proves the padding gives the same tokens). No speed benefit on CPU.
+    cpu_static_decode: bool = False
+    # A short request through every path (prefill, decode, sampling) before the engine is ready, so
+    # JIT compilation and first-use costs are paid at start, not by the first user.
+    warmup: bool = True
 
 
 class Engine:
@@ -84,11 +101,28 @@ class Engine:
         if unknown:
             raise TypeError(f"unknown engine argument(s): {sorted(unknown)}")
         cfg = EngineConfig(**kwargs)
-        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        t_start = time.perf_counter()
         torch.manual_seed(cfg.seed)
         self.model_path = Path(model_path)
         self.config = cfg
-        self.model_config = ModelConfig.from_pretrained(model_path, cfg.dtype)
+        checkpoint = ModelConfig.from_pretrained(model_path, "auto")
+        self.profile = resolve_profile(
+            checkpoint,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            attention_backend=cfg.attention_backend,
+            disable_cuda_graph=cfg.disable_cuda_graph,
+            cuda_graph_max_bs=cfg.cuda_graph_max_bs,
+            cpu_static_decode=cfg.cpu_static_decode,
+            max_running_requests=cfg.max_running_requests,
+        )
+        for note in self.profile.notes:
+            log.info("device profile: %s", note)
+        dev = self.profile.device
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)  # kernels and libraries that use "the current device" (cuda:N)
+        device = str(dev)
+        self.model_config = replace(checkpoint, dtype=self.profile.dtype)
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
@@ -117,14 +151,13 @@ class Engine:
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.scheduler = BatchScheduler(sched_cfg, eos_token_ids=sorted(eos))
+        max_positions = max(max_context, self.model_config.max_position_embeddings)
         self.runner = ModelRunner(
-            model_path,
-            self.model_config,
+            load_model(model_path, self.model_config, dev, max_positions),
             self.scheduler.kv.req_to_token,
             self.scheduler.kv.allocator.pool_slots,
             max_batch=cfg.max_running_requests,
-            attention_backend=cfg.attention_backend,
-            device=device,
+            profile=self.profile,
             page_size=cfg.page_size,
         )
         overlap = device.startswith("cuda") if cfg.disable_overlap is None else not cfg.disable_overlap
@@ -133,11 +166,49 @@ class Engine:
         )
         self._ids = itertools.count()
         self._closed = False
+        self.startup = {"load_s": time.perf_counter() - t_start, "graphs_s": 0.0, "warmup_s": 0.0}
+        self.startup["graphs_s"] = self.runner.capture_graphs()  # CUDA; nothing on CPU
+        if cfg.warmup:
+            self.warmup()
+        p = self.profile
+        log.info(
+            "engine ready on %s (%s, attention %s, ops %s, decode graphs %s) in %.1f s: load %.1f s, "
+            "graph capture %.1f s, warm-up %.1f s",
+            p.device, str(p.dtype).removeprefix("torch."), p.attention_backend, p.ops,
+            f"up to batch {p.graph_max_bs}" if p.cuda_graph else "off",
+            time.perf_counter() - t_start, self.startup["load_s"], self.startup["graphs_s"],
+            self.startup["warmup_s"],
+        )  # fmt: skip
+
+    def warmup(self) -> None:
+        """Pay first-use costs before serving: requests through prefill, decode and every sampling
+        path (greedy; top-k, top-p and min-p; seeded), since flashinfer JIT-compiles each kernel on
+        first use (minutes on a fresh machine). Their prefixes are dropped from the cache after."""
+        t1 = time.perf_counter()
+        vocab = self.model_config.vocab_size
+        n = min(16, self.scheduler.config.memory.max_context_len - 4)
+        samplings = (
+            SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True),
+            SamplingParams(max_new_tokens=2, temperature=0.7, top_k=20, top_p=0.9, ignore_eos=True),
+            SamplingParams(max_new_tokens=2, temperature=0.7, min_p=0.05, seed=1, ignore_eos=True),
+        )
+        for i, sp in enumerate(samplings):
+            req = Req(f"warmup-{i}", [(7 * j + 3 + i) % vocab for j in range(n)], sp)
+            self.scheduler.check_admissible(req)
+            self.scheduler.add(req)
+        while not self.scheduler.idle or self.loop.busy:
+            self.loop.step()
+        self.loop.drain()
+        cache = self.scheduler.kv.cache
+        cache.evict(cache.evictable_size)  # serving starts from an empty cache (block events need it)
+        if self.profile.device.type == "cuda":
+            torch.cuda.synchronize(self.profile.device)
+        self.startup["warmup_s"] = time.perf_counter() - t1
 
     def _capacity(self, device: str) -> int:
         per_token = self.model_config.kv_bytes_per_token()
         if device.startswith("cuda"):
-            free, _ = torch.cuda.mem_get_info()
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
             # The weights are not loaded yet: their checkpoint size stands in for them.
             weights = sum(f.stat().st_size for f in safetensor_files(self.model_path))
             return capacity_from_memory(

@@ -77,13 +77,17 @@ class _DeviceStream:
         """Whether the next forward should run beside the host's work."""
         return self.cuda or self.forward_s >= self.cpu_thread_min_s
 
-    def launch(self, fb: ForwardBatch):
+    def launch(self, fb: ForwardBatch, trace: GpuTrace | None = None):
         if not self.cuda:
             self.threaded += 1
             return self.worker.submit(self._forward_cpu, fb)
-        self.stream.wait_stream(torch.cuda.current_stream())  # inputs copied on the main stream
+        dev = self.runner.device
+        self.stream.wait_stream(torch.cuda.current_stream(dev))  # inputs copied on the main stream
         with torch.cuda.stream(self.stream):
+            mark = trace.start(fb) if trace is not None else None
             tokens = self.runner.forward(fb)
+            if mark is not None:
+                mark.record(self.stream)
             host = tokens.to("cpu", non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)
@@ -118,6 +122,34 @@ class _DeviceStream:
             self.worker.shutdown(wait=True)
 
 
+class GpuTrace:
+    """Per-step GPU time and the GPU's idle time before each step, from CUDA events recorded around
+    every forward on the stream it runs on (benchmarks: does the overlap loop keep the GPU busy?)."""
+
+    def __init__(self, device: torch.device, limit: int = 100_000) -> None:
+        self.device = device
+        self.steps: deque[tuple[str, int, torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=limit)
+
+    def start(self, fb: ForwardBatch) -> torch.cuda.Event:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record(torch.cuda.current_stream(self.device))
+        self.steps.append((fb.mode.value, fb.real_size, begin, end))
+        return end  # the caller records it after the forward
+
+    def read(self) -> list[dict]:
+        """One dict per traced step: mode, batch_size, gpu_ms, idle_before_ms (None for the first)."""
+        out: list[dict] = []
+        prev_end = None
+        for mode, size, begin, end in self.steps:
+            end.synchronize()
+            idle = prev_end.elapsed_time(begin) if prev_end is not None else None
+            out.append(
+                {"mode": mode, "batch_size": size, "gpu_ms": begin.elapsed_time(end), "idle_before_ms": idle}
+            )
+            prev_end = end
+        return out
+
+
 class EventLoop:
     def __init__(
         self, scheduler: BatchScheduler, runner: ModelRunner, overlap: bool, cpu_thread_min_s: float = 0.01
@@ -131,6 +163,16 @@ class EventLoop:
         # Called with (batch, launched at, results processed at; time.perf_counter()) after each batch,
         # when set: tracing and metrics, off the loop's path when unset.
         self.on_batch: Callable[[ScheduleBatch, float, float], None] | None = None
+        self.trace: GpuTrace | None = None
+
+    def enable_gpu_trace(self) -> None:
+        """Record CUDA events around every forward from now on (a no-op on CPU)."""
+        if self.runner.device.type == "cuda":
+            self.trace = GpuTrace(self.runner.device)
+
+    def gpu_trace(self) -> list[dict]:
+        """The traced steps (``GpuTrace.read``); [] on CPU or when tracing is off."""
+        return self.trace.read() if self.trace is not None else []
 
     def step(self) -> list[Req]:
         """One iteration; returns the requests that finished in it."""
@@ -147,7 +189,11 @@ class EventLoop:
             return []
         fb = self.runner.prepare(batch)
         t1 = time.perf_counter()
-        tokens = self.runner.forward(fb).tolist()
+        mark = self.trace.start(fb) if self.trace is not None else None
+        out = self.runner.forward(fb)
+        if mark is not None:
+            mark.record(torch.cuda.current_stream(self.runner.device))
+        tokens = out.tolist()
         t2 = time.perf_counter()
         if self.stream is not None:  # the overlap loop stepping as this one (short CPU forwards)
             self.stream.ran_inline(t2 - t1)
@@ -169,7 +215,7 @@ class EventLoop:
         batch = self.scheduler.schedule()
         if batch is not None:
             fb = self.runner.prepare(batch)
-            self.in_flight.append((batch, self.stream.launch(fb), t0))
+            self.in_flight.append((batch, self.stream.launch(fb, self.trace), t0))
         # Keep one batch running on the device while the host processes the one before it.
         finished, waited = self._process_in_flight(keep=1 if batch is not None else 0)
         self._account(time.perf_counter() - t0 - waited, waited)

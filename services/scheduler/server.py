@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import torch
 
 from radixserve.common import telemetry
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, root_hash
@@ -227,6 +228,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):
 
     # ---------------------------------------------------------------------- engine thread
     def _run(self) -> None:
+        device = self.engine.profile.device
+        if device.type == "cuda":  # the current device is per thread: cuda:N here too
+            torch.cuda.set_device(device)
         try:
             cache = self.scheduler.kv.cache
             while not self._stop.is_set():

@@ -24,8 +24,8 @@ from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention import TorchAttention, make_backend
+from radixserve.scheduler.model.attention.flashinfer_backend import FlashInferAttention
 from radixserve.scheduler.model.config import ModelConfig
-from radixserve.scheduler.model.flashinfer_backend import FlashInferAttention
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.loader import load_model
 from radixserve.scheduler.policy.batch import ForwardMode

@@ -162,15 +162,19 @@ def test_a_response_lost_with_a_dying_detokenizer_is_failed_not_left_hanging(mod
 
 
 def test_sigterm_drains_finishes_short_requests_and_aborts_long_ones_with_a_reason(model_dir):
-    cluster = start_cluster(model_dir, schedulers=1, scheduler_args=["--drain-timeout", "1.5"])
+    # The long request must outlast the drain by far: ~1,950 tokens against a 1 s drain (the tiny model
+    # decodes a lone request at several hundred tokens a second here).
+    cluster = start_cluster(model_dir, schedulers=1, scheduler_args=["--drain-timeout", "1.0"])
     try:
         sched = cluster.schedulers[0]
+        long_body = {**LONG, "max_tokens": 1950}
 
         async def go():
             async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
                 started = [asyncio.Event(), asyncio.Event()]
                 tasks = [
-                    asyncio.create_task(_stream(h, b, e)) for b, e in zip((LONG, SHORT), started, strict=True)
+                    asyncio.create_task(_stream(h, b, e))
+                    for b, e in zip((long_body, SHORT), started, strict=True)
                 ]
                 for e in started:
                     await e.wait()

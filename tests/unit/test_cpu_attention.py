@@ -9,9 +9,9 @@ import torch
 
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
-from radixserve.scheduler.model import cpu_attention
 from radixserve.scheduler.model.attention import TorchAttention, make_backend
-from radixserve.scheduler.model.cpu_attention import CpuAttention
+from radixserve.scheduler.model.attention import cpu as cpu_attention
+from radixserve.scheduler.model.attention.cpu import CpuAttention
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.policy.batch import ForwardMode
 

@@ -15,8 +15,8 @@ from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
-from radixserve.scheduler.model import cpu_attention
 from radixserve.scheduler.model.attention import TorchAttention
+from radixserve.scheduler.model.attention import cpu as cpu_attention
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.loader import load_model

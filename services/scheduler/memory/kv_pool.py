@@ -14,5 +14,6 @@ class KVPool:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer][slots] = k
-        self.v[layer][slots] = v
+        # index_put_ rather than ``k[slots] = ...``: the same kernel, without Python's indexing path
+        self.k[layer].index_put_((slots,), k)
+        self.v[layer].index_put_((slots,), v)

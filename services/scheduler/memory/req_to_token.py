@@ -1,14 +1,26 @@
 """ReqToTokenPool: for each running request, the KV slot of every token it holds.
 
-A ``[max_running, max_context]`` int32 table on the host. Row ``r`` column ``i`` is the KV
+A ``[max_running + 1, max_context]`` int32 table on the host. Row ``r`` column ``i`` is the KV
 slot of token ``i`` of the request that owns row ``r``. The scheduler reads and writes it
 without touching the device; the attention backends turn the rows of a step's requests
-into device metadata once per step, in ``prepare`` (model/attention.py).
+into device metadata once per step, in ``prepare`` (model/attention/).
+
+The last row, ``scratch_row``, is never handed out and stays all zeros: slot 0 is the allocator's
+scratch page. Padding entries of a padded decode batch (the CUDA-graph buckets) name it, so they
+attend over one slot that no request owns and write their K/V there.
+
+Device mirror (``attach_device``). On a GPU the flashinfer backend builds each step's page list
+on the device from a copy of the table, so the host sends O(batch) numbers per step instead of
+every page of every context. The mirror is updated incrementally: writes are logged on the host,
+the runner sends everything written since the last step in its one staged host->device copy
+(``take_pending``) and scatters it into the mirror (``apply_pending``) before the step that reads
+it. On CPU the mirror is the host array itself (a zero-copy view), so there is nothing to sync.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 class ReqToTokenPool:
@@ -17,9 +29,12 @@ class ReqToTokenPool:
             raise ValueError("max_running and max_context must be >= 1")
         self.max_running = max_running
         self.max_context = max_context
-        self.host = np.zeros((max_running, max_context), dtype=np.int32)
+        self.scratch_row = max_running
+        self.host = np.zeros((max_running + 1, max_context), dtype=np.int32)
         self._free_rows = list(range(max_running - 1, -1, -1))
         self._row_free = np.ones(max_running, dtype=bool)
+        self.device_table: torch.Tensor = torch.from_numpy(self.host)  # the mirror (CPU: this array)
+        self._log: list[tuple[np.ndarray, np.ndarray]] | None = None  # (rows, cols) written since sync
 
     @property
     def num_free(self) -> int:
@@ -33,7 +48,7 @@ class ReqToTokenPool:
         return row
 
     def free(self, row: int) -> None:
-        if self._row_free[row]:
+        if row == self.scratch_row or self._row_free[row]:
             raise ValueError(f"double free of request slot {row}")
         self._row_free[row] = True
         self._free_rows.append(row)
@@ -44,10 +59,55 @@ class ReqToTokenPool:
         if end > self.max_context:
             raise ValueError(f"context {end} exceeds max_context {self.max_context}")
         self.host[row, start:end] = slots
+        if self._log is not None and end > start:
+            self._log.append((np.full(end - start, row, dtype=np.int64), np.arange(start, end)))
 
     def write_tokens(self, rows: np.ndarray, cols: np.ndarray, slots: np.ndarray) -> None:
         """Scatter one slot per (row, col): the decode step's write, one call per batch."""
         self.host[rows, cols] = slots
+        if self._log is not None and len(rows):
+            self._log.append((np.asarray(rows, np.int64), np.asarray(cols, np.int64)))
 
     def read(self, row: int, start: int, end: int) -> np.ndarray:
         return self.host[row, start:end].astype(np.int64)
+
+    # ------------------------------------------------------------------ device mirror
+    def attach_device(self, device: torch.device) -> None:
+        """Keep a copy of the table on ``device`` (CUDA); a no-op on CPU."""
+        if device.type == "cpu":
+            return
+        self.device_table = torch.from_numpy(self.host).to(device)
+        self._log = []
+
+    def take_pending(self) -> np.ndarray | None:
+        """Every write since the last call as one int64 array ``[rows, cols, slots]`` to send to the
+        device (None: nothing to send, or no mirror). Slots are read now, not at write time, so a
+        cell written twice sends its latest slot both times."""
+        if not self._log:
+            return None
+        rows, cols = (np.concatenate(part) for part in zip(*self._log, strict=True))
+        self._log.clear()
+        return np.concatenate([rows, cols, self.host[rows, cols].astype(np.int64)])
+
+    def apply_pending(self, packed: torch.Tensor) -> None:
+        """Scatter a ``take_pending`` array, now on the mirror's device, into the mirror (one op, on
+        the caller's stream: before the step that reads it)."""
+        rows, cols, slots = packed.chunk(3)
+        self.device_table.index_put_((rows, cols), slots.to(torch.int32))
+
+    def page_indices(
+        self, rows: torch.Tensor, page_indptr: torch.Tensor, total_pages: int, page_size: int
+    ) -> torch.Tensor:
+        """Every page of every listed row, concatenated, read from the device mirror with a few
+        vectorised ops (no host sync, no per-request work): row ``i`` contributes its pages
+        ``0 .. page_indptr[i + 1] - page_indptr[i] - 1``, i.e. the slots at columns 0, page_size, ...
+        divided by page_size. ``rows`` and ``page_indptr`` (int64, [B] and [B + 1]) live on the
+        mirror's device; returns int32 [total_pages]."""
+        dev = self.device_table.device
+        k = torch.arange(total_pages, dtype=torch.int64, device=dev)
+        # which entry each output page belongs to: the last i with page_indptr[i] <= k
+        entry = torch.searchsorted(page_indptr.narrow(0, 1, len(page_indptr) - 1), k, right=True)
+        cols = (k - page_indptr.index_select(0, entry)) * page_size
+        flat = rows.index_select(0, entry) * self.max_context + cols
+        slots = self.device_table.view(-1).index_select(0, flat)
+        return slots // page_size if page_size > 1 else slots

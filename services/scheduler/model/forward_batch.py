@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,10 +24,20 @@ class ForwardBatch:
     last_index: torch.Tensor | None = None  # [B] each request's last token in the batch (device)
     attn: Any = None  # backend metadata, built by AttentionBackend.prepare on the scheduler thread
     all_logits: bool = False  # return logits for every token (tests), not just each request's last
+    rows: np.ndarray | None = None  # [B] host: each entry's ReqToTokenPool row (padding: the scratch row)
+    # Arrays the backend asked to have on the device (AttentionBackend.host_arrays), host and device.
+    staged_host: dict[str, np.ndarray] = field(default_factory=dict)
+    staged: dict[str, torch.Tensor] = field(default_factory=dict)
+    graph_bucket: int | None = None  # decode padded to this many rows for the static path (graph_runner)
+    num_real: int | None = None  # rows that are requests (the rest is padding); None: all
 
     @property
     def batch_size(self) -> int:
         return len(self.extend_lens)
+
+    @property
+    def real_size(self) -> int:
+        return self.batch_size if self.num_real is None else self.num_real
 
     @classmethod
     def for_attention(

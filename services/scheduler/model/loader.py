@@ -1,4 +1,9 @@
-"""Load a Hugging Face model folder: config.json + *.safetensors (one file or a sharded index)."""
+"""Load a Hugging Face model folder: config.json + *.safetensors (one file or a sharded index).
+
+Checkpoints store q_proj / k_proj / v_proj and gate_proj / up_proj apart; our layers hold them
+merged (``qkv_proj``, ``gate_up_proj``: model/llama.py). ``merged_target`` maps a checkpoint name to
+its merged parameter and the rows it fills; every row of every parameter must be filled exactly once.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,6 @@ from safetensors import safe_open
 
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.llama import CausalLM
-from radixserve.scheduler.model.rope import inv_frequencies
 
 
 def safetensor_files(path: Path) -> list[Path]:
@@ -27,34 +31,61 @@ def safetensor_files(path: Path) -> list[Path]:
     return found
 
 
-def load_model(path: str | Path, cfg: ModelConfig, device: str | torch.device) -> CausalLM:
+def merged_target(name: str, cfg: ModelConfig) -> tuple[str, int, int] | None:
+    """(our parameter, first row, row count) for a checkpoint tensor that is one part of a merged
+    projection (weight or bias: both stack along dim 0), else None."""
+    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    parts = {
+        ".self_attn.q_proj.": (".self_attn.qkv_proj.", 0, q),
+        ".self_attn.k_proj.": (".self_attn.qkv_proj.", q, kv),
+        ".self_attn.v_proj.": (".self_attn.qkv_proj.", q + kv, kv),
+        ".mlp.gate_proj.": (".mlp.gate_up_proj.", 0, inter),
+        ".mlp.up_proj.": (".mlp.gate_up_proj.", inter, inter),
+    }
+    for part, (merged, start, rows) in parts.items():
+        if part in name:
+            return name.replace(part, merged), start, rows
+    return None
+
+
+def load_model(
+    path: str | Path, cfg: ModelConfig, device: str | torch.device, max_positions: int | None = None
+) -> CausalLM:
+    """``max_positions``: the longest context served (the rotary table's length); default the
+    model's max_position_embeddings."""
     path = Path(path)
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = CausalLM(cfg, max_positions)
     model.to_empty(device=device)
     model = model.to(cfg.dtype)
     params = dict(model.named_parameters())
-    missing = set(params)
+    unfilled = {name: torch.ones(p.shape[0], dtype=torch.bool) for name, p in params.items()}
     for file in safetensor_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
-                if name not in params:
+                merged = merged_target(name, cfg)
+                target_name, start, rows = merged if merged else (name, 0, None)
+                if target_name not in params:
                     if name == "lm_head.weight" and cfg.tie_word_embeddings:
                         continue  # some checkpoints store the tied head too
                     if name.endswith("rotary_emb.inv_freq"):
                         continue
                     raise ValueError(f"unexpected tensor {name!r} in {file.name}")
-                target = params[name]
+                param = params[target_name]
+                target = param if rows is None else param[start : start + rows]
                 tensor = f.get_tensor(name)
                 if tensor.shape != target.shape:
                     raise ValueError(
                         f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
                     )
+                filled = unfilled[target_name][start : start + target.shape[0]]
+                if not filled.all():
+                    raise ValueError(f"{name}: {target_name} rows {start}.. given twice")
                 with torch.no_grad():
                     target.copy_(tensor.to(cfg.dtype))
-                missing.discard(name)
+                filled.zero_()
+    missing = sorted(name for name, rows in unfilled.items() if rows.any())
     if missing:
-        raise ValueError(f"checkpoint lacks {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
-    # Buffers built at init (rotary frequencies) were lost with the meta device: rebuild them.
-    model.model.rotary.inv_freq = inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+        raise ValueError(f"checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    model.init_rope()  # buffers built on the meta device are empty: rebuild on the real one
     return model.eval()

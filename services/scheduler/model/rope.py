@@ -1,4 +1,5 @@
-"""Rotary position embedding (rotate-half form), with Llama 3 frequency scaling."""
+"""Rotary position embedding frequencies, with Llama 3 frequency scaling (the table and the
+rotation itself are in model/ops.py)."""
 
 from __future__ import annotations
 
@@ -22,23 +23,3 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
     return torch.where(medium, blended, scaled)
-
-
-class RotaryEmbedding(torch.nn.Module):
-    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
-        super().__init__()
-        self.register_buffer("inv_freq", inv_frequencies(head_dim, theta, scaling), persistent=False)
-
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for each position, [T, head_dim], computed in fp32 then cast."""
-        inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]
-        freqs = positions.float()[:, None] * inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]; cos/sin: [T, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]

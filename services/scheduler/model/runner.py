@@ -8,7 +8,7 @@ so that a batch launched before this one's results were read can already feed th
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,11 +16,14 @@ import torch
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention import make_backend
-from radixserve.scheduler.model.config import ModelConfig
+from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.forward_batch import ForwardBatch
-from radixserve.scheduler.model.loader import load_model
+from radixserve.scheduler.model.graph_runner import DecodeGraphRunner
+from radixserve.scheduler.model.llama import CausalLM
+from radixserve.scheduler.model.ops import make_ops
 from radixserve.scheduler.model.sampler import Sampler, SamplingInfo
-from radixserve.scheduler.policy.batch import ScheduleBatch
+from radixserve.scheduler.model.staging import Staging
+from radixserve.scheduler.policy.batch import ForwardMode, ScheduleBatch
 
 
 class FutureMap:
@@ -48,51 +51,101 @@ class FutureMap:
         return ids
 
     def resolve(self, ids: torch.Tensor) -> torch.Tensor:
-        return torch.where(ids < 0, self.tokens[(-1 - ids).clamp(min=0)], ids)
+        return torch.where(ids < 0, self.tokens.index_select(0, (-1 - ids).clamp(min=0)), ids)
 
 
 class ModelRunner:
     def __init__(
         self,
-        model_path: str | Path,
-        model_config: ModelConfig,
+        model: CausalLM,
         req_to_token: ReqToTokenPool,
         pool_slots: int,
         max_batch: int,
-        attention_backend: str = "auto",
-        device: str = "cpu",
+        profile: DeviceProfile,
         page_size: int = 1,
+        flashinfer: Any = None,
     ) -> None:
-        self.device = torch.device(device)
-        self.config = model_config
-        self.model = load_model(model_path, model_config, self.device)
+        """``model``: loaded on ``profile.device`` (model/loader.py). ``flashinfer``: the module the
+        fused ops, attention and sampling call (None: imported when the profile needs it); the CPU
+        tests pass a stand-in to count the CUDA path's launches."""
+        self.profile = profile
+        self.device = profile.device
+        self.config = mc = model.config
+        self.model = model
+        self.model.ops = make_ops(profile.ops, flashinfer)
         self.req_to_token = req_to_token
-        mc = model_config
         self.kv_pool = KVPool(pool_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, mc.dtype, self.device)
         self.backend = make_backend(
-            attention_backend, self.kv_pool, req_to_token, mc.num_heads, mc.head_dim, page_size
-        )
-        self.sampler = Sampler()
+            profile.attention_backend, self.kv_pool, req_to_token, mc.num_heads, mc.head_dim, page_size,
+            flashinfer=flashinfer,
+        )  # fmt: skip
+        if hasattr(self.backend, "host_arrays"):  # it reads page lists from the table's device mirror
+            req_to_token.attach_device(self.device)
+        fi_sampling = getattr(flashinfer, "sampling", None)
+        self.sampler = Sampler(flashinfer_module=fi_sampling) if fi_sampling is not None else Sampler()
         self.futures = FutureMap(4 * max_batch + 8, self.device)
+        self.staging = Staging(self.device)
+        self.graphs = DecodeGraphRunner(
+            self.model, self.backend, self.device, profile.graph_max_bs, profile.cuda_graph
+        )
+        if self.graphs.capture_graphs:
+            max_pages = -(-req_to_token.max_context // page_size)
+            self.backend.init_graphs(self.graphs.buckets, max_pages)
 
     def prepare(self, batch: ScheduleBatch) -> ForwardBatch:
-        """Host side of a step (scheduler thread)."""
-        dev = self.device
-        rows = np.fromiter((r.req_pool_idx for r in batch.reqs), dtype=np.int64, count=batch.size)
+        """Host side of a step (scheduler thread): every array the step needs goes to the device in
+        one staged copy; a decode batch that fits a graph bucket is padded to it first."""
+        n = batch.size
+        rows = np.fromiter((r.req_pool_idx for r in batch.reqs), dtype=np.int64, count=n)
+        host = {
+            "input_ids": self.futures.encode_inputs(batch.input_ids.astype(np.int64)),
+            "positions": batch.positions,
+            "out_slots": batch.out_slots,
+            "future_out": self.futures.slots(batch.future_ids),
+            "rows": rows,
+            "prefix_lens": batch.prefix_lens,
+            "extend_lens": batch.extend_lens,
+        }
+        bucket = self.graphs.bucket_for(n) if batch.mode is ForwardMode.DECODE else None
+        if bucket is not None and bucket != n:
+            pads = dict(
+                input_ids=0, positions=0, out_slots=0, future_out=self.futures.capacity,
+                rows=self.req_to_token.scratch_row, prefix_lens=0, extend_lens=1,
+            )  # fmt: skip
+            host = self.graphs.pad(host, bucket, pads)
+        rows = host["rows"]
+        seq = host["prefix_lens"] + host["extend_lens"]
+        staged_host = self.backend.host_arrays(rows, seq) if hasattr(self.backend, "host_arrays") else {}
+        sync = self.req_to_token.take_pending()
+        names = ["input_ids", "positions", "out_slots", "future_out"]
+        arrays = [host[k] for k in names]
+        if batch.mode is not ForwardMode.DECODE:
+            arrays.append(np.cumsum(host["extend_lens"]) - 1)  # each request's last token
+        arrays += [*staged_host.values(), *([sync] if sync is not None else [])]
+        dev = self.staging.send(arrays)
+        if sync is not None:
+            self.req_to_token.apply_pending(dev[-1])
+        ids, positions, out_slots, future_out = dev[:4]
+        last_index = dev[4] if batch.mode is not ForwardMode.DECODE else None
+        k = 4 if last_index is None else 5
         fb = ForwardBatch(
             mode=batch.mode,
-            input_ids=torch.from_numpy(self.futures.encode_inputs(batch.input_ids.astype(np.int64))).to(dev),
-            positions=torch.from_numpy(batch.positions).to(dev),
-            out_slots=torch.from_numpy(batch.out_slots.astype(np.int64)).to(dev),
-            prefix_lens=batch.prefix_lens,
-            extend_lens=batch.extend_lens,
-            future_out=torch.from_numpy(self.futures.slots(batch.future_ids)).to(dev),
+            input_ids=ids,
+            positions=positions,
+            out_slots=out_slots,
+            prefix_lens=host["prefix_lens"],
+            extend_lens=host["extend_lens"],
+            future_out=future_out,
             sampling=SamplingInfo.from_params(
-                [r.sampling for r in batch.reqs], np.maximum(batch.token_index, 0).tolist(), dev
+                [r.sampling for r in batch.reqs], np.maximum(batch.token_index, 0).tolist(), self.device
             ),
+            last_index=last_index,
+            rows=rows,
+            staged_host=staged_host,
+            staged=dict(zip(staged_host, dev[k : k + len(staged_host)], strict=True)),
+            graph_bucket=bucket,
+            num_real=n,
         )
-        # Built here, not in forward: a host->device copy on the device stream would wait for it.
-        fb.last_index = torch.from_numpy(np.cumsum(batch.extend_lens) - 1).to(dev)
         self.backend.prepare(fb, rows)
         return fb
 
@@ -100,7 +153,14 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Device side of a step: returns the sampled tokens [B] (on the device)."""
         ids = self.futures.resolve(fb.input_ids)
-        logits = self.model(ids, fb.positions, fb, self.backend)
+        if fb.graph_bucket is not None:
+            logits = self.graphs.run(fb, ids)
+        else:
+            logits = self.model(ids, fb.positions, fb, self.backend)
         tokens = self.sampler(logits, fb.sampling)
-        self.futures.tokens[fb.future_out] = tokens
+        self.futures.tokens.index_put_((fb.future_out.narrow(0, 0, fb.real_size),), tokens)
         return tokens
+
+    def capture_graphs(self) -> float:
+        """Capture the decode graphs (CUDA; nothing on CPU); returns the seconds it took."""
+        return self.graphs.capture()

@@ -22,18 +22,41 @@ of ``(seed, step)``, ``step`` being the number of tokens the request has generat
 computation depends only on its own logits and parameters, so a seeded request yields the same tokens in
 whatever batch, batch position or step schedule it runs. Unseeded rows use the sampler's generator (the
 global RNG when it has none).
+
+Backends: the pipeline above is the ``torch`` path, used on CPU and when flashinfer is missing. On CUDA,
+when the ``flashinfer`` package imports, the unseeded sampled rows go through flashinfer's sampling kernels
+instead (rejection sampling: no sort of the vocabulary). They get ``probs = softmax(logits / temperature)``,
+then ``top_k_top_p_sampling_from_probs(..., filter_apply_order="top_k_first")`` (top-p over the
+top-k-renormalised distribution, the order above; ``"joint"`` would measure top-p on the raw distribution),
+or, when some row uses min-p, ``top_k_renorm_probs`` -> ``top_p_renorm_probs`` ->
+``min_p_sampling_from_probs``. The kernels draw from the sampler's generator: same distributions as the
+torch path, not the same tokens. Seeded rows always take the torch path (run over just those rows), so a
+seed yields the same tokens whichever backend samples its batch; greedy rows are the argmax of the raw
+logits on both.
+
+Transfers: ``SamplingInfo.from_params`` runs every engine step, so it moves the parameters in two copies, not
+one per field: the float fields packed into one float32 array, the integer ones into one int64 array, each
+copied once, non-blocking, from pinned memory (on CPU the fields are views of the arrays: no copy at all).
+An all-greedy batch builds no tensors.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
+import numpy as np
 import torch
 
 from radixserve.common.sampling import SamplingParams
 
+log = logging.getLogger(__name__)
+
 _MASK64 = (1 << 64) - 1
+BACKENDS = ("auto", "torch", "flashinfer")
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -46,19 +69,27 @@ def step_seed(seed: int, step: int) -> int:
 
 @dataclass(slots=True)
 class SamplingInfo:
-    """One batch's sampling parameters as device tensors (one row per request) plus host-side flags."""
+    """One batch's sampling parameters as device tensors (one row per request) plus host-side flags.
 
-    temperatures: torch.Tensor  # [B, 1] float32; 1.0 on greedy rows so the division is harmless
-    top_ks: torch.Tensor  # [B] int64; -1 = off (also on greedy rows)
-    top_ps: torch.Tensor  # [B] float32; 1.0 = off
-    min_ps: torch.Tensor  # [B] float32; 0.0 = off
-    is_greedy: torch.Tensor  # [B] bool
+    The tensor fields are ``None`` when every row is greedy (nothing to sample, so nothing is built).
+    Otherwise the float fields are views of one packed float32 device tensor and the integer fields of one
+    packed int64 device tensor (``host_buffers`` keeps their host sources alive until the copies run).
+    """
+
+    batch_size: int
+    temperatures: torch.Tensor | None  # [B, 1] float32; 1.0 on greedy rows so the division is harmless
+    top_ks: torch.Tensor | None  # [B] int64; -1 = off (also on greedy rows)
+    top_ps: torch.Tensor | None  # [B] float32; 1.0 = off
+    min_ps: torch.Tensor | None  # [B] float32; 0.0 = off
+    is_greedy: torch.Tensor | None  # [B] bool
     all_greedy: bool
     any_greedy: bool
     max_top_k: int  # largest top_k among sampled rows with top-k on; 0 when none
     need_top_p: bool
     need_min_p: bool
     seeded_rows: list[tuple[int, int]]  # (row, generator seed) for sampled rows that carry a seed
+    seeded_index: torch.Tensor | None = None  # [S] int64 on the device: the rows of seeded_rows, in order
+    host_buffers: tuple[torch.Tensor, ...] = ()  # the packed host arrays (pinned on CUDA)
 
     @classmethod
     def from_params(
@@ -88,22 +119,54 @@ class SamplingInfo:
             if p.seed is not None:
                 seeded.append((i, step_seed(int(p.seed), int(step))))
         n = len(params)
+        if all(greedy):
+            # The sampler takes one argmax; any tensor built here would be a wasted host->device copy.
+            return cls(
+                batch_size=n,
+                temperatures=None,
+                top_ks=None,
+                top_ps=None,
+                min_ps=None,
+                is_greedy=None,
+                all_greedy=True,
+                any_greedy=n > 0,
+                max_top_k=0,
+                need_top_p=False,
+                need_min_p=False,
+                seeded_rows=[],
+            )
+        floats = torch.from_numpy(np.array(temps + top_ps + min_ps, dtype=np.float32))
+        ints = torch.from_numpy(np.array(top_ks + greedy + [r for r, _ in seeded], dtype=np.int64))
+        dev = torch.device(device)
+        if dev.type == "cpu":
+            dev_floats, dev_ints = floats, ints
+        else:
+            if dev.type == "cuda":
+                # A copy from pageable memory blocks the host until it is done; from pinned memory it is
+                # queued on the stream and the host goes on preparing the step.
+                floats, ints = floats.pin_memory(), ints.pin_memory()
+            dev_floats = floats.to(dev, non_blocking=True)
+            dev_ints = ints.to(dev, non_blocking=True)
         return cls(
-            temperatures=torch.tensor(temps, dtype=torch.float32, device=device).view(n, 1),
-            top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
-            top_ps=torch.tensor(top_ps, dtype=torch.float32, device=device),
-            min_ps=torch.tensor(min_ps, dtype=torch.float32, device=device),
-            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
-            all_greedy=all(greedy),
+            batch_size=n,
+            temperatures=dev_floats[:n].view(n, 1),
+            top_ks=dev_ints[:n],
+            top_ps=dev_floats[n : 2 * n],
+            min_ps=dev_floats[2 * n :],
+            is_greedy=dev_ints[n : 2 * n].bool(),  # a device-side cast, not another transfer
+            all_greedy=False,
             any_greedy=any(greedy),
             max_top_k=max((k for k in top_ks if k > 0), default=0),
             need_top_p=any(tp < 1.0 for tp in top_ps),
             need_min_p=any(mp > 0.0 for mp in min_ps),
             seeded_rows=seeded,
+            seeded_index=dev_ints[2 * n :] if seeded else None,
+            # Referenced here so the pinned sources outlive the asynchronous copies that read them.
+            host_buffers=(floats, ints),
         )
 
     def __len__(self) -> int:
-        return self.top_ks.shape[0]
+        return self.batch_size
 
 
 class Sampler:
@@ -113,18 +176,96 @@ class Sampler:
     ``top_p_candidates``: on CPU, top-p first looks for each row's nucleus among its this-many largest
     tokens (one ``topk``, much cheaper than sorting the vocabulary there) and fully sorts only the rows
     whose nucleus reaches past them. ``None``, or CUDA logits, always sort (no host sync on the GPU).
+    ``backend``: ``"auto"`` samples CUDA logits with flashinfer's kernels when flashinfer imports (tried
+    once, on the first CUDA batch) and everything else with torch; ``"torch"`` always uses torch;
+    ``"flashinfer"`` always uses flashinfer (it must import: checked here).
+    ``flashinfer_module``: the ``flashinfer.sampling`` module to use instead of importing it (tests pass a
+    stand-in with the same functions).
     """
 
-    def __init__(self, generator: torch.Generator | None = None, top_p_candidates: int | None = 1024) -> None:
+    def __init__(
+        self,
+        generator: torch.Generator | None = None,
+        top_p_candidates: int | None = 1024,
+        backend: str = "auto",
+        flashinfer_module: ModuleType | Any | None = None,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"sampler backend must be one of {BACKENDS}, got {backend!r}")
         self.generator = generator
         self.top_p_candidates = top_p_candidates
+        self.backend = backend
+        self._flashinfer = flashinfer_module
+        # Imported lazily: importing radixserve, or sampling on CPU, never needs flashinfer.
+        self._flashinfer_resolved = flashinfer_module is not None or backend == "torch"
+        if backend == "flashinfer" and flashinfer_module is None:
+            self._flashinfer = _load_flashinfer_sampling()
+            self._flashinfer_resolved = True
+
+    def uses_flashinfer(self, logits: torch.Tensor) -> bool:
+        """Whether sampling these logits goes through flashinfer's kernels."""
+        return self._kernels(logits) is not None
 
     def __call__(self, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
         if logits.dim() != 2 or logits.shape[0] != len(info):
             raise ValueError(f"logits must be [{len(info)}, V], got {tuple(logits.shape)}")
         if info.all_greedy:
             return logits.argmax(dim=-1)
+        kernels = self._kernels(logits)
+        if kernels is None or len(info.seeded_rows) == len(info):
+            return self._sample_torch(logits, info)
+        return self._sample_flashinfer(kernels, logits, info)
 
+    def _kernels(self, logits: torch.Tensor) -> Any | None:
+        """The flashinfer sampling module for these logits, or None for the torch path."""
+        if self.backend == "torch" or (self.backend == "auto" and not logits.is_cuda):
+            return None
+        if not self._flashinfer_resolved:
+            self._flashinfer_resolved = True
+            try:
+                self._flashinfer = _load_flashinfer_sampling()
+            except Exception as e:  # not installed, or built for another CUDA / torch
+                log.info("flashinfer sampling unavailable (%r); sampling with torch", e)
+        return self._flashinfer
+
+    def _sample_flashinfer(self, fi: Any, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
+        assert info.temperatures is not None and info.top_ks is not None and info.is_greedy is not None
+        vocab = logits.shape[1]
+        probs = torch.softmax(torch.div(logits, info.temperatures).float(), dim=-1)
+        # flashinfer wants int32 top_k with "off" as the whole vocabulary (ours: -1).
+        top_ks = torch.where(info.top_ks > 0, info.top_ks.clamp(max=vocab), vocab).to(torch.int32)
+        if info.need_min_p:
+            # Renormalising scales every kept probability alike, so min-p's ratio to the max is unchanged.
+            if info.max_top_k > 0:
+                probs = fi.top_k_renorm_probs(probs, top_ks)
+            if info.need_top_p:
+                probs = fi.top_p_renorm_probs(probs, info.top_ps)
+            tokens = fi.min_p_sampling_from_probs(
+                probs, info.min_ps, deterministic=True, generator=self.generator
+            )
+        elif info.max_top_k > 0 or info.need_top_p:
+            tokens = fi.top_k_top_p_sampling_from_probs(
+                probs,
+                top_ks,
+                info.top_ps,
+                filter_apply_order="top_k_first",
+                deterministic=True,
+                generator=self.generator,
+            )
+        else:
+            tokens = fi.sampling_from_probs(probs, deterministic=True, generator=self.generator)
+        tokens = tokens.to(torch.int64)
+        if info.seeded_rows:
+            # The kernels' draws depend on the whole batch; a seeded row must not, so the torch path
+            # (per-row generators) samples those rows again and they replace the kernel's tokens.
+            idx = info.seeded_index
+            tokens[idx] = self._sample_torch(logits[idx], _seeded_part(info))
+        if info.any_greedy:
+            tokens = torch.where(info.is_greedy, logits.argmax(dim=-1), tokens)
+        return tokens
+
+    def _sample_torch(self, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
+        assert info.temperatures is not None and info.top_ks is not None
         # A new float32 tensor: the caller's logits are never modified.
         x = torch.div(logits, info.temperatures)
         if x.dtype != torch.float32:
@@ -200,3 +341,33 @@ def _nucleus_drop(x: torch.Tensor, probs: torch.Tensor, top_ps: torch.Tensor) ->
     drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_ps.unsqueeze(1)
     drop[:, 0] = False
     return torch.empty_like(drop).scatter_(1, sorted_idx, drop)
+
+
+def _load_flashinfer_sampling() -> ModuleType:
+    import flashinfer.sampling
+
+    return flashinfer.sampling
+
+
+def _seeded_part(info: SamplingInfo) -> SamplingInfo:
+    """The seeded rows of ``info`` as a batch of their own (row j = the j-th of ``info.seeded_rows``).
+
+    The batch-wide filter flags are kept as they are: they only switch a filter on, and a row whose own
+    parameter is off passes through that filter unchanged, so every row samples exactly as in the full batch.
+    """
+    assert info.seeded_index is not None and info.temperatures is not None
+    idx = info.seeded_index
+    return SamplingInfo(
+        batch_size=len(info.seeded_rows),
+        temperatures=info.temperatures[idx],
+        top_ks=info.top_ks[idx],
+        top_ps=info.top_ps[idx],
+        min_ps=info.min_ps[idx],
+        is_greedy=None,
+        all_greedy=False,
+        any_greedy=False,  # only sampled rows carry a seed
+        max_top_k=info.max_top_k,
+        need_top_p=info.need_top_p,
+        need_min_p=info.need_min_p,
+        seeded_rows=[(j, seed) for j, (_, seed) in enumerate(info.seeded_rows)],
+    )

@@ -1,18 +1,6 @@
-"""Attention backends behind one interface.
+"""The reference attention backend (CPU and CUDA): gather each request's context, then SDPA.
 
-A backend is used in two phases per step:
-
-* ``prepare(fb, rows)`` on the scheduler thread: reads the host ReqToTokenPool once and
-  builds the step's metadata (which KV slots each request attends to). The forward never
-  reads the table itself, so a row reused by the next schedule cannot change a running step.
-* ``forward(layer, q, k, v, fb)`` per layer on the device stream: writes the new tokens'
-  K/V into the pool at ``fb.out_slots``, then attends over each request's context.
-
-``torch`` is the reference (CPU and CUDA): gather by slot index + scaled dot-product
-attention. ``flashinfer`` (CUDA only, model/flashinfer_backend.py); ``cpu`` (model/cpu_attention.py:
-decode by a C kernel straight over the pool, the rest as ``torch``). ``auto`` picks flashinfer on
-CUDA when it is installed and supports the model's dtype and head size; on CPU, ``cpu`` when its
-kernel builds, the pool is fp32 and torch runs one intra-op thread; else ``torch``.
+The two-phase backend contract is described in ``attention/__init__.py``.
 """
 
 from __future__ import annotations
@@ -103,27 +91,3 @@ class TorchAttention:
             )
             out[q0:q1] = oi[0].transpose(0, 1).reshape(q1 - q0, -1)
         return out
-
-
-def make_backend(
-    name: str, pool: KVPool, req_to_token: ReqToTokenPool, num_heads: int, head_dim: int, page_size: int = 1
-):
-    from radixserve.scheduler.model.cpu_attention import CpuAttention, unavailable_reason
-    from radixserve.scheduler.model.flashinfer_backend import FlashInferAttention, unsupported_reason
-
-    k0 = pool.k[0]
-    num_kv_heads = int(k0.shape[1])
-    if name == "auto" and k0.device.type == "cpu":
-        # The C kernel is single-threaded: with more torch threads the torch path keeps them busy.
-        usable = torch.get_num_threads() == 1 and unavailable_reason(k0.device, k0.dtype) is None
-        name = "cpu" if usable else "torch"
-    elif name == "auto":
-        usable = unsupported_reason(k0.device, k0.dtype, num_heads, num_kv_heads, head_dim) is None
-        name = "flashinfer" if usable else "torch"
-    if name == "torch":
-        return TorchAttention(pool, req_to_token, num_heads, head_dim)
-    if name == "cpu":
-        return CpuAttention(pool, req_to_token, num_heads, head_dim)
-    if name == "flashinfer":
-        return FlashInferAttention(pool, req_to_token, num_heads, head_dim, page_size, num_kv_heads)
-    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch, cpu or flashinfer")

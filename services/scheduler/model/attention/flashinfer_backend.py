@@ -1,10 +1,15 @@
 """FlashInfer attention backend (CUDA only): paged prefill/extend and decode straight over the KVPool.
 
-Same two-phase contract as ``TorchAttention`` (model/attention.py):
+Same two-phase contract as every backend (model/attention/__init__.py):
 
-* ``prepare(fb, rows)`` on the scheduler thread reads the host ReqToTokenPool (numpy) once, turns
-  each request's slots into flashinfer's CSR page table (``kv_indptr`` / ``kv_indices`` /
-  ``kv_last_page_len``) and calls the wrapper's ``plan`` once for the step (every layer reuses it).
+* ``prepare(fb, rows)`` on the scheduler thread builds flashinfer's CSR page table for the step:
+  ``kv_indptr`` and ``kv_last_page_len`` on the host from the sequence lengths (B numbers), and
+  ``kv_indices`` on the device, gathered from the ReqToTokenPool's device mirror with a few
+  vectorised ops (``ReqToTokenPool.page_indices``; the rows and indptr arrive in the step's one
+  staged copy, ``host_arrays``), so no page list crosses the bus and no Python loop runs per
+  request. It then calls the wrapper's ``plan`` once for the step (every layer reuses it). A
+  decode batch padded for a CUDA graph is planned later, on the device stream, into that bucket's
+  fixed-buffer wrapper (``plan_graph``, called by model/graph_runner.py right before the replay).
 * ``forward(layer, q, k, v, fb)`` on the device stream scatters the new tokens' K/V into the pool at
   ``fb.out_slots`` and then calls the planned wrapper's ``run`` over that layer's paged cache.
 
@@ -70,7 +75,12 @@ MAX_CUDA_CORE_DECODE_GROUP = 4  # GQA groups above this decode on tensor cores
 
 
 def unsupported_reason(
-    device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int
+    device: torch.device,
+    dtype: torch.dtype,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    flashinfer: Any = None,
 ) -> str | None:
     """Why the flashinfer backend cannot serve this model here, or None if it can."""
     if device.type != "cuda":
@@ -81,8 +91,10 @@ def unsupported_reason(
         return f"flashinfer attention supports head_dim {SUPPORTED_HEAD_DIMS}, not {head_dim}"
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         return f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}"
+    if flashinfer is not None:  # a module handed in (the CPU tests' stand-in)
+        return None
     try:
-        import flashinfer  # noqa: F401
+        import flashinfer
     except Exception as e:  # ImportError, or a broken install (CUDA / torch mismatch)
         return f"flashinfer does not import: {e!r}"
     return None
@@ -90,9 +102,10 @@ def unsupported_reason(
 
 @dataclass(slots=True)
 class _FlashInferMeta:
-    wrapper: Any  # the wrapper planned for this step (prefill or decode)
-    plan_set: int  # which wrapper set
+    wrapper: Any  # the wrapper planned for this step (prefill or decode); None: a graph step, planned later
+    plan_set: int  # which wrapper set; -1: a CUDA-graph wrapper (graph_variants / plan_graph)
     plan_id: int  # that set's plan counter at planning time: a stale ForwardBatch is caught in forward
+    graph_inputs: tuple[torch.Tensor, ...] | None = None  # (indptr, indices, last_page_len) for plan_graph
 
 
 class FlashInferAttention:
@@ -112,24 +125,27 @@ class FlashInferAttention:
         workspace_bytes: int = WORKSPACE_BYTES,
         num_plan_sets: int = 2,
         check_layout: bool = False,
+        flashinfer: Any = None,
     ) -> None:
         """``prefill_backend``: "fa2" (default, as SGLang's paged wrappers; one kernel family for
         prefill and tensor-core decode, the fewest JIT builds), "fa3" or "auto" (FA3 on Hopper).
         ``decode_tensor_cores``: None picks by GQA group size. ``check_layout``: verify in
-        ``prepare`` that every row is page structured (tests; costs host time per step)."""
+        ``prepare`` that every row is page structured (tests; costs host time per step).
+        ``flashinfer``: the module to call (None: imported); the CPU tests pass a stand-in."""
         k0 = pool.k[0]
         num_kv_heads = int(k0.shape[1]) if num_kv_heads is None else num_kv_heads
         if tuple(k0.shape[1:]) != (num_kv_heads, head_dim):
             raise ValueError(f"KV pool is {tuple(k0.shape)}, expected [slots, {num_kv_heads}, {head_dim}]")
-        reason = unsupported_reason(k0.device, k0.dtype, num_heads, num_kv_heads, head_dim)
+        reason = unsupported_reason(k0.device, k0.dtype, num_heads, num_kv_heads, head_dim, flashinfer)
         if reason is not None:
             raise ValueError(reason)
         if page_size < 1 or k0.shape[0] % page_size:
             raise ValueError(f"pool of {k0.shape[0]} slots is not whole pages of {page_size}")
         if num_plan_sets < 2:
             raise ValueError("num_plan_sets must be >= 2 (a step may run while the next is planned)")
-        import flashinfer
-
+        if flashinfer is None:
+            import flashinfer
+        self.fi = flashinfer
         self.pool = pool
         self.req_to_token = req_to_token
         self.num_heads = num_heads
@@ -140,6 +156,9 @@ class FlashInferAttention:
         self.dtype = k0.dtype
         self.device = k0.device
         self.check_layout = check_layout
+        self.prefill_backend = (
+            prefill_backend  # also the tensor-core decode's ("auto" would pick FA3 on Hopper)
+        )
         self.flashinfer_version = str(getattr(flashinfer, "__version__", "unknown"))
         group = num_heads // num_kv_heads
         if decode_tensor_cores is None:
@@ -153,7 +172,7 @@ class FlashInferAttention:
                     self.workspace, "NHD", backend=prefill_backend
                 ),
                 flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                    self.workspace, "NHD", use_tensor_cores=decode_tensor_cores
+                    self.workspace, "NHD", use_tensor_cores=decode_tensor_cores, backend=prefill_backend
                 ),
             )
             for _ in range(num_plan_sets)
@@ -162,21 +181,30 @@ class FlashInferAttention:
         self._next_set = 0
 
     # ------------------------------------------------------------ scheduler thread
-    def page_table(self, rows: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, ...]:
-        """flashinfer's CSR page table for ``rows`` holding ``seq_lens`` tokens (host arrays, int32)."""
-        host, ps = self.req_to_token.host, self.page_size
+    def host_arrays(self, rows: np.ndarray, seq_lens: np.ndarray) -> dict[str, np.ndarray]:
+        """What ``prepare`` needs on the device, sent in the step's one host->device copy: the rows
+        and the CSR page offsets (host arithmetic on B numbers); the page lists themselves are
+        gathered on the device from the table's mirror (``ReqToTokenPool.page_indices``)."""
         seq = np.asarray(seq_lens, dtype=np.int64)
         if len(seq) == 0 or seq.min() < 1:
             raise ValueError("every request of a step holds at least one token")
+        num_pages = (seq + self.page_size - 1) // self.page_size
+        indptr = np.zeros(len(seq) + 1, dtype=np.int64)
+        np.cumsum(num_pages, out=indptr[1:])
+        return {"rows": np.asarray(rows, dtype=np.int64), "kv_indptr": indptr}
+
+    def page_table(self, rows: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, ...]:
+        """flashinfer's CSR page table for ``rows`` holding ``seq_lens`` tokens, on the host (int32):
+        the reference for the device-built one (tests)."""
+        host, ps = self.req_to_token.host, self.page_size
+        seq = np.asarray(seq_lens, dtype=np.int64)
         num_pages = (seq + ps - 1) // ps
         indptr = np.zeros(len(seq) + 1, dtype=np.int32)
         np.cumsum(num_pages, out=indptr[1:])
-        parts = [host[r, :s:ps] for r, s in zip(rows.tolist(), seq.tolist(), strict=True)]
-        indices = np.concatenate(parts).astype(
-            np.int32, copy=False
-        )  # a copy: later table writes can't reach it
-        if ps > 1:
-            indices //= ps
+        width = int(num_pages.max()) * ps
+        cols = np.arange(0, width, ps)
+        valid = cols[None, :] < seq[:, None]
+        indices = (host[np.asarray(rows)[:, None], cols[None, :]][valid] // ps).astype(np.int32)
         last_page_len = (seq - (num_pages - 1) * ps).astype(np.int32)
         return indptr, indices, last_page_len
 
@@ -194,51 +222,117 @@ class FlashInferAttention:
         seq = np.asarray(fb.prefix_lens, dtype=np.int64) + np.asarray(fb.extend_lens, dtype=np.int64)
         if self.check_layout:
             self._check_rows(rows, seq)
-        indptr, indices, last_page_len = self.page_table(rows, seq)
+        if "kv_indptr" not in fb.staged:  # a caller that did not stage (tests, benchmarks): it may
+            # have written the host table directly, so the mirror is refreshed whole (slow, exact)
+            table = self.req_to_token
+            table.device_table = torch.from_numpy(table.host).to(self.device)
+            fb.staged_host = self.host_arrays(rows, seq)
+            fb.staged = {k: torch.from_numpy(v).to(self.device) for k, v in fb.staged_host.items()}
+        indptr = fb.staged_host["kv_indptr"]
+        num_pages = np.diff(indptr)
+        last_page_len = torch.from_numpy((seq - (num_pages - 1) * self.page_size).astype(np.int32))
+        indices = self.req_to_token.page_indices(
+            fb.staged["rows"], fb.staged["kv_indptr"], int(indptr[-1]), self.page_size
+        )
+        indptr32 = torch.from_numpy(indptr.astype(np.int32))
+        if fb.graph_bucket is not None:  # planned on the device stream right before the replay
+            fb.attn = _FlashInferMeta(None, -1, 0, (indptr32, indices, last_page_len))
+            return
         idx = self._next_set
         self._next_set = (idx + 1) % len(self._sets)
         prefill, decode = self._sets[idx]
-        # CPU tensors on purpose: plan reads them on the host and copies them to the device itself.
-        common: dict[str, Any] = dict(
-            pos_encoding_mode="NONE",  # RoPE is applied by the model
-            sm_scale=self.scale,
-            q_data_type=self.dtype,
-            kv_data_type=self.dtype,
-            non_blocking=True,
-        )
-        shape = (self.num_heads, self.num_kv_heads, self.head_dim, self.page_size)
+        # indptr / last_page_len on the host on purpose: plan schedules from them there.
         if fb.mode is ForwardMode.DECODE:
-            decode.plan(
-                torch.from_numpy(indptr),
-                torch.from_numpy(indices),
-                torch.from_numpy(last_page_len),
-                *shape,
-                **common,
-            )
+            decode.plan(indptr32, indices, last_page_len, *self._shape(), **self._plan_args())
             wrapper = decode
         else:
             qo_indptr = np.zeros(len(seq) + 1, dtype=np.int32)
             np.cumsum(fb.extend_lens, out=qo_indptr[1:])
             prefill.plan(
                 torch.from_numpy(qo_indptr),
-                torch.from_numpy(indptr),
-                torch.from_numpy(indices),
-                torch.from_numpy(last_page_len),
-                *shape,
+                indptr32,
+                indices,
+                last_page_len,
+                *self._shape(),
                 causal=True,
-                **common,
+                **self._plan_args(),
             )
             wrapper = prefill
         self._plan_ids[idx] += 1
         fb.attn = _FlashInferMeta(wrapper, idx, self._plan_ids[idx])
 
+    def _shape(self) -> tuple[int, int, int, int]:
+        return self.num_heads, self.num_kv_heads, self.head_dim, self.page_size
+
+    def _plan_args(self) -> dict[str, Any]:
+        return dict(
+            pos_encoding_mode="NONE",  # RoPE is applied by the model
+            sm_scale=self.scale,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+            non_blocking=True,
+        )
+
+    # ------------------------------------------------------------ CUDA graphs (graph_runner.py)
+    def init_graphs(self, buckets: list[int], max_pages_per_request: int) -> None:
+        """One CUDA-graph decode wrapper per bucket, over fixed index buffers sized for the largest:
+        a wrapper in graph mode keeps its batch size for life."""
+        flashinfer = self.fi
+        n = max(buckets)
+        self._graph_indptr = torch.zeros(n + 1, dtype=torch.int32, device=self.device)
+        self._graph_last = torch.ones(n, dtype=torch.int32, device=self.device)
+        self._graph_indices = torch.zeros(n * max_pages_per_request, dtype=torch.int32, device=self.device)
+        self._graph_wrappers = {
+            b: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self.decode_tensor_cores,
+                backend=self.prefill_backend,
+                paged_kv_indptr_buffer=self._graph_indptr[: b + 1],
+                paged_kv_indices_buffer=self._graph_indices,
+                paged_kv_last_page_len_buffer=self._graph_last[:b],
+            )
+            for b in buckets
+        }
+        self._graph_planned: dict[int, torch.cuda.Event] = {}
+
+    def graph_variants(self, bucket: int) -> list[tuple[Any, Any]]:
+        """(graph key, metadata) to capture for ``bucket``: its wrapper, planned for a batch of
+        scratch-only entries (one page each) so the capture runs on valid metadata."""
+        wrapper = self._graph_wrappers[bucket]
+        wrapper.plan(
+            torch.arange(bucket + 1, dtype=torch.int32),
+            torch.zeros(bucket, dtype=torch.int32, device=self.device),
+            torch.ones(bucket, dtype=torch.int32),
+            *self._shape(),
+            **self._plan_args(),
+        )
+        return [(bucket, _FlashInferMeta(wrapper, -1, 0))]
+
+    def plan_graph(self, fb: ForwardBatch) -> Any:
+        """Refresh the bucket's fixed buffers for this step, on the current (device) stream; returns
+        the graph key to replay. A wrapper's pinned plan buffer is refilled only after the copy of
+        its previous plan has run."""
+        bucket = fb.graph_bucket
+        assert bucket is not None and isinstance(fb.attn, _FlashInferMeta) and fb.attn.graph_inputs
+        done = self._graph_planned.get(bucket)
+        if done is not None:
+            done.synchronize()
+        indptr, indices, last_page_len = fb.attn.graph_inputs
+        self._graph_wrappers[bucket].plan(indptr, indices, last_page_len, *self._shape(), **self._plan_args())
+        event = torch.cuda.Event()
+        event.record()
+        self._graph_planned[bucket] = event
+        return bucket
+
     # ---------------------------------------------------------------- device stream
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch):
         """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
         meta = fb.attn
-        if not isinstance(meta, _FlashInferMeta):
+        if not isinstance(meta, _FlashInferMeta) or meta.wrapper is None:
             raise RuntimeError("ForwardBatch was not prepared by the flashinfer backend")
-        if self._plan_ids[meta.plan_set] != meta.plan_id:
+        if meta.plan_set >= 0 and self._plan_ids[meta.plan_set] != meta.plan_id:
             raise RuntimeError(
                 "stale ForwardBatch: its plan was overwritten by a later prepare "
                 f"(more than {len(self._sets) - 1} step(s) prepared ahead; raise num_plan_sets)"

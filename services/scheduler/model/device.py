@@ -1,0 +1,139 @@
+"""The device profile: the one place that decides how the model runs on this device.
+
+From the engine's arguments and what the device and checkpoint are, ``resolve_profile`` picks:
+
+* the device (``auto``: the current CUDA device if there is one, else CPU; ``cuda:N`` is honoured);
+* the dtype: ``auto`` serves the checkpoint's dtype, except a float32 checkpoint on CUDA, which
+  serves in bfloat16 (what users of other engines expect: fp32 halves the speed and doubles the
+  memory, and flashinfer has no fp32 kernels). An explicit ``float32`` on CUDA is honoured on the
+  torch attention backend, and said so;
+* the attention backend (``auto``: model/attention/``choose_backend``);
+* the fused ops (model/ops.py): flashinfer's on CUDA in fp16/bf16 when it imports, else torch;
+* the decode path: CUDA graphs over padded static buffers (CUDA with the flashinfer backend, unless
+  ``disable_cuda_graph``), the same padded path run eagerly (CPU with ``cpu_static_decode``: tests),
+  or plain eager decode.
+
+Every choice that differs from what was asked, or that a user may not expect, is a line in
+``notes``, which the engine logs at start: never a silent fallback per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixserve.scheduler.model.attention import BACKENDS, choose_backend
+from radixserve.scheduler.model.attention.flashinfer_backend import SUPPORTED_HEAD_DIMS
+from radixserve.scheduler.model.config import ModelConfig
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProfile:
+    device: torch.device
+    dtype: torch.dtype
+    attention_backend: str  # torch | cpu | flashinfer
+    ops: str  # torch | flashinfer
+    graph_max_bs: int  # decode batches up to this size run padded through static buffers; 0: none
+    cuda_graph: bool  # ... and replay captured CUDA graphs
+    notes: tuple[str, ...] = field(default=())
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = torch.device("meta")  # not a device torch knows: refused below
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+        device = torch.device("cuda", index)
+    elif device.type != "cpu":
+        raise ValueError(f"unsupported device {name!r}; choose auto, cpu, cuda or cuda:N")
+    return device
+
+
+def _flashinfer_ops_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    if device.type != "cuda":
+        return "not CUDA"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"flashinfer's fused ops need float16 or bfloat16, not {dtype}"
+    if head_dim not in SUPPORTED_HEAD_DIMS:  # the head sizes its RoPE / QK-norm kernels are built for
+        return f"head_dim {head_dim} is not one of flashinfer's {SUPPORTED_HEAD_DIMS}"
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as e:  # not installed, or built for another CUDA / torch
+        return f"flashinfer does not import: {e!r}"
+    return None
+
+
+def resolve_profile(
+    model: ModelConfig,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    attention_backend: str = "auto",
+    disable_cuda_graph: bool = False,
+    cuda_graph_max_bs: int = 160,
+    cpu_static_decode: bool = False,
+    max_running_requests: int = 64,
+) -> DeviceProfile:
+    """``model`` is the checkpoint's config (its ``dtype`` the checkpoint's, or the one asked for)."""
+    dev = resolve_device(device)
+    notes: list[str] = []
+    if dtype == "auto":
+        chosen = model.dtype
+        if dev.type == "cuda" and chosen == torch.float32:
+            chosen = torch.bfloat16
+            notes.append(
+                "float32 checkpoint served in bfloat16 on CUDA (--dtype auto); --dtype float32 keeps fp32"
+            )
+    elif dtype in DTYPES:
+        chosen = DTYPES[dtype]
+    else:
+        raise ValueError(f"unsupported dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
+
+    if attention_backend not in ("auto", *BACKENDS):
+        raise ValueError(
+            f"unknown attention backend {attention_backend!r}; choose auto, {', '.join(BACKENDS)}"
+        )
+    backend = attention_backend
+    if backend == "auto":
+        backend = choose_backend(dev, chosen, model.num_heads, model.num_kv_heads, model.head_dim)
+        if dev.type == "cuda" and backend != "flashinfer":
+            notes.append(f"attention on the torch backend on CUDA ({chosen}, head_dim {model.head_dim})")
+    elif backend == "flashinfer" and dev.type != "cuda":
+        raise ValueError("the flashinfer attention backend needs a CUDA device")
+    elif backend == "flashinfer" and chosen == torch.float32:
+        raise ValueError("the flashinfer attention backend has no float32 kernels: --dtype bfloat16 or torch")
+
+    ops_reason = _flashinfer_ops_reason(dev, chosen, model.head_dim)
+    ops = "flashinfer" if ops_reason is None else "torch"
+    if dev.type == "cuda" and ops_reason is not None:
+        notes.append(f"unfused torch ops on CUDA: {ops_reason}")
+
+    graph_bs = min(cuda_graph_max_bs, max_running_requests)
+    cuda_graph = False
+    if dev.type == "cuda":
+        if disable_cuda_graph:
+            graph_bs = 0
+            notes.append("CUDA graphs off (--disable-cuda-graph): every decode step launched eagerly")
+        elif backend != "flashinfer":
+            graph_bs = 0
+            notes.append(f"CUDA graphs off: the {backend} attention backend cannot be captured")
+        else:
+            cuda_graph = graph_bs > 0
+    elif not cpu_static_decode:
+        graph_bs = 0
+    return DeviceProfile(dev, chosen, backend, ops, max(graph_bs, 0), cuda_graph, tuple(notes))

@@ -1,0 +1,119 @@
+"""The model's elementwise and normalisation ops, one implementation per device kind.
+
+The layer code (model/llama.py) calls these five ops and nothing else between its matmuls and
+attention, so one model file serves both devices:
+
+* ``TorchOps``: plain torch, every device. The reference: numerically what Hugging Face computes
+  (RMSNorm in fp32 then cast, the residual added in the model's dtype, rotate-half RoPE with
+  cos/sin cast to the model's dtype). On CPU these few ops per layer are cheap next to the matmuls.
+* ``FlashInferOps``: flashinfer's fused CUDA kernels: RMSNorm (also per head, for Qwen3's q/k norm,
+  straight from the strided q/k views of the merged qkv output), add + RMSNorm in place, RoPE in
+  place from a float32 cos/sin table, SiLU-and-multiply. One kernel each, where torch launches 4-8.
+
+Contracts (both classes):
+
+* ``rms_norm(x, w, eps)``: x ``[T, D]`` or ``[T, H, D]`` (last dim contiguous) -> new tensor.
+* ``add_rms_norm(x, residual, w, eps)`` -> ``(rms_norm(residual + x), residual + x)``; may reuse
+  ``x`` and ``residual``'s storage (flashinfer works in place): callers own both.
+* ``silu_and_mul(x)``: ``[T, 2I]`` -> ``silu(x[:, :I]) * x[:, I:]``.
+* ``rope_inputs(positions, cos_sin)`` once per forward, then ``rope(q, k, inputs)`` per layer on
+  q ``[T, H, D]`` and k ``[T, Hkv, D]`` (neox / rotate-half layout); returns the rotated pair,
+  which may be q and k themselves.
+
+``cos_sin`` is ``[max_positions, D]`` float32: cos of each position's angles in the first half,
+sin in the second (flashinfer's layout; the torch path reads the same table).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def cos_sin_table(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
+    """``[max_positions, head_dim]`` float32: cos then sin of ``position * inv_freq``."""
+    t = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
+    freqs = torch.outer(t, inv_freq.float())  # the product HF computes per position
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class TorchOps:
+    name = "torch"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x32.to(x.dtype)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = residual + x
+        return self.rms_norm(residual, weight, eps), residual
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def rope_inputs(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> Any:
+        half = cos_sin.shape[-1] // 2
+        cs = cos_sin.index_select(0, positions)
+        cos, sin = cs[:, :half], cs[:, half:]
+        return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([sin, sin], dim=-1).to(dtype)
+
+    def rope(self, q: torch.Tensor, k: torch.Tensor, inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = inputs
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+class FlashInferOps:
+    """flashinfer's fused kernels (CUDA, fp16/bf16). ``flashinfer`` may be injected: the CPU tests
+    count this class's launches with a stand-in module, since the real kernels need a GPU."""
+
+    name = "flashinfer"
+
+    def __init__(self, flashinfer: Any = None) -> None:
+        if flashinfer is None:
+            import flashinfer
+        self.fi = flashinfer
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # 3-D input is flashinfer's per-head (QK) RMSNorm; it reads strided rows, writes a new tensor.
+        return self.fi.norm.rmsnorm(x, weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.fi.norm.fused_add_rmsnorm(x, residual, weight, eps)  # residual += x; x = norm(residual)
+        return x, residual
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fi.activation.silu_and_mul(x)
+
+    def rope_inputs(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> Any:
+        return positions, cos_sin
+
+    def rope(self, q: torch.Tensor, k: torch.Tensor, inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        positions, cos_sin = inputs
+        t, head_dim = q.shape[0], q.shape[-1]
+        # [T, H, D] views whose rows may be strided (slices of the qkv output) flatten to [T, H * D].
+        self.fi.rope.apply_rope_with_cos_sin_cache_inplace(
+            positions, q.view(t, -1), k.view(t, -1), head_dim, cos_sin, is_neox=True
+        )
+        return q, k
+
+
+def make_ops(name: str, flashinfer: Any = None) -> TorchOps | FlashInferOps:
+    if name == "torch":
+        return TorchOps()
+    if name == "flashinfer":
+        return FlashInferOps(flashinfer)
+    raise ValueError(f"unknown ops {name!r}; choose torch or flashinfer")

@@ -1,0 +1,105 @@
+"""The GPU decode benchmark runs end to end (``--smoke``: tiny model on CPU) and reports every figure.
+
+No timing is asserted, and the GPU-only figures (the idle trace, the targets) may be null here: they
+come from a run on a GPU machine (benchmarks/results/gpu-<device>.json).
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from radixserve.cli import build_parser
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+
+NUMBERS = [  # numbers on CPU too
+    "decode_ms_bs1",
+    "decode_ms_bs8",
+    "decode_ms_bs64",
+    "decode_ms_bs1_eager",
+    "decode_ms_bs8_eager",
+    "decode_ms_bs64_eager",
+    "floor_ms_bs1",
+    "d2d_gbps",
+    "kernels_per_decode_step",
+    "num_layers",
+    "kernels_per_layer",
+    "offline_tok_s",
+    "hf_tok_s",
+    "speedup_vs_hf",
+    "overlap_speedup",
+    "nano_vllm_published_tok_s",
+]
+GPU_ONLY = ["gpu_idle_ms_p50", "gpu_idle_ms_p90", "gpu_idle_frac"]
+TARGETS = [
+    "decode_ms_bs1_le_2x_floor",
+    "kernels_per_layer_le_15",
+    "speedup_vs_hf_ge_10",
+    "overlap_speedup_ge_1_15",
+]
+
+
+@pytest.fixture(scope="module")
+def gpu_bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_smoke_run_writes_every_figure(gpu_bench, tmp_path):
+    assert gpu_bench.main(["--smoke", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu-cpu.json").read_text())
+    assert (tmp_path / "gpu-cpu.png").stat().st_size > 0
+    for key in NUMBERS:
+        assert isinstance(report[key], (int, float)) and report[key] > 0, key
+    for key in GPU_ONLY:
+        assert key in report and (report[key] is None or isinstance(report[key], float)), key
+    assert isinstance(report["gpu_trace"], list) and len(report["gpu_trace"]) <= 2000
+    assert report["device"] == "cpu" and report["nano_vllm_device"] == "RTX 4070"
+    assert report["num_layers"] == 2
+    assert "CPU" in report["kernel_count_method"]
+    assert report["kernels_per_layer"] == pytest.approx(report["kernels_per_decode_step"] / 2)
+    assert report["cuda_graphs_used"] is False and report["attention_backend"]
+    assert isinstance(report["torch_version"], str) and "flashinfer_version" in report
+    assert set(TARGETS) <= set(report["targets"])
+    assert all(report["targets"][k] is None for k in TARGETS)  # not judged on CPU
+    # every request got exactly its output length, on both loops
+    assert all(report["offline"][loop]["outputs_exact"] for loop in ("overlap", "normal"))
+    # the decode figures are medians over steps where all B requests decoded together
+    for b in (1, 8, 64):
+        assert report["decode"]["graphs"]["by_batch_size"][str(b)]["steps_timed"] > 0
+    assert report["kernels"]["profiled_decode_steps"] == report["kernels"]["profiled_steps"] > 0
+
+
+def test_idle_stats_and_targets(gpu_bench):
+    steps = [
+        {"mode": "extend", "batch_size": 4, "gpu_ms": 3.0, "idle_before_ms": None},
+        {"mode": "decode", "batch_size": 4, "gpu_ms": 1.0, "idle_before_ms": 0.5},
+        {"mode": "decode", "batch_size": 4, "gpu_ms": 1.0, "idle_before_ms": 0.5},
+    ]
+    s = gpu_bench.idle_stats(steps)
+    assert s["gpu_idle_ms_p50"] == 0.5 and s["gpu_idle_frac"] == pytest.approx(1.0 / 6.0)
+    assert gpu_bench.idle_stats([])["gpu_idle_frac"] is None
+    figures = {
+        "decode_ms_bs1": 0.5,
+        "floor_ms_bs1": 0.3,
+        "kernels_per_layer": 16.0,
+        "speedup_vs_hf": 12.0,
+        "overlap_speedup": None,
+    }
+    t = gpu_bench.judge(figures, cuda=True)
+    assert t["decode_ms_bs1_le_2x_floor"] is True and t["kernels_per_layer_le_15"] is False
+    assert t["speedup_vs_hf_ge_10"] is True and t["overlap_speedup_ge_1_15"] is None
+    assert gpu_bench.device_slug("NVIDIA H200") == "nvidia-h200"
+    assert gpu_bench.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_cli_parses_bench_gpu_flags():
+    args = build_parser().parse_args(["bench", "gpu", "--smoke", "--num-requests", "4", "--out", "x"])
+    assert args.smoke and args.num_requests == 4 and args.out == "x"
+    assert args.func.__name__ == "_cmd_bench_gpu"

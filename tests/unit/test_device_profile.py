@@ -1,0 +1,68 @@
+"""The device profile (model/device.py): dtype, backend, fused ops and graphs decided in one place,
+every surprising choice said in a note. CUDA is out of reach here, so the CUDA cases resolve with
+a CUDA device named but absent (``resolve_device`` stood in: the GPU is outside this machine);
+tests/gpu checks the same choices on a real GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from radixserve.scheduler.model import device as device_mod
+from radixserve.scheduler.model.device import resolve_device, resolve_profile
+from tests.unit.test_launch_count import QWEN3_06B
+
+FP32 = dataclasses.replace(QWEN3_06B, dtype=torch.float32)
+
+
+@pytest.fixture
+def on_cuda(monkeypatch):
+    monkeypatch.setattr(device_mod, "resolve_device", lambda name: torch.device("cuda", 0))
+    # flashinfer absent here: the profile must say what that costs, never fail silently
+    monkeypatch.setattr(device_mod, "choose_backend", lambda *a: "flashinfer")
+
+
+def test_cpu_keeps_the_checkpoint_dtype_and_has_no_graphs():
+    p = resolve_profile(FP32, device="cpu")
+    assert (p.dtype, p.ops, p.graph_max_bs, p.cuda_graph) == (torch.float32, "torch", 0, False)
+    assert p.notes == ()
+    assert resolve_profile(FP32, device="cpu", cpu_static_decode=True, cuda_graph_max_bs=8).graph_max_bs == 8
+
+
+def test_float32_checkpoint_serves_in_bf16_on_cuda(on_cuda):
+    p = resolve_profile(FP32, device="cuda")
+    assert p.dtype == torch.bfloat16
+    assert any("float32 checkpoint served in bfloat16" in n for n in p.notes)
+    assert p.attention_backend == "flashinfer" and p.cuda_graph and p.graph_max_bs == 64
+    assert any("unfused torch ops" in n for n in p.notes)  # no flashinfer on this machine
+
+
+def test_explicit_float32_on_cuda_is_honoured_on_the_torch_backend(on_cuda, monkeypatch):
+    monkeypatch.setattr(device_mod, "choose_backend", lambda *a: "torch")
+    p = resolve_profile(FP32, device="cuda", dtype="float32")
+    assert (p.dtype, p.attention_backend, p.cuda_graph) == (torch.float32, "torch", False)
+    assert any("graphs off" in n for n in p.notes)
+    with pytest.raises(ValueError, match="no float32 kernels"):
+        resolve_profile(FP32, device="cuda", dtype="float32", attention_backend="flashinfer")
+
+
+def test_disable_cuda_graph_and_the_batch_cap(on_cuda):
+    assert resolve_profile(QWEN3_06B, device="cuda", disable_cuda_graph=True).graph_max_bs == 0
+    p = resolve_profile(QWEN3_06B, device="cuda", cuda_graph_max_bs=160, max_running_requests=48)
+    assert p.graph_max_bs == 48
+
+
+def test_bad_arguments_are_refused_at_start():
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        resolve_profile(FP32, device="cpu", dtype="float8")
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        resolve_profile(FP32, device="cpu", attention_backend="xformers")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        resolve_profile(FP32, device="cpu", attention_backend="flashinfer")
+    with pytest.raises(ValueError, match="unsupported device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            resolve_device("cuda:1")

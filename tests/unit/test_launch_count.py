@@ -1,0 +1,171 @@
+"""Kernels one decode step launches on the CUDA path, counted on a CPU machine.
+
+Under ``FakeTensorMode`` a tensor made on ``cuda`` is shape-only, and every aten op a forward
+dispatches on it passes through a ``TorchDispatchMode`` that counts it: that is the eager
+path's kernel launches, minus the ops that launch nothing (views, empty allocations). flashinfer's
+kernels need a GPU, so a stand-in module (below; it says so) takes their place: each call counts as
+one launch and returns a tensor of the right shape. Everything else is the real code: the runner's
+``prepare`` and ``forward``, the model with merged projections and ``FlashInferOps``, the flashinfer
+attention backend's metadata, the FutureMap and the sampler. The real kernels are checked in
+tests/gpu and timed by benchmarks/gpu.py.
+
+The model has Qwen3-0.6B's shapes (28 layers, hidden 1024, 16 heads, 8 KV heads, head_dim 128,
+vocab 151936, tied embeddings); the target is at most 15 launches per layer per decode step (the
+lean engines launch about 12; the unfused torch path launched 59 per layer).
+"""
+
+from __future__ import annotations
+
+import types
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.batch_scheduler import BatchScheduler
+from radixserve.scheduler.config import SchedulerConfig
+from radixserve.scheduler.memory.manager import MemoryConfig
+from radixserve.scheduler.model.config import ModelConfig
+from radixserve.scheduler.model.device import DeviceProfile
+from radixserve.scheduler.model.llama import CausalLM
+from radixserve.scheduler.model.runner import ModelRunner
+from radixserve.scheduler.model.staging import Staging
+from radixserve.scheduler.policy.batch import ForwardMode
+from radixserve.scheduler.policy.req import Req
+
+QWEN3_06B = ModelConfig(
+    arch="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
+    num_heads=16, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, rope_scaling=None,
+    qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=True, tie_word_embeddings=True,
+    max_position_embeddings=4096, dtype=torch.bfloat16, eos_token_ids=(0,),
+)  # fmt: skip
+# ops that launch nothing: allocations and metadata queries (views are skipped by their schema)
+NO_KERNEL = {
+    "empty", "empty_strided", "empty_like", "lift_fresh", "device",
+}  # fmt: skip
+
+
+class LaunchCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not func.is_view and name not in NO_KERNEL:
+            self.ops[f"aten.{name}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class StandInFlashInfer:
+    """A stand-in for the flashinfer package (a GPU library): same call signatures as flashinfer
+    0.6, shape-only results, one counted launch per kernel call. Not a reimplementation."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        count = self.calls
+
+        def rmsnorm(x, w, eps=1e-6, out=None, enable_pdl=None):
+            count["flashinfer.rmsnorm"] += 1
+            return torch.empty_like(x) if out is None else out
+
+        def fused_add_rmsnorm(x, residual, w, eps=1e-6, enable_pdl=None):
+            count["flashinfer.fused_add_rmsnorm"] += 1
+
+        def silu_and_mul(x, out=None, enable_pdl=None):
+            count["flashinfer.silu_and_mul"] += 1
+            return torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=x.dtype, device=x.device)
+
+        def rope_inplace(positions, q, k, head_size, cos_sin_cache, is_neox=True):
+            assert cos_sin_cache.dtype == torch.float32 and q.shape[-1] % head_size == 0
+            count["flashinfer.rope"] += 1
+
+        class Wrapper:
+            def __init__(self, workspace, layout, **kw) -> None:
+                self.kw = kw
+
+            def plan(self, *args, **kw) -> None:  # host work + copies of its own metadata
+                count["flashinfer.plan (host)"] += 1
+
+            def run(self, q, paged):
+                count["flashinfer.attention"] += 1
+                return torch.empty_like(q)
+
+        self.norm = types.SimpleNamespace(rmsnorm=rmsnorm, fused_add_rmsnorm=fused_add_rmsnorm)
+        self.activation = types.SimpleNamespace(silu_and_mul=silu_and_mul)
+        self.rope = types.SimpleNamespace(apply_rope_with_cos_sin_cache_inplace=rope_inplace)
+        self.BatchPrefillWithPagedKVCacheWrapper = Wrapper
+        self.BatchDecodeWithPagedKVCacheWrapper = Wrapper
+        self.__version__ = "stand-in"
+
+
+class FakeCudaStaging(Staging):
+    """The step's one host->device copy (pinned memory and CUDA events need a real GPU): the
+    arrays are packed as on CUDA, then moved to the fake device in one op."""
+
+    def send(self, arrays):
+        out = super().send(arrays)
+        if not out:
+            return out
+        flat = torch.cat(out).to(self.device)
+        sizes = [len(a) for a in arrays]
+        return list(flat.split(sizes))
+
+
+def decode_step_launches(batch_size: int, context: int) -> tuple[Counter[str], int]:
+    fi = StandInFlashInfer()
+    cuda = torch.device("cuda", 0)
+    profile = DeviceProfile(cuda, torch.bfloat16, "flashinfer", "flashinfer", 0, False)
+    page = 16
+    mem = MemoryConfig(max_total_tokens=8192, page_size=page, max_running_requests=64, max_context_len=2048)
+    sched = BatchScheduler(SchedulerConfig(memory=mem, chunked_prefill_size=None), eos_token_ids=[0])
+    with torch.device("meta"):
+        model = CausalLM(QWEN3_06B)
+    model.requires_grad_(False)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model.to_empty(device=cuda)
+        model.init_rope()
+        runner = ModelRunner(
+            model, sched.kv.req_to_token, sched.kv.allocator.pool_slots, 64, profile, page, flashinfer=fi
+        )
+        runner.staging = FakeCudaStaging(cuda)
+        runner.staging.cuda = False
+        rng = np.random.default_rng(0)
+        for i in range(batch_size):
+            ids = rng.integers(5, 1000, context).tolist()
+            sched.add(Req(f"r{i}", ids, SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)))
+        counts: Counter[str] = Counter()
+        while True:
+            batch = sched.schedule()
+            assert batch is not None
+            fb = runner.prepare(batch)
+            if batch.mode is ForwardMode.DECODE:
+                fi.calls.clear()
+                with LaunchCounter() as counter:
+                    runner.forward(fb)
+                counts = counter.ops + fi.calls
+                del counts["flashinfer.plan (host)"]
+                return counts, QWEN3_06B.num_layers
+            runner.forward(fb)
+            sched.process(batch, [7] * batch.size)
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_a_decode_step_launches_at_most_15_kernels_per_layer(batch_size):
+    counts, layers = decode_step_launches(batch_size, context=40)
+    total = sum(counts.values())
+    per_layer = total / layers
+    detail = ", ".join(f"{k} {v}" for k, v in counts.most_common())
+    print(f"batch {batch_size}: {total} launches per decode step, {per_layer:.2f} per layer: {detail}")
+    assert per_layer <= 15, detail
+    # the fused ops ran once per layer each (2 norms + q/k norms, rope, activation, attention)
+    assert counts["flashinfer.fused_add_rmsnorm"] == 2 * layers  # + the final norm - the first layer's
+    assert counts["flashinfer.rmsnorm"] == 1 + 2 * layers
+    assert counts["flashinfer.rope"] == counts["flashinfer.silu_and_mul"] == layers
+    matmuls = sum(v for k, v in counts.items() if k in ("aten.linear", "aten.mm", "aten.addmm"))
+    assert matmuls == 4 * layers + 1  # qkv, o, gate_up, down (merged weights); the LM head
+    assert counts["aten.index_put_"] == 2 * layers + 1  # K and V into the pool; the FutureMap
