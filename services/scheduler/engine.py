@@ -192,13 +192,13 @@ class Engine:
             SamplingParams(max_new_tokens=2, temperature=0.7, top_k=20, top_p=0.9, ignore_eos=True),
             SamplingParams(max_new_tokens=2, temperature=0.7, min_p=0.05, seed=1, ignore_eos=True),
         )
-        for i, sp in enumerate(samplings):
+        for i, sp in enumerate(samplings):  # one at a time: any queue and batch limit admits it
             req = Req(f"warmup-{i}", [(7 * j + 3 + i) % vocab for j in range(n)], sp)
             self.scheduler.check_admissible(req)
             self.scheduler.add(req)
-        while not self.scheduler.idle or self.loop.busy:
-            self.loop.step()
-        self.loop.drain()
+            while not self.scheduler.idle or self.loop.busy:
+                self.loop.step()
+            self.loop.drain()
         cache = self.scheduler.kv.cache
         cache.evict(cache.evictable_size)  # serving starts from an empty cache (block events need it)
         if self.profile.device.type == "cuda":
