@@ -114,27 +114,15 @@ FULL, SMOKE = common.presets(
 # ------------------------------------------------------------------------------ model
 def build_model(path: Path, smoke: bool, dtype: str, seed: int) -> Path:
     """A random-weight Qwen3 folder (Qwen3-0.6B's shapes, or tiny ones) with the demo tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+    from transformers import Qwen3Config
 
-    from radixserve.common.demo_model import BOS, EOS, IM_END, PAD, build_tokenizer
+    from radixserve.common.demo_model import save_random_model
 
-    tok = build_tokenizer()
-    ids = dict(
-        bos_token_id=tok.convert_tokens_to_ids(BOS),
-        eos_token_id=[tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(EOS)],
-        pad_token_id=tok.convert_tokens_to_ids(PAD),
-    )
-    shapes = {**TINY, "vocab_size": len(tok)} if smoke else QWEN3_0_6B
-    config = Qwen3Config(dtype=dtype, **shapes, **ids)
-    with torch.random.fork_rng(devices=[]):  # seeded weights, the caller's RNG state left alone
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    model.generation_config = GenerationConfig(**ids)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
-    return path
+    def config(vocab: int, ids: dict[str, Any]) -> Any:
+        shapes = {**TINY, "vocab_size": vocab} if smoke else QWEN3_0_6B
+        return Qwen3Config(dtype=dtype, **shapes, **ids)
+
+    return save_random_model(path, config, dtype, seed)
 
 
 def tokenizer_vocab(model_path: Path) -> int:

@@ -16,6 +16,7 @@ The same ``(arch, size, seed)`` gives byte-identical files on the same machine.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,18 @@ def make_demo_model(path: str | os.PathLike, arch: str = "llama", size: str = "t
         raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
+    return save_random_model(path, lambda vocab, ids: _model_config(arch, size, vocab, ids), "float32", seed)
+
+
+def save_random_model(
+    path: str | os.PathLike,
+    make_config: Callable[[int, dict[str, Any]], Any],
+    dtype: str = "float32",
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight HF folder with the demo tokenizer: ``make_config(vocab_size,
+    special_token_ids)`` returns the transformers config (benchmarks pass other shapes, e.g.
+    Qwen3-0.6B's); weights seeded with ``seed``, stored in ``dtype``."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -195,11 +208,11 @@ def make_demo_model(path: str | os.PathLike, arch: str = "llama", size: str = "t
         eos_token_id=[tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(EOS)],
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
     )
-    config = _model_config(arch, size, len(tokenizer), ids)
+    config = make_config(len(tokenizer), ids)
 
     with torch.random.fork_rng(devices=[]):  # seeded weights, caller's RNG state left untouched
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.generation_config = GenerationConfig(**ids)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
