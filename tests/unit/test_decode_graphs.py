@@ -126,7 +126,7 @@ def test_page_indices_from_the_device_mirror_match_the_table():
     num_pages = -(-seq // ps)
     indptr = np.concatenate([[0], np.cumsum(num_pages)])
     got = table.page_indices(torch.from_numpy(rows), torch.from_numpy(indptr), int(indptr[-1]), ps)
-    want = np.concatenate([table.host[r, : s : ps] // ps for r, s in zip(rows, seq, strict=True)])
+    want = np.concatenate([table.host[r, :s:ps] // ps for r, s in zip(rows, seq, strict=True)])
     assert got.tolist() == want.tolist()
     assert want[int(indptr[2])] == 0  # the scratch row names the scratch page
 

@@ -104,16 +104,13 @@ class StandInFlashInfer:
 
 
 class FakeCudaStaging(Staging):
-    """The step's one host->device copy (pinned memory and CUDA events need a real GPU): the
-    arrays are packed as on CUDA, then moved to the fake device in one op."""
+    """The step's one host->device copy (pinned memory needs a real GPU): the arrays are packed as
+    on CUDA, then moved to the fake device in one op."""
 
     def send(self, arrays):
-        out = super().send(arrays)
-        if not out:
-            return out
-        flat = torch.cat(out).to(self.device)
-        sizes = [len(a) for a in arrays]
-        return list(flat.split(sizes))
+        flat = torch.from_numpy(np.concatenate(arrays).astype(np.int64)).to(self.device)
+        self.copies += 1
+        return list(flat.split([len(a) for a in arrays]))
 
 
 def decode_step_launches(batch_size: int, context: int) -> tuple[Counter[str], int]:
@@ -133,7 +130,6 @@ def decode_step_launches(batch_size: int, context: int) -> tuple[Counter[str], i
             model, sched.kv.req_to_token, sched.kv.allocator.pool_slots, 64, profile, page, flashinfer=fi
         )
         runner.staging = FakeCudaStaging(cuda)
-        runner.staging.cuda = False
         rng = np.random.default_rng(0)
         for i in range(batch_size):
             ids = rng.integers(5, 1000, context).tolist()

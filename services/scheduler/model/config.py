@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
@@ -99,9 +101,8 @@ def _resolve_dtype(dtype: str | torch.dtype | None, hf: Any) -> torch.dtype:
     )
     if isinstance(name, torch.dtype):
         return name
-    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if name is None:
         return torch.float32
-    if name not in table:
-        raise ValueError(f"unsupported dtype {name!r}")
-    return table[name]
+    if name not in DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[name]

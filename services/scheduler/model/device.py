@@ -24,10 +24,8 @@ from dataclasses import dataclass, field
 import torch
 
 from radixserve.scheduler.model.attention import BACKENDS, choose_backend
-from radixserve.scheduler.model.attention.flashinfer_backend import SUPPORTED_HEAD_DIMS
-from radixserve.scheduler.model.config import ModelConfig
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from radixserve.scheduler.model.attention.flashinfer_backend import unsupported_reason
+from radixserve.scheduler.model.config import DTYPES, ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,20 +60,6 @@ def resolve_device(name: str) -> torch.device:
     elif device.type != "cpu":
         raise ValueError(f"unsupported device {name!r}; choose auto, cpu, cuda or cuda:N")
     return device
-
-
-def _flashinfer_ops_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
-    if device.type != "cuda":
-        return "not CUDA"
-    if dtype not in (torch.float16, torch.bfloat16):
-        return f"flashinfer's fused ops need float16 or bfloat16, not {dtype}"
-    if head_dim not in SUPPORTED_HEAD_DIMS:  # the head sizes its RoPE / QK-norm kernels are built for
-        return f"head_dim {head_dim} is not one of flashinfer's {SUPPORTED_HEAD_DIMS}"
-    try:
-        import flashinfer  # noqa: F401
-    except Exception as e:  # not installed, or built for another CUDA / torch
-        return f"flashinfer does not import: {e!r}"
-    return None
 
 
 def resolve_profile(
@@ -118,7 +102,8 @@ def resolve_profile(
     elif backend == "flashinfer" and chosen == torch.float32:
         raise ValueError("the flashinfer attention backend has no float32 kernels: --dtype bfloat16 or torch")
 
-    ops_reason = _flashinfer_ops_reason(dev, chosen, model.head_dim)
+    # flashinfer's fused ops run where its attention can: CUDA, fp16/bf16, its head sizes, importable
+    ops_reason = unsupported_reason(dev, chosen, model.num_heads, model.num_kv_heads, model.head_dim)
     ops = "flashinfer" if ops_reason is None else "torch"
     if dev.type == "cuda" and ops_reason is not None:
         notes.append(f"unfused torch ops on CUDA: {ops_reason}")

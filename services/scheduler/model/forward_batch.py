@@ -24,7 +24,6 @@ class ForwardBatch:
     last_index: torch.Tensor | None = None  # [B] each request's last token in the batch (device)
     attn: Any = None  # backend metadata, built by AttentionBackend.prepare on the scheduler thread
     all_logits: bool = False  # return logits for every token (tests), not just each request's last
-    rows: np.ndarray | None = None  # [B] host: each entry's ReqToTokenPool row (padding: the scratch row)
     # Arrays the backend asked to have on the device (AttentionBackend.host_arrays), host and device.
     staged_host: dict[str, np.ndarray] = field(default_factory=dict)
     staged: dict[str, torch.Tensor] = field(default_factory=dict)

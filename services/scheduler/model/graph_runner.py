@@ -60,7 +60,7 @@ class DecodeGraphRunner:
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.out_slots = torch.zeros(n, dtype=torch.int64, device=device)  # 0: the scratch slot
         self.graphs: dict[Any, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[Any, torch.Tensor] = {}
+        self.logits: torch.Tensor | None = None  # [max_bs, vocab]: every graph's output (capture)
         # counters (tests, benchmarks): graph replays, eager static runs (CPU), batches that were padded
         self.replays = self.eager_static = self.padded = 0
 
@@ -101,7 +101,8 @@ class DecodeGraphRunner:
             key = self.backend.plan_graph(fb)
             self.graphs[key].replay()
             self.replays += 1
-            out = self.outputs[key]
+            assert self.logits is not None
+            out = self.logits[:bucket]
         else:
             out = self._forward(bucket, fb.attn)
             self.eager_static += 1
@@ -131,19 +132,17 @@ class DecodeGraphRunner:
                 with torch.cuda.graph(graph, pool=pool, stream=side):
                     self.logits[:bucket].copy_(self._forward(bucket, attn))
                 self.graphs[key] = graph
-                self.outputs[key] = self.logits[:bucket]
         torch.cuda.synchronize(self.device)
         took = time.perf_counter() - t0
         log.info("captured %d decode graphs (batch sizes %s) in %.1f s", len(self.graphs), self.buckets, took)
         return took
 
-    def pad(
-        self, arrays: dict[str, np.ndarray], bucket: int, pad_values: dict[str, int]
-    ) -> dict[str, np.ndarray]:
-        """Host arrays of a decode batch padded to ``bucket`` rows with each array's pad value."""
-        out = {}
-        for name, a in arrays.items():
-            padded = np.full(bucket, pad_values[name], dtype=a.dtype)
-            padded[: len(a)] = a
-            out[name] = padded
-        return out
+
+def pad_rows(arrays: dict[str, np.ndarray], bucket: int, pad_values: dict[str, int]) -> dict[str, np.ndarray]:
+    """Host arrays of a decode batch padded to ``bucket`` rows with each array's pad value."""
+    out = {}
+    for name, a in arrays.items():
+        padded = np.full(bucket, pad_values[name], dtype=a.dtype)
+        padded[: len(a)] = a
+        out[name] = padded
+    return out

@@ -18,7 +18,7 @@ from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention import make_backend
 from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.forward_batch import ForwardBatch
-from radixserve.scheduler.model.graph_runner import DecodeGraphRunner
+from radixserve.scheduler.model.graph_runner import DecodeGraphRunner, pad_rows
 from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.ops import make_ops
 from radixserve.scheduler.model.sampler import Sampler, SamplingInfo
@@ -79,7 +79,7 @@ class ModelRunner:
             profile.attention_backend, self.kv_pool, req_to_token, mc.num_heads, mc.head_dim, page_size,
             flashinfer=flashinfer,
         )  # fmt: skip
-        if hasattr(self.backend, "host_arrays"):  # it reads page lists from the table's device mirror
+        if self.backend.reads_device_table:
             req_to_token.attach_device(self.device)
         fi_sampling = getattr(flashinfer, "sampling", None)
         self.sampler = Sampler(flashinfer_module=fi_sampling) if fi_sampling is not None else Sampler()
@@ -112,10 +112,10 @@ class ModelRunner:
                 input_ids=0, positions=0, out_slots=0, future_out=self.futures.capacity,
                 rows=self.req_to_token.scratch_row, prefix_lens=0, extend_lens=1,
             )  # fmt: skip
-            host = self.graphs.pad(host, bucket, pads)
+            host = pad_rows(host, bucket, pads)
         rows = host["rows"]
         seq = host["prefix_lens"] + host["extend_lens"]
-        staged_host = self.backend.host_arrays(rows, seq) if hasattr(self.backend, "host_arrays") else {}
+        staged_host = self.backend.host_arrays(rows, seq)
         sync = self.req_to_token.take_pending()
         names = ["input_ids", "positions", "out_slots", "future_out"]
         arrays = [host[k] for k in names]
@@ -140,7 +140,6 @@ class ModelRunner:
                 [r.sampling for r in batch.reqs], np.maximum(batch.token_index, 0).tolist(), self.device
             ),
             last_index=last_index,
-            rows=rows,
             staged_host=staged_host,
             staged=dict(zip(staged_host, dev[k : k + len(staged_host)], strict=True)),
             graph_bucket=bucket,

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.model.staging import to_device
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class SamplingInfo:
 
     The tensor fields are ``None`` when every row is greedy (nothing to sample, so nothing is built).
     Otherwise the float fields are views of one packed float32 device tensor and the integer fields of one
-    packed int64 device tensor (``host_buffers`` keeps their host sources alive until the copies run).
+    packed int64 device tensor (``host_buffers``: their host sources, pinned on CUDA).
     """
 
     batch_size: int
@@ -138,15 +139,8 @@ class SamplingInfo:
         floats = torch.from_numpy(np.array(temps + top_ps + min_ps, dtype=np.float32))
         ints = torch.from_numpy(np.array(top_ks + greedy + [r for r, _ in seeded], dtype=np.int64))
         dev = torch.device(device)
-        if dev.type == "cpu":
-            dev_floats, dev_ints = floats, ints
-        else:
-            if dev.type == "cuda":
-                # A copy from pageable memory blocks the host until it is done; from pinned memory it is
-                # queued on the stream and the host goes on preparing the step.
-                floats, ints = floats.pin_memory(), ints.pin_memory()
-            dev_floats = floats.to(dev, non_blocking=True)
-            dev_ints = ints.to(dev, non_blocking=True)
+        floats, dev_floats = to_device(floats, dev)  # pinned and non-blocking on CUDA (model/staging.py)
+        ints, dev_ints = to_device(ints, dev)
         return cls(
             batch_size=n,
             temperatures=dev_floats[:n].view(n, 1),

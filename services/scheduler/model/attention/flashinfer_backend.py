@@ -110,6 +110,7 @@ class _FlashInferMeta:
 
 class FlashInferAttention:
     name = "flashinfer"
+    reads_device_table = True  # page lists are gathered from the ReqToTokenPool's device mirror
 
     def __init__(
         self,
@@ -192,21 +193,6 @@ class FlashInferAttention:
         indptr = np.zeros(len(seq) + 1, dtype=np.int64)
         np.cumsum(num_pages, out=indptr[1:])
         return {"rows": np.asarray(rows, dtype=np.int64), "kv_indptr": indptr}
-
-    def page_table(self, rows: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, ...]:
-        """flashinfer's CSR page table for ``rows`` holding ``seq_lens`` tokens, on the host (int32):
-        the reference for the device-built one (tests)."""
-        host, ps = self.req_to_token.host, self.page_size
-        seq = np.asarray(seq_lens, dtype=np.int64)
-        num_pages = (seq + ps - 1) // ps
-        indptr = np.zeros(len(seq) + 1, dtype=np.int32)
-        np.cumsum(num_pages, out=indptr[1:])
-        width = int(num_pages.max()) * ps
-        cols = np.arange(0, width, ps)
-        valid = cols[None, :] < seq[:, None]
-        indices = (host[np.asarray(rows)[:, None], cols[None, :]][valid] // ps).astype(np.int32)
-        last_page_len = (seq - (num_pages - 1) * ps).astype(np.int32)
-        return indptr, indices, last_page_len
 
     def _check_rows(self, rows: np.ndarray, seq_lens: np.ndarray) -> None:
         host, ps = self.req_to_token.host, self.page_size

@@ -35,6 +35,7 @@ class TorchAttention:
     """
 
     name = "torch"
+    reads_device_table = False  # its metadata comes from the host table
 
     def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool, num_heads: int, head_dim: int) -> None:
         self.pool = pool
@@ -43,6 +44,10 @@ class TorchAttention:
         self.scale = head_dim**-0.5
         self.device = pool.k[0].device
         self._buf_k = self._buf_v = pool.k[0][:0]
+
+    def host_arrays(self, rows: np.ndarray, seq_lens: np.ndarray) -> dict[str, np.ndarray]:
+        """Nothing beyond the step's inputs to stage (see FlashInferAttention.host_arrays)."""
+        return {}
 
     def prepare(self, fb: ForwardBatch, rows: np.ndarray) -> None:
         host = self.req_to_token.host
