@@ -391,54 +391,17 @@ def measure_decode(model_path: Path, args: argparse.Namespace, graphs: bool, voc
 
 
 # ----------------------------------------------------------------------------- offline
-def hf_generate(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """offline.py's static batch (left padding + attention mask), on the model's device."""
-    import torch
-
-    pad = int(model.generation_config.pad_token_id)
-    width = max(len(p) for p in prompts)
-    ids = [[pad] * (width - len(p)) + p for p in prompts]
-    mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=model.device),
-            attention_mask=torch.tensor(mask, dtype=torch.long, device=model.device),
-            max_new_tokens=max_new_tokens,
-        )
-    return out[:, width:].tolist()
-
-
-def run_hf(model: Any, reqs: list[dict], batch_size: int, device: str) -> dict:
-    """Requests in order, in static batches of ``batch_size``; useful output tokens per second."""
-    useful = raw = 0
-    sync(device)
-    t = time.perf_counter()
-    for s in range(0, len(reqs), batch_size):
-        chunk = reqs[s : s + batch_size]
-        gen = hf_generate(model, [r["input_ids"] for r in chunk], max(r["output_len"] for r in chunk))
-        for r, g in zip(chunk, gen, strict=True):
-            raw += len(g)
-            useful += min(len(g), r["output_len"])
-    wall = time.perf_counter() - t
-    return {
-        "batch_size": batch_size,
-        "wall_s": wall,
-        "output_tokens": useful,
-        "output_tok_s": useful / wall,
-        "raw_generated_tokens": raw,
-    }
-
-
 def measure_hf(model_path: Path, reqs: list[dict], args: argparse.Namespace) -> dict:
     import torch
 
     model = offline.load_hf(model_path)
     try:
         model.to(device=args.device, dtype=getattr(torch, args.dtype))
-        hf_generate(model, [reqs[0]["input_ids"][:16]], 4)  # warm-up (untimed)
+        offline.hf_generate(model, [reqs[0]["input_ids"][:16]], 4)  # warm-up (untimed)
         sweep = []
         for b in args.hf_batch_sizes:
-            rec = run_hf(model, reqs, b, args.device)
+            sync(args.device)
+            rec = offline.run_hf(model, reqs, b)  # ends with .tolist(): the device is done
             sweep.append(rec)
             print(f"hf B={b}: {rec['wall_s']:.1f}s, {rec['output_tok_s']:.1f} useful out tok/s", flush=True)
     finally:

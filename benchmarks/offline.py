@@ -185,8 +185,11 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int) -> list[li
 
     pad = int(model.generation_config.pad_token_id)
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    dev = model.device  # the CPU here; benchmarks/gpu.py runs the same baseline on a GPU
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=dev)
+    mask = torch.tensor(
+        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=dev
+    )
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens)
     return out[:, width:].tolist()
