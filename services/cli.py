@@ -154,10 +154,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         f"{cluster.grpc_address}); Ctrl-C stops",
         flush=True,
     )
+    supervisor = cluster.supervise()  # a service that exits is restarted; the others keep serving
     while not stop.wait(0.5):
-        dead = [s.name for s in cluster.services if not s.alive()]
-        if dead:
-            print(f"radixserve: {', '.join(dead)} exited; stopping", flush=True)
+        if supervisor.gave_up is not None:
+            print(f"radixserve: stopping: {supervisor.gave_up}", flush=True)
             cluster.stop()
             return 1
     print("radixserve: stopping", flush=True)

@@ -2,9 +2,12 @@
 
 The embedded default for one machine: the same programs the pods run (``python -m
 radixserve.<service>``), wired by flags. Internal gRPC ports are picked free; the HTTP port is
-``--port``. Ready when every service reports healthy. Ctrl-C / SIGTERM stops the gateway and the
-schedulers together (no new requests anywhere; running ones finish within the schedulers' drain
-timeout and reach their clients, or end with an error that says why), then the detokenizer.
+``--port``. Ready when every service reports healthy and the gateway is connected to every
+scheduler. ``Cluster.supervise`` restarts a service that exits (``RestartPolicy``: backoff after fast
+crashes, giving up after several in a row) while the others keep serving. Ctrl-C / SIGTERM stops the
+gateway and the schedulers together (no new requests anywhere; running ones finish within the
+schedulers' drain timeout and reach their clients, or end with an error that says why), then the
+detokenizer.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,8 +65,13 @@ class Service:
     metrics_url: str | None = None  # Prometheus /metrics
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    fast_crashes: int = 0  # exits in a row, each soon after its start
+    restart_at: float | None = None  # exited; to be started again then
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         env = {**os.environ, **self.env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *self.argv],
@@ -106,13 +115,19 @@ class Cluster:
     def services(self) -> list[Service]:
         return [self.detokenizer, *self.schedulers, self.gateway]
 
+    supervisor: Supervisor | None = None
+
     def start(self, timeout: float = 300.0) -> None:
         for s in self.services:
             s.start()
         deadline = time.monotonic() + timeout
-        pending = list(self.services)
+        pending: list[Service | str] = [*self.services, "routes"]
         while pending:
             for s in list(pending):
+                if isinstance(s, str):  # last: the gateway sees every scheduler, so each gets traffic
+                    if len(pending) == 1 and self.gateway_connected() == len(self.schedulers):
+                        pending.remove(s)
+                    continue
                 if not s.alive():
                     self.stop()
                     raise RuntimeError(
@@ -122,11 +137,43 @@ class Cluster:
                     pending.remove(s)
             if pending and time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"not healthy after {timeout:.0f} s: {[s.name for s in pending]}")
+                names = [s if isinstance(s, str) else s.name for s in pending]
+                raise TimeoutError(f"not ready after {timeout:.0f} s: {names}")
             time.sleep(0.2)
+
+    def gateway_connected(self) -> int:
+        """Schedulers the gateway has a live Watch stream to (what it routes to)."""
+        try:
+            up = httpx.get(f"{self.url}/health", timeout=2).json().get("schedulers", {})
+        except (httpx.HTTPError, ValueError):
+            return 0
+        return sum(bool(v) for v in up.values())
+
+    def requests_served(self) -> list[int]:
+        """Requests each scheduler has ended, any finish reason (its ``radixserve_scheduler_requests``
+        counter; a restarted scheduler counts from zero)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out = []
+        for s in self.schedulers:
+            text = httpx.get(s.metrics_url or "", timeout=10).text
+            families = text_string_to_metric_families(text)
+            samples = [x for f in families if f.name == "radixserve_scheduler_requests" for x in f.samples]
+            out.append(int(sum(x.value for x in samples if x.name.endswith("_total"))))
+        return out
+
+    def supervise(
+        self, policy: RestartPolicy | None = None, say: Callable[[str], None] | None = None
+    ) -> Supervisor:
+        """Restart services that exit, from a background thread, until ``stop``."""
+        self.supervisor = Supervisor(self, policy or RestartPolicy(), say or _say)
+        self.supervisor.start()
+        return self.supervisor
 
     def stop(self, drain_timeout: float = 10.0) -> None:
         """``drain_timeout``: how long to wait for schedulers beyond their own drain timeout."""
+        if self.supervisor is not None:
+            self.supervisor.pause()
         for s in [self.gateway, *self.schedulers]:  # in parallel: each drains on its own
             if s.alive() and s.proc is not None:
                 s.proc.send_signal(signal.SIGTERM)
@@ -134,6 +181,96 @@ class Cluster:
             s.stop(drain_timeout + 10)
         self.gateway.stop(10)
         self.detokenizer.stop(10)
+        if self.supervisor is not None:
+            self.supervisor.stop()
+
+
+def _say(line: str) -> None:
+    print(f"radixserve: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a service exits, it is started again: at once if it had run ``fast_crash_s`` or more,
+    else after ``backoff_s`` doubling with each such fast crash in a row (up to ``max_backoff_s``);
+    ``max_fast_crashes`` in a row means it cannot run here, and supervision gives up."""
+
+    backoff_s: float = 1.0
+    max_backoff_s: float = 16.0
+    fast_crash_s: float = 30.0
+    max_fast_crashes: int = 5
+
+
+class Supervisor:
+    """Keeps a cluster's processes running, as Kubernetes' restart policy does for the pods: the
+    others keep serving meanwhile (the gateway routes around a scheduler that is down, schedulers
+    reconnect to a restarted detokenizer, the detokenizer to a restarted gateway)."""
+
+    def __init__(self, cluster: Cluster, policy: RestartPolicy, say: Callable[[str], None]) -> None:
+        self.cluster, self.policy, self.say = cluster, policy, say
+        self.gave_up: str | None = None  # why supervision ended, if it did on its own
+        self.ended = threading.Event()
+        self._stop = threading.Event()
+        self._paused = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self, now: float | None = None) -> str | None:
+        """One look at every service: restart what is due; returns why it gives up, if it does."""
+        now = time.monotonic() if now is None else now
+        p = self.policy
+        for s in self.cluster.services:
+            if s.alive():
+                if s.fast_crashes and now - s.started_at >= p.fast_crash_s:
+                    s.fast_crashes = 0  # it runs now
+                continue
+            if s.restart_at is None:  # just found exited
+                code = s.proc.returncode if s.proc is not None else None
+                ran = now - s.started_at
+                s.fast_crashes = s.fast_crashes + 1 if ran < p.fast_crash_s else 0
+                if s.fast_crashes >= p.max_fast_crashes:
+                    return (
+                        f"{s.name} exited (code {code}) {s.fast_crashes} times in a row, each within"
+                        f" {p.fast_crash_s:.0f} s of its start; giving up (its log above says why)"
+                    )
+                delay = (
+                    0.0
+                    if s.fast_crashes == 0
+                    else min(p.max_backoff_s, p.backoff_s * 2 ** (s.fast_crashes - 1))
+                )
+                self.say(
+                    f"{s.name} exited with code {code} after {ran:.1f} s; restarting it in {delay:.1f} s"
+                )
+                s.restart_at = now + delay
+            elif now >= s.restart_at:
+                s.restart_at = None
+                s.restarts += 1
+                s.start()
+        return None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # The thread lives until ``stop``, after the services: PR_SET_PDEATHSIG fires when the
+        # thread that started a child ends, and a restarted one must not go before the others.
+        while not self._stop.wait(0.2):
+            if self.gave_up is None and not self._paused.is_set():
+                why = self.poll()
+                if why is not None:
+                    self.gave_up = why
+                    self.say(why)
+                    self.ended.set()
+
+    def pause(self) -> None:
+        """No more restarts (the services are being stopped)."""
+        self._paused.set()
+
+    def stop(self) -> None:
+        self._paused.set()
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 def build_cluster(

@@ -14,8 +14,9 @@ subject alternative names) are made with the openssl CLI in the server's tempora
 clients need not present a certificate (``--tls-auth-clients no``).
 
 The server runs in the foreground (``--daemonize no``) so it stays our child: we stop it by pid
-(SIGTERM, wait, SIGKILL on timeout) and nothing outlives the test. Tests skip when redis-server is
-not on PATH (or, for ``tls=True``, openssl is not).
+(SIGTERM, wait, SIGKILL on timeout) and nothing outlives the test. Tests fail, naming the command
+that installs it (scripts/test-deps), when redis-server is not on PATH (or, for ``tls=True``,
+openssl is not).
 """
 
 from __future__ import annotations
@@ -46,14 +47,16 @@ def redis_server_path() -> str | None:
 def require_redis_server() -> str:
     path = redis_server_path()
     if path is None:
-        pytest.skip("redis-server is not on PATH (install it: apt-get install redis-server)")
+        pytest.fail(
+            "redis-server is not on PATH: run scripts/test-deps (apt-get install redis-server)", pytrace=False
+        )
     return path
 
 
 def require_openssl() -> str:
     path = shutil.which(OPENSSL)
     if path is None:
-        pytest.skip("openssl is not on PATH (needed to make the test certificates)")
+        pytest.fail("openssl is not on PATH: run scripts/test-deps (apt-get install openssl)", pytrace=False)
     return path
 
 

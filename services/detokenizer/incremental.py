@@ -59,6 +59,7 @@ class TextDelta:
     completion_tokens: int = 0
     cached_tokens: int = 0
     ended_early: bool = False  # ended here while the scheduler may still run it
+    lost_start: bool = False  # its start never came here: no text of it left this detokenizer
 
 
 @dataclass(slots=True)
@@ -138,7 +139,9 @@ class IncrementalDetokenizer:
         early = not u.finish_reason
         if early:
             self._drop_rest(u.rid)
-        return TextDelta(u.rid, u.reply_to, "", list(u.token_ids), "abort", LOST_START, ended_early=early)
+        return TextDelta(
+            u.rid, u.reply_to, "", list(u.token_ids), "abort", LOST_START, ended_early=early, lost_start=True
+        )
 
     def _decode(self, group: list[DecodeState], skip: bool) -> None:
         decode = self.tokenizer.batch_decode

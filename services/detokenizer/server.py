@@ -46,6 +46,7 @@ def text_to_proto(d: TextDelta) -> Any:
         cached_tokens=d.cached_tokens,
         matched_stop=d.matched_stop,
         ended_early=d.ended_early,
+        lost_start=d.lost_start,
     )
 
 

@@ -79,7 +79,13 @@ class Choice:
     queue: asyncio.Queue[tuple[int, Any]]  # (index, pb.RequestText | ApiError), shared by a request's choices
     prompt_tokens: int
     prompt_index: int = 0  # which prompt of a multi-prompt request
+    request: Any = None  # the pb.TokenizedRequest sent (again, if its scheduler fails before it starts)
+    trace: RequestTrace | None = None
     submitted: bool = False  # its scheduler accepted it (before that it cannot know it)
+    started: bool = False  # a result of it came: from then on it cannot move to another scheduler
+    retried: bool = False  # re-sent once already
+    released: bool = False  # the client is done with it
+    via: object | None = None  # the detokenizer stream its text came through (Deliver)
     heard_at: float = field(default_factory=time.monotonic)  # submitted, or its last text came
     missing_since: float | None = None  # first lost-response check its scheduler no longer held it
 
@@ -191,8 +197,10 @@ class Gateway:
             for h, choices in quiet.items():
                 try:
                     reply = await h.stub.Holds(pb.RequestIds(rids=[c.rid for c in choices]), timeout=5)
-                except grpc.aio.AioRpcError:
-                    continue  # the pod is down or busy: its Watch stream says so (scheduler_down)
+                except grpc.aio.AioRpcError as e:
+                    if not h.healthy:  # sent to a pod as it went down (its Watch stream has failed the rest)
+                        self._fail(h, [c for c in choices if self.choices.get(c.rid) is c], e.code().name)
+                    continue  # up but busy: asked again at the next check
                 held = set(reply.rids)
                 now = time.monotonic()
                 for c in choices:
@@ -254,12 +262,65 @@ class Gateway:
     ) -> list[Choice]:
         """Send ``n`` requests for one prompt to one scheduler; raises ApiError.
 
-        The choices' results go to ``queue`` (a new one if None) indexed ``prompt_index * n + i``."""
+        The choices' results go to ``queue`` (a new one if None) indexed ``prompt_index * n + i``.
+        A scheduler that cannot be reached (UNAVAILABLE: gone, or draining) is left out of routing
+        and the choices go to another one, once."""
         try:
             sp.validate()
         except (ValueError, TypeError) as e:
             raise ApiError(400, str(e)) from e
-        candidates = self.candidates()
+        queue = queue if queue is not None else asyncio.Queue()
+        trace_context = trace.carrier() if trace is not None else {}
+        requests = []
+        for i in range(n):
+            sp_i = replace(sp, seed=sp.seed + i) if sp.seed is not None and n > 1 else sp
+            requests.append(
+                pb.TokenizedRequest(
+                    input_ids=input_ids,
+                    sampling=sampling_to_proto(sp_i, skip_special_tokens),
+                    reply_to=self.reply_to,
+                    trace_context=trace_context,
+                )
+            )
+        failed: SchedulerHandle | None = None
+        while True:
+            h = self._route(input_ids, trace, avoid=failed)
+            base = uuid.uuid4().hex
+            choices = [
+                Choice(f"{base}-{i}", prompt_index * n + i, h, queue, len(input_ids), prompt_index, r, trace)
+                for i, r in enumerate(requests)
+            ]
+            for c in choices:
+                self._register(c, h)
+            s0 = time.monotonic()
+            try:
+                for c in choices:
+                    c.request.rid = c.rid
+                    await h.stub.Submit(c.request, timeout=30)
+            except grpc.aio.AioRpcError as e:
+                self.metrics.grpc_errors.labels(h.address, e.code().name).inc()
+                self.release(choices, "submission failed")
+                if e.code() != grpc.StatusCode.UNAVAILABLE or failed is not None:
+                    raise error_from_grpc(e, f"scheduler {h.address}") from e
+                self.pool.unreachable(h, f"Submit: {e.details()}")
+                self.metrics.retries.labels("submit").inc()
+                if trace is not None:
+                    trace.child("retry", s0, time.monotonic(), _retry_attrs(h, f"Submit: {e.code().name}"))
+                failed = h
+                continue
+            now = time.monotonic()
+            for c in choices:
+                c.submitted, c.heard_at = True, now
+            if trace is not None:
+                trace.child(
+                    "submit", s0, time.monotonic(), {"radixserve.pod": h.address, "radixserve.choices": n}
+                )
+            return choices
+
+    def _route(
+        self, input_ids: Sequence[int], trace: RequestTrace | None, avoid: SchedulerHandle | None = None
+    ) -> SchedulerHandle:
+        candidates = [h for h in self.candidates() if h is not avoid]
         if not candidates:
             raise ApiError(503, "no scheduler is available", "server_error")
         r0 = time.monotonic()
@@ -271,41 +332,52 @@ class Gateway:
             self.metrics.route_seconds.observe(decision.seconds)
         if trace is not None:
             trace.routed(decision, self.router.name, r0, r1)
-        trace_context = trace.carrier() if trace is not None else {}
-        queue = queue if queue is not None else asyncio.Queue()
-        base = uuid.uuid4().hex
-        choices = []
-        for i in range(n):
-            c = Choice(f"{base}-{i}", prompt_index * n + i, h, queue, len(input_ids), prompt_index)
-            self.choices[c.rid] = c
-            h.outstanding.add(c.rid)
-            choices.append(c)
-        s0 = time.monotonic()
+        return h
+
+    def _register(self, c: Choice, h: SchedulerHandle) -> None:
+        c.scheduler = h
+        self.choices[c.rid] = c
+        h.outstanding.add(c.rid)
+        h.sent += 1  # counted in the pod's load until its next report
+
+    async def _resend(self, c: Choice, failed: SchedulerHandle, why: str, avoid: bool = True) -> None:
+        """``c`` was submitted to ``failed`` and lost there before any of its results came: send it
+        again, to another scheduler if ``avoid`` (under a new rid: a detokenizer may hold the old
+        one's start)."""
+        if c.released:
+            return
+        t0 = time.monotonic()
+        c.retried, c.submitted, c.missing_since = True, False, None
         try:
-            for i, c in enumerate(choices):
-                sp_i = replace(sp, seed=sp.seed + i) if sp.seed is not None and n > 1 else sp
-                await h.stub.Submit(
-                    pb.TokenizedRequest(
-                        rid=c.rid,
-                        input_ids=input_ids,
-                        sampling=sampling_to_proto(sp_i, skip_special_tokens),
-                        reply_to=self.reply_to,
-                        trace_context=trace_context,
-                    ),
-                    timeout=30,
-                )
+            h = self._route(list(c.request.input_ids), c.trace, avoid=failed if avoid else None)
+        except ApiError as e:
+            err = (
+                _went_away(failed, why)
+                if avoid
+                else ApiError(503, f"{why}; retry the request", "server_error")
+            )
+            c.queue.put_nowait((c.index, err))
+            log.info("request %s: no scheduler to re-send it to (%s)", c.rid, e.message)
+            return
+        old, c.rid = c.rid, f"{c.rid}.retry"
+        c.request.rid = c.rid
+        self._register(c, h)
+        self.metrics.retries.labels("down" if avoid else "lost start").inc()
+        try:
+            await h.stub.Submit(c.request, timeout=30)
         except grpc.aio.AioRpcError as e:
             self.metrics.grpc_errors.labels(h.address, e.code().name).inc()
-            self.release(choices, "submission failed")
-            raise error_from_grpc(e, f"scheduler {h.address}") from e
-        now = time.monotonic()
-        for c in choices:
-            c.submitted, c.heard_at = True, now
-        if trace is not None:
-            trace.child(
-                "submit", s0, time.monotonic(), {"radixserve.pod": h.address, "radixserve.choices": n}
-            )
-        return choices
+            if self.choices.pop(c.rid, None) is not None:
+                h.outstanding.discard(c.rid)
+                c.queue.put_nowait((c.index, error_from_grpc(e, f"scheduler {h.address} (a retry)")))
+            return
+        c.submitted, c.heard_at = True, time.monotonic()
+        if c.released:  # the client left meanwhile
+            self.release([c], "client disconnected")
+        log.info("request %s: %s before its first token; re-sent to %s", old, why, h.address)
+        if c.trace is not None:
+            attrs = {**_retry_attrs(failed, why), "radixserve.retry.to": h.address}
+            c.trace.child("retry", t0, time.monotonic(), attrs)
 
     async def events(self, choices: list[Choice]) -> AsyncIterator[list[tuple[int, Any]]]:
         """Results as they come, a list of (choice index, pb.RequestText) at a time, until every choice
@@ -325,6 +397,8 @@ class Gateway:
 
     def release(self, choices: list[Choice], reason: str) -> None:
         """The client is done with these choices: abort those still running (no-op for ended ones)."""
+        for c in choices:
+            c.released = True
         live = [c for c in choices if self.choices.pop(c.rid, None) is not None]
         for c in live:
             c.scheduler.outstanding.discard(c.rid)
@@ -342,14 +416,22 @@ class Gateway:
         self._spawn(call())
 
     # ------------------------------------------------------------------ from the detokenizer
-    def deliver(self, batch: Any) -> None:
+    def deliver(self, batch: Any, via: object = None) -> None:
         early: dict[SchedulerHandle, list[str]] = {}
         for t in batch.reqs:
             c = self.choices.get(t.rid)
             if c is None:
                 continue  # released: the client went away, or an abort's final message
+            if t.lost_start and not c.started and not c.retried:
+                # Its start died with a detokenizer and the client has seen nothing: send it again.
+                del self.choices[t.rid]
+                c.scheduler.outstanding.discard(t.rid)
+                if t.ended_early:
+                    early.setdefault(c.scheduler, []).append(t.rid)
+                self._spawn(self._resend(c, c.scheduler, "the detokenizer lost its start", avoid=False))
+                continue
             c.queue.put_nowait((c.index, t))
-            c.heard_at = time.monotonic()
+            c.heard_at, c.started, c.via = time.monotonic(), True, via
             if t.finish_reason:
                 del self.choices[t.rid]
                 c.scheduler.outstanding.discard(t.rid)
@@ -358,11 +440,59 @@ class Gateway:
         for h, rids in early.items():
             self._abort(h, rids, "ended by the detokenizer")
 
+    def delivery_broke(self, via: object) -> None:
+        """A detokenizer's stream to this gateway ended: the requests whose text was coming through
+        it lost their place (the detokenizer's incremental state, and whatever was in flight), so
+        they fail now with a retryable error and are aborted on their schedulers. Those with no text
+        yet are left alone: their start reaches whichever detokenizer their scheduler talks to next."""
+        lost = [c for c in self.choices.values() if c.via is via]
+        if not lost:
+            return
+        log.warning("a detokenizer stream ended: failing the %d requests it was delivering", len(lost))
+        err = ApiError(
+            503,
+            "the detokenizer delivering this response went away mid-request; retry the request",
+            "server_error",
+        )
+        by_pod: dict[SchedulerHandle, list[str]] = {}
+        for c in lost:
+            del self.choices[c.rid]
+            c.scheduler.outstanding.discard(c.rid)
+            by_pod.setdefault(c.scheduler, []).append(c.rid)
+            c.queue.put_nowait((c.index, err))
+        for h, rids in by_pod.items():
+            self._abort(h, rids, "its detokenizer went away")
+
     def scheduler_down(self, h: SchedulerHandle, why: str) -> None:
-        err = ApiError(503, f"scheduler {h.address} went away mid-request ({why})", "server_error")
+        """``h``'s Watch stream broke or went quiet: its requests move or fail, none waits on it."""
         self.metrics.grpc_errors.labels(h.address, "STREAM_BROKEN").inc()
-        for rid in list(h.outstanding):
-            c = self.choices.pop(rid, None)
-            if c is not None:
-                c.queue.put_nowait((c.index, err))
+        choices = [c for rid in list(h.outstanding) if (c := self.choices.get(rid)) is not None]
         h.outstanding.clear()
+        self._fail(h, choices, why)
+
+    def _fail(self, h: SchedulerHandle, choices: list[Choice], why: str) -> None:
+        """Re-send the submitted choices no result of which came yet, once; fail the others with a
+        retryable error. (A choice still being submitted is left to its Submit call.)"""
+        moved = []
+        for c in choices:
+            if not c.submitted:
+                continue
+            del self.choices[c.rid]
+            h.outstanding.discard(c.rid)
+            moved.append(c.rid)
+            if c.started or c.retried:
+                c.queue.put_nowait((c.index, _went_away(h, why)))
+            else:
+                self._spawn(self._resend(c, h, why))
+        if moved:  # a pod that only went quiet may come back: it must not run them too
+            self._abort(h, moved, f"its gateway gave up on this scheduler ({why})")
+
+
+def _went_away(h: SchedulerHandle, why: str) -> ApiError:
+    return ApiError(
+        503, f"scheduler {h.address} went away mid-request ({why}); retry the request", "server_error"
+    )
+
+
+def _retry_attrs(h: SchedulerHandle, why: str) -> dict[str, Any]:
+    return {"radixserve.retry.from": h.address, "radixserve.retry.reason": why}

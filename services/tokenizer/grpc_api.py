@@ -28,8 +28,14 @@ class GatewayService(pb_grpc.GatewayServicer):
         self.gw = gw
 
     async def Deliver(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-        async for batch in request_iterator:
-            self.gw.deliver(batch)
+        via = object()  # this stream: the requests whose text comes through it
+        try:
+            async for batch in request_iterator:
+                self.gw.deliver(batch, via)
+        finally:
+            # However it ended (a killed detokenizer's stream may look closed, not broken), nothing
+            # more comes this way for the requests it was delivering.
+            self.gw.delivery_broke(via)
         return pb.DeliverReply()
 
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

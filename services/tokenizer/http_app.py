@@ -22,8 +22,12 @@ from radixserve.tokenizer.tracing import RequestTrace
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
+RETRY_AFTER_S = 1  # a 503 is retryable: another scheduler, or the same one restarted, can serve it
+
+
 def _error(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 503 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def build_app(gw: Gateway) -> FastAPI:

@@ -62,5 +62,11 @@ class GatewayMetrics:
             "Requests failed because their scheduler ended them but the response never came",
             registry=r,
         )
+        self.retries = Counter(
+            "radixserve_request_retries",
+            "Requests re-sent to another scheduler because theirs failed before their first token",
+            ["reason"],
+            registry=r,
+        )
         self.in_flight = Gauge("radixserve_requests_in_flight", "Client requests being served", registry=r)
         self.schedulers_up = Gauge("radixserve_schedulers_healthy", "Scheduler pods reachable", registry=r)

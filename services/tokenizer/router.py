@@ -11,10 +11,11 @@ Routers share one small interface (``choose``); ``cache-aware`` is the default:
     matched = per pod, leading blocks it holds: the prefix index (Redis or in-memory), or what
               this router recently sent there (a burst sharing a new prefix lands together
               before the first prefill has published anything)
-    if nobody holds any block: preferring pods whose KV has room for it (working set + prompt
-              within ``kv_fill`` of the pod's KV), then pods not much busier than the least busy,
-              the one with the smallest working set (the prefix blocks this router sent it in the
-              last ``working_set_s``; a request's own unshared tail does not count)
+    if nobody holds any block: among the pods whose KV has room for it (working set + prompt
+              within ``kv_fill`` of the pod's KV), the least busy (running + waiting as reported,
+              plus what this gateway sent since that report), then the one with the smallest
+              working set (the prefix blocks this router sent it in the last ``working_set_s``; a
+              request's own unshared tail does not count)
     else: the longest match (ties: least loaded), unless that pod is out of balance with the least
               loaded one (busy - min > abs AND busy > rel x min): then the least loaded
 
@@ -50,14 +51,20 @@ class SchedulerHandle:
     healthy: bool = False
     load: Any = None  # the last pb.Load
     outstanding: set[str] = field(default_factory=set)  # rids this gateway sent here, not ended
+    sent: int = 0  # requests this gateway sent here since the pod's last load report
     routed_tokens: int = 0  # uncached prompt tokens this gateway sent here since the last load report
 
     @property
     def busy(self) -> int:
-        """Requests on the pod: what it reported, or what this gateway alone has there if more
-        (reports lag by up to one interval)."""
+        """Requests on the pod now: what it reported plus what this gateway sent since (a report
+        lags by up to one interval, and a burst arrives within one), or what this gateway alone
+        has there if that is more."""
         reported = self.load.waiting + self.load.running if self.load is not None else 0
-        return max(reported, len(self.outstanding))
+        return max(reported + self.sent, len(self.outstanding))
+
+    def reported(self, load: Any) -> None:
+        """A load report arrived: it counts what was sent before it."""
+        self.load, self.sent, self.routed_tokens = load, 0, 0
 
     @property
     def footprint(self) -> int:
@@ -198,17 +205,19 @@ class CacheAwareRouter(_Recorder):
         self._index_down_until = 0.0
         self._n = itertools.count()
 
-    def _new_prefix_rank(self, c: SchedulerHandle, tokens: int, lo: int, now: float) -> tuple[Any, ...]:
+    def _new_prefix_rank(self, c: SchedulerHandle, tokens: int, now: float) -> tuple[Any, ...]:
         """Sort key of the pods for a prompt that matches nowhere: smallest is best."""
         ws = self.working_set.blocks(c.address, now) * self.block_size
         capacity = c.load.kv_capacity_tokens if c.load is not None else 0
         # Room first: a prefix sent where the working set already fills the KV evicts another
         # tenant's prefix, which is computed again on its next request. In one routing-benchmark
-        # burst the calm-first rule ended with six tenants (4,157 tokens) on one 3,696-token pod and
-        # two on another (likely: the pods holding popular tenants stopped being calm early).
+        # burst a rule that put load first ended with six tenants (4,157 tokens) on one 3,696-token
+        # pod and two on another.
         fits = capacity == 0 or ws + tokens <= capacity * self.kv_fill
-        calm = c.busy <= lo + self.balance_abs
-        return (not fits, not calm, ws, c.footprint, c.busy)
+        # Then what the pod is doing now. Ranking by working set before load sent all of 32
+        # concurrent unique prompts (shorter than a block: no working set at all) to one of two
+        # pods; with load second a pod's queue, not its tenants, decides where new work goes.
+        return (not fits, c.busy, ws, c.footprint)
 
     def choose(self, input_ids: Sequence[int], candidates: Sequence[SchedulerHandle]) -> SchedulerHandle:
         t = time.perf_counter()
@@ -234,13 +243,12 @@ class CacheAwareRouter(_Recorder):
         lo = min(h.busy for h in candidates)
         best = max((matched.get(h.address, 0) for h in candidates), default=0)
         if best == 0:
-            # A new prefix: to the pod with the smallest working set among those with room for it
-            # and not much busier than the least busy (SGLang sends it to the smallest tree), so
-            # prefixes spread by the KV they need, not by request count, and fewer get evicted.
-            # Ties (a fresh router): the least KV held, then the least busy.
+            # A new prefix: to the least busy pod among those with room for it; ties (equally idle
+            # pods) to the smallest working set (SGLang sends it to the smallest tree), then the
+            # least KV held, then in rotating order.
             k = rotate % len(candidates)
             rotated = [*candidates[k:], *candidates[:k]]
-            h = min(rotated, key=lambda c: self._new_prefix_rank(c, len(input_ids), lo, now))
+            h = min(rotated, key=lambda c: self._new_prefix_rank(c, len(input_ids), now))
             reason = "no-match"
         else:
             h = least_loaded([c for c in candidates if matched.get(c.address, 0) == best], rotate)
@@ -266,7 +274,9 @@ ROUTERS = ("cache-aware", "least-load", "round-robin")
 
 class SchedulerPool:
     """``memory_index``: an InMemoryPrefixIndex to feed from the pods' Watch streams (None when the
-    index lives in Redis: the pods publish there themselves)."""
+    index lives in Redis: the pods publish there themselves). ``stale_s``: a pod whose stream sends
+    nothing for this long (stopped, wedged, a network that drops packets without closing the
+    connection) is down like one whose stream broke."""
 
     def __init__(
         self,
@@ -274,10 +284,12 @@ class SchedulerPool:
         on_down: Callable[[SchedulerHandle, str], None],
         watch_interval_s: float = 0.2,
         memory_index: InMemoryPrefixIndex | None = None,
+        stale_s: float = 5.0,
     ) -> None:
         self.handles = [SchedulerHandle(a) for a in addresses]
         self._on_down = on_down
         self._interval = watch_interval_s
+        self.stale_s = max(stale_s, 5 * watch_interval_s)
         self.memory_index = memory_index
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -290,26 +302,44 @@ class SchedulerPool:
     def healthy(self) -> list[SchedulerHandle]:
         return [h for h in self.handles if h.healthy and not (h.load and h.load.draining)]
 
+    def unreachable(self, h: SchedulerHandle, why: str) -> None:
+        """A call to the pod failed as if it were gone: no routing decision picks it until its Watch
+        stream says otherwise (the stream, not this, decides about the requests it holds: a pod
+        that refuses new work while it drains still finishes what it has)."""
+        if h.healthy:
+            log.warning("scheduler %s is unreachable (%s)", h.address, why)
+            h.healthy = False
+
     async def _watch(self, h: SchedulerHandle) -> None:
         backoff = 0.05
         index = self.memory_index
         request = pb.WatchRequest(interval_s=self._interval, kv_events=index is not None)
         while True:
+            call = h.stub.Watch(request, wait_for_ready=True)
             try:
-                call = h.stub.Watch(request, wait_for_ready=True)
-                async for update in call:
+                while True:
+                    # Waiting for a pod to come up has no limit; a pod that was up and goes quiet
+                    # is as good as gone, so its clients do not wait on it.
+                    update = await asyncio.wait_for(call.read(), self.stale_s if h.healthy else None)
+                    if update is grpc.aio.EOF:
+                        break
                     if not h.healthy:
                         log.info("scheduler %s is up", h.address)
-                    h.load, h.healthy, h.routed_tokens = update.load, True, 0
+                    h.reported(update.load)
+                    h.healthy = True
                     if index is not None:
                         index.apply(h.address, update.stored, update.removed, update.cleared)
                         index.heartbeat(h.address, {}, 10 * self._interval + 1)
                     backoff = 0.05
                 why = "ended its watch stream"
             except asyncio.CancelledError:
+                call.cancel()
                 raise
+            except TimeoutError:
+                why = f"sent nothing for {self.stale_s:.1f} s"
             except grpc.aio.AioRpcError as e:
                 why = f"{e.code().name}: {e.details()}"
+            call.cancel()
             if h.healthy:
                 log.warning("scheduler %s is down (%s)", h.address, why)
                 h.healthy = False

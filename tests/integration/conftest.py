@@ -24,6 +24,7 @@ def start_cluster(
     router: str = "round-robin",
     prefix_index: str = "memory",
     gateway_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Cluster:
     cluster = build_cluster(
         model_dir,
@@ -34,9 +35,14 @@ def start_cluster(
         gateway_args=["--router", router, *(gateway_args or [])],
         torch_threads=1,
         prefix_index=prefix_index,
+        env=env,
     )
     cluster.start(timeout=180)
     return cluster
+
+
+def served_per_pod(cluster: Cluster) -> list[int]:
+    return cluster.requests_served()
 
 
 @pytest.fixture(scope="session")

@@ -117,8 +117,9 @@ def test_a_detokenizer_restart_mid_stream_fails_the_stream_with_a_reason_and_fre
                 return restarted_at, result, after
 
         restarted_at, result, after = asyncio.run(go())
-        # the scheduler's next tokens reach the new detokenizer, which never saw the request's start
-        assert result["error"] is not None and "never saw this request's start" in result["error"]["message"]
+        # the gateway saw the dead detokenizer's stream end: nothing more of this text can come
+        assert result["error"] is not None and "detokenizer" in result["error"]["message"]
+        assert "retry the request" in result["error"]["message"]
         assert result["finish"] is None and result["ended"] - restarted_at < 10
         assert _idle(cluster)  # the gateway aborted it on the scheduler: its KV is free
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
@@ -151,10 +152,15 @@ def test_a_response_lost_with_a_dying_detokenizer_is_failed_not_left_hanging(mod
                 return sent_at, ended, lost, after
 
         sent_at, ended, lost, after = asyncio.run(go())
-        # whichever way it went (the check found it ended but unanswered, or a message of it reached
-        # the new detokenizer), the client gets a 503 it can retry on, within a few checks
-        assert lost.status_code == 503, lost.text
-        assert "retry the request" in lost.json()["error"]["message"]
+        # whichever way it went, the client gets an answer within a few checks: a 503 it can retry
+        # on (the check found it ended but unanswered), or the whole answer (a message of it reached
+        # the new detokenizer, which told the gateway that none of its text went out: the gateway
+        # sent it again)
+        if lost.status_code == 503:
+            assert "retry the request" in lost.json()["error"]["message"]
+        else:
+            assert lost.status_code == 200, lost.text
+            assert lost.json()["usage"]["completion_tokens"] == SHORT["max_tokens"]
         assert ended - sent_at < 20
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
     finally:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from radixserve.common.rpc import pb, pb_grpc
-from tests.integration.conftest import MODEL_NAME, start_cluster
+from tests.integration.conftest import MODEL_NAME, served_per_pod, start_cluster
 
 
 def cached_on_each_pod(cluster, ids: list[int]) -> list[int]:
@@ -95,6 +95,42 @@ def test_unrelated_requests_spread_over_the_pods(four_pods):
         ids = [50 + k * 31 + (i % 13) for i in range(40)]
         with_cache.append(max(range(4), key=lambda p, ids=ids: cached_on_each_pod(four_pods, ids)[p]))
     assert len(set(with_cache)) >= 3  # least-loaded / rotating choice when nothing matches
+
+
+def unique_burst(cluster, n: int) -> list[int]:
+    """Requests each pod served of ``n`` concurrent ones whose prompts share nothing and are shorter
+    than a block (so they leave no working set to spread by), after one long prompt has warmed one
+    pod's cache (so the pods' KV figures differ, as they do after any traffic)."""
+    import asyncio
+
+    body = {"model": MODEL_NAME, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    complete(cluster, [25 + i % 60 for i in range(400)], max_tokens=1)
+    time.sleep(0.5)  # its KV reaches the gateway's view of the pods
+    before = served_per_pod(cluster)
+
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=120) as h:
+            prompts = [[300 + k, *[20 + (k * 7 + i) % 90 for i in range(1 + k % 12)]] for k in range(n)]
+            return await asyncio.gather(
+                *[h.post("/v1/completions", json={**body, "prompt": p}) for p in prompts]
+            )
+
+    assert all(r.status_code == 200 for r in asyncio.run(go()))
+    return [b - a for a, b in zip(before, served_per_pod(cluster), strict=True)]
+
+
+def test_concurrent_unique_prompts_spread_over_four_pods(four_pods):
+    got = unique_burst(four_pods, 64)
+    assert sum(got) == 64 and all(10 <= g <= 22 for g in got), got
+
+
+def test_concurrent_unique_prompts_spread_over_two_pods(model_dir):
+    cluster = start_cluster(model_dir, schedulers=2, router="cache-aware")
+    try:
+        got = unique_burst(cluster, 32)
+        assert sum(got) == 32 and all(12 <= g <= 20 for g in got), got
+    finally:
+        cluster.stop(drain_timeout=2)
 
 
 def test_with_redis_a_shared_prefix_lands_on_one_pod_and_routing_survives_a_redis_outage(model_dir):

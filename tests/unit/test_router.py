@@ -84,32 +84,60 @@ def test_cache_aware_ties_go_to_the_least_loaded(index: InMemoryPrefixIndex) -> 
     assert router.choose(ids, [a, b, c]) is a
 
 
-def test_cache_aware_sends_a_new_prefix_to_the_calm_pod_with_the_smallest_working_set(
+def route(router: CacheAwareRouter, ids: list[int], pods: list[SchedulerHandle]) -> SchedulerHandle:
+    """What the gateway does with a decision: the pod counts the request until its next report."""
+    h = router.choose(ids, pods)
+    h.sent += 1
+    return h
+
+
+def test_busy_counts_what_was_sent_since_the_last_report() -> None:
+    a = pod("a", waiting=2, running=3)
+    a.sent = 4
+    assert a.busy == 9
+    a.reported(pb.Load(waiting=1, running=8))  # the report includes them
+    assert (a.busy, a.sent, a.routed_tokens) == (9, 0, 0)
+
+
+def test_a_new_prefix_goes_to_the_least_busy_pod_then_the_smallest_working_set(
     index: InMemoryPrefixIndex,
 ) -> None:
     a = pod("a", waiting=41)
-    a.load.kv_cached_tokens = 500  # a fresh router knows only the pods' KV: the tie-break
     b = pod("b", running=40)
-    c = pod("c", waiting=57)  # empty, but 17 busier than b: not calm
+    c = pod("c", waiting=57)
     router = CacheAwareRouter(index, MODEL, BS)
-    assert router.choose(tokens(1, 3), [a, b, c]) is b
+    assert route(router, tokens(1, 3), [a, b, c]) is b
     assert router.decisions[-1].reason == "no-match"
     assert b.routed_tokens == 53  # counted until b's next load report
-    # b now has 3 blocks of working set, a none: the next new prefix goes to a, though a's warm
-    # cache is fuller (a full cache is what every pod has after a while; it says nothing of use)
-    assert router.choose(tokens(2, 5), [a, b, c]) is a
-    assert router.choose(tokens(3, 3), [a, b, c]) is b  # 3 + 3 < 5
-    assert router.choose(tokens(4, 3), [a, b, c]) is a  # 5 < 6
-    assert [router.working_set.blocks(x, time.monotonic()) for x in "abc"] == [8, 6, 0]
+    # 40 + 1 sent: as busy as a; a's working set is the smaller (none)
+    assert route(router, tokens(2, 5), [a, b, c]) is a
+    assert route(router, tokens(3, 3), [a, b, c]) is b  # a is busier now
+    # equally busy pods: the smaller working set (a's warm cache, full or not, says nothing of use)
+    a.reported(pb.Load(running=10, kv_cached_tokens=500))
+    b.reported(pb.Load(running=10))
+    assert [router.working_set.blocks(x, time.monotonic()) for x in "abc"] == [5, 6, 0]
+    assert router.choose(tokens(4, 3), [a, b, c]) is a
     assert router.choose(list(range(5)), [a, b, c]).address in "ab"  # shorter than a block: no match
     assert router.decisions[-1].reason == "no-match"
 
 
-def test_a_new_prefix_goes_where_the_kv_has_room_for_it_before_it_goes_where_it_is_calm(
+def test_a_burst_of_unique_prompts_spreads_evenly(index: InMemoryPrefixIndex) -> None:
+    """32 concurrent prompts that share nothing, some shorter than a block (no working set), before
+    any pod reports: the load this gateway sent splits them."""
+    pods = [pod("a"), pod("b")]
+    router = CacheAwareRouter(index, MODEL, BS)
+    got = [route(router, tokens(i, i % 3), pods).address for i in range(32)]
+    assert (got.count("a"), got.count("b")) == (16, 16)
+    four = [pod(x) for x in "wxyz"]
+    got = [route(router, tokens(100 + i, 1 + i % 2), four).address for i in range(64)]
+    assert sorted(got.count(x) for x in "wxyz") == [16, 16, 16, 16]
+
+
+def test_a_new_prefix_goes_where_the_kv_has_room_for_it_before_it_goes_where_it_is_idle(
     index: InMemoryPrefixIndex,
 ) -> None:
     # The burst that piled six tenants onto one pod: b holds two popular tenants, so its queue is
-    # long (not calm), while a and c are calm but their working sets already fill their KV.
+    # long, while a and c are idler but their working sets already fill their KV.
     a, b, c = pod("a", waiting=2), pod("b", waiting=30), pod("c", waiting=4)
     for h in (a, b, c):
         h.load.kv_capacity_tokens = 20 * BS
@@ -118,15 +146,15 @@ def test_a_new_prefix_goes_where_the_kv_has_room_for_it_before_it_goes_where_it_
     router.working_set.remember(hashes_of(tokens(1, 14)), "a", now)
     router.working_set.remember(hashes_of(tokens(2, 4)), "b", now)
     router.working_set.remember(hashes_of(tokens(3, 12)), "c", now)
-    # 4 blocks (+ a partial one) fit on c (12 + 5 <= 18) and on b; c is calm: c
+    # 4 blocks (+ a partial one) fit on c (12 + 5 <= 18) and on b; c is less busy: c
     assert router.choose(tokens(4, 4), [a, b, c]) is c
     assert router.decisions[-1].reason == "no-match"
     # now c holds 16 blocks: the next 4-block prefix fits only on b, the busy one
     assert router.choose(tokens(5, 4), [a, b, c]) is b
-    # where it fits nowhere, calm and the smallest working set decide, as before
+    # where it fits nowhere, the least busy decides
     assert router.choose(tokens(6, 30), [a, b, c]) is a
     # a pod that has not reported its KV yet counts as having room: d wins though its working set
-    # is the largest of the calm pods
+    # is the largest
     d = pod("d", waiting=3)
     router.working_set.remember(hashes_of(tokens(8, 20)), "d", now)
     assert router.choose(tokens(7, 4), [a, c, d]) is d

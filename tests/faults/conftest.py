@@ -1,0 +1,6 @@
+"""Processes that die under load, as real processes on loopback (``launcher.Cluster``, supervised the
+way ``radixserve serve`` supervises them)."""
+
+from __future__ import annotations
+
+from tests.integration.conftest import engine, model_dir  # noqa: F401  (the same fixtures)

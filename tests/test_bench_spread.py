@@ -1,0 +1,35 @@
+"""The spread benchmark runs (quick mode): every request completes in every configuration, and with
+two pods the default router uses both. No timing is asserted (the figures live in its JSON)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "spread.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("bench_spread", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_workload_prompts_share_no_first_block():
+    reqs = load().build_workload(40, (20, 30), (4, 8), 500, seed=3)
+    assert len({r["input_ids"][0] for r in reqs}) == 40
+    assert all(20 <= len(r["input_ids"]) <= 30 and min(r["input_ids"]) >= 5 for r in reqs)
+
+
+def test_quick_run_completes_every_request_and_two_pods_share_the_work(tmp_path):
+    spread = load()
+    assert spread.main(["--quick", "--num-requests", "16", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "spread.json").read_text())
+    assert (tmp_path / "spread.png").stat().st_size > 0
+    for name, r in report["results"].items():
+        assert r["ok"] == 16 and r["failed"] == 0, (name, r)
+        assert sum(r["requests_per_pod"]) == 16
+    assert min(report["results"]["2 pods, cache-aware"]["requests_per_pod"]) >= 4
+    assert set(report["two_pods_over_one"]) == {"cache-aware", "round-robin"}
