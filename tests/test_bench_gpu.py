@@ -4,16 +4,12 @@ No timing is asserted, and the GPU-only figures (the idle trace, the targets) ma
 come from a run on a GPU machine (benchmarks/results/gpu-<device>.json).
 """
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from radixserve.cli import build_parser
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+from tests.bench_module import load_benchmark
 
 NUMBERS = [  # numbers on CPU too
     "decode_ms_bs1",
@@ -44,11 +40,7 @@ TARGETS = [
 
 @pytest.fixture(scope="module")
 def gpu_bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu")
 
 
 def test_smoke_run_writes_every_figure(gpu_bench, tmp_path):

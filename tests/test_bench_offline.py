@@ -3,25 +3,17 @@
 No timing is asserted: speed goals live in the benchmark's own output (benchmarks/results/offline.json).
 """
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from radixserve.cli import build_parser, main
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "offline.py"
+from tests.bench_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def offline():
-    spec = importlib.util.spec_from_file_location("bench_offline", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("offline")
 
 
 def test_workload_is_seeded_avoids_special_ids_and_shares_the_prefix(offline):

@@ -5,24 +5,17 @@ The quick run starts real clusters (gateway, 2 schedulers, detokenizer; a redis-
 Redis configuration) on the tiny model, one per configuration.
 """
 
-import importlib.util
 import json
-import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing.py"
+from tests.bench_module import load_benchmark
+from tests.redis_server import require_redis_server
 
 
 @pytest.fixture(scope="module")
 def routing():
-    spec = importlib.util.spec_from_file_location("bench_routing", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("routing")
 
 
 def test_workload_is_seeded_multi_tenant_and_avoids_special_ids(routing):
@@ -97,15 +90,13 @@ def test_saturation_throughput_is_judged_on_the_median_of_paired_repeats(routing
 
 @pytest.mark.timeout(300)
 def test_quick_run_reports_every_config_with_every_request_completed(routing, tmp_path):
+    require_redis_server()  # the cache-aware+redis configuration
     assert routing.main(["--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "routing.png").stat().st_size > 0
     data = json.loads((tmp_path / "routing.json").read_text())
     assert [r["rate"] for r in data["runs"]] == ["16"]  # --quick: one rate
     results, verdict = data["runs"][0]["results"], data["runs"][0]["verdict"]
-    expected = (
-        set(routing.CONFIGS) if shutil.which("redis-server") else set(routing.CONFIGS) - {"cache-aware+redis"}
-    )
-    assert set(results) == expected
+    assert set(results) == set(routing.CONFIGS)
     n = data["config"]["workload"]["num_requests"]
     for name, res in results.items():
         s = res["summary"]
@@ -122,9 +113,8 @@ def test_quick_run_reports_every_config_with_every_request_completed(routing, tm
         assert ("redis-server" in cpu) == name.endswith("+redis")
     assert set(results["round-robin"]["routing"]["live_decision_reasons"]) == {"policy"}
     assert results["cache-aware"]["summary"]["hit_rate"] > results["round-robin"]["summary"]["hit_rate"]
-    if "cache-aware+redis" in results:
-        assert results["cache-aware+redis"]["decision"]["index"] == "RedisPrefixIndex"
-    assert set(verdict["targets"]) == expected & {"cache-aware", "cache-aware+redis"}
+    assert results["cache-aware+redis"]["decision"]["index"] == "RedisPrefixIndex"
+    assert set(verdict["targets"]) == {"cache-aware", "cache-aware+redis"}
     assert verdict["every_request_exact"]
     assert set(data["targets"]) == set(verdict["targets"])
     assert {"cpu_count", "python", "torch", "date"} <= set(data["machine"])

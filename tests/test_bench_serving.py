@@ -4,27 +4,19 @@ No timing is asserted: the targets live in the benchmark's own output (benchmark
 The quick run starts a real cluster (gateway, scheduler, detokenizer processes) on the tiny model.
 """
 
-import importlib.util
 import itertools
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 from radixserve.cli import build_parser
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "serving.py"
+from tests.bench_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def serving():
-    spec = importlib.util.spec_from_file_location("bench_serving", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("serving")
 
 
 def test_workload_is_seeded_poisson_and_avoids_special_ids(serving):

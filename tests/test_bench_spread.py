@@ -1,20 +1,13 @@
 """The spread benchmark runs (quick mode): every request completes in every configuration, and with
 two pods the default router uses both. No timing is asserted (the figures live in its JSON)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "spread.py"
+from tests.bench_module import load_benchmark
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_spread", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("spread")
 
 
 def test_workload_prompts_share_no_first_block():

@@ -3,22 +3,13 @@
 No timing is asserted here: speed goals live in the benchmarks' own output.
 """
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.bench_module import load_benchmark
 
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+load = load_benchmark
 
 
 @pytest.fixture(scope="module")

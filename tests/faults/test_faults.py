@@ -16,7 +16,7 @@ import httpx
 
 from radixserve.common.sampling import SamplingParams
 from radixserve.launcher import Cluster, RestartPolicy
-from tests.integration.conftest import MODEL_NAME, served_per_pod, start_cluster
+from tests.integration.conftest import MODEL_NAME, read_stream, served_per_pod, start_cluster
 
 STREAMS = 32
 MAX_TOKENS = 1200  # long enough that every stream is mid-flight at the fault
@@ -27,24 +27,14 @@ AFTER = 16  # requests sent once the victim's streams have ended: every one must
 async def _stream(
     h: httpx.AsyncClient, prompt: str, first: asyncio.Event, max_tokens: int = MAX_TOKENS
 ) -> dict:
-    """One SSE completion: its text, finish reason, error and when it ended."""
-    out: dict = {"text": "", "finish": None, "error": None}
-    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-    body |= {"ignore_eos": True, "stream": True}
-    async with h.stream("POST", "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            msg = json.loads(line[6:])
-            if "error" in msg:
-                out["error"] = msg["error"]["message"]
-                break
-            out["text"] += msg["choices"][0]["text"]
-            out["finish"] = msg["choices"][0]["finish_reason"] or out["finish"]
-            first.set()
-    out["ended"] = time.monotonic()
-    return out
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    return await read_stream(h, body, first)
 
 
 async def _after(url: str) -> list[int]:

@@ -41,6 +41,31 @@ def start_cluster(
     return cluster
 
 
+async def read_stream(h, body: dict, on_first=None) -> dict:
+    """POSTs a streamed completion and reads its SSE: its text, finish reason, error message (None
+    if none) and when it ended (``time.monotonic()``). ``on_first`` (an asyncio.Event) is set at the
+    first chunk."""
+    import json
+    import time
+
+    out: dict = {"text": "", "finish": None, "error": None}
+    async with h.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            msg = json.loads(line[6:])
+            if "error" in msg:
+                out["error"] = msg["error"]["message"]
+                break
+            out["text"] += msg["choices"][0]["text"]
+            out["finish"] = msg["choices"][0]["finish_reason"] or out["finish"]
+            if on_first is not None:
+                on_first.set()
+    out["ended"] = time.monotonic()
+    return out
+
+
 def served_per_pod(cluster: Cluster) -> list[int]:
     return cluster.requests_served()
 
