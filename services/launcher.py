@@ -46,16 +46,6 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _die_with_parent() -> None:
-    """Children must not outlive a launcher that is killed outright (SIGKILL runs no handlers)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 @dataclass
 class Service:
     name: str
@@ -72,12 +62,13 @@ class Service:
 
     def start(self) -> None:
         self.started_at = time.monotonic()
-        env = {**os.environ, **self.env}
+        # Children must not outlive a launcher that is killed outright (SIGKILL runs no handlers):
+        # radixserve.common.child sets their death signal before it runs the service.
+        env = {**os.environ, **self.env, "RADIXSERVE_PARENT_PID": str(os.getpid())}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", *self.argv],
+            [sys.executable, "-m", "radixserve.common.child", *self.argv],
             env=env,
             start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the children in order
-            preexec_fn=_die_with_parent,
         )
 
     def healthy(self) -> bool:
@@ -212,11 +203,17 @@ class Supervisor:
         self.ended = threading.Event()
         self._stop = threading.Event()
         self._paused = threading.Event()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def poll(self, now: float | None = None) -> str | None:
         """One look at every service: restart what is due; returns why it gives up, if it does."""
-        now = time.monotonic() if now is None else now
+        with self._lock:  # not while ``pause`` waits: no restart after the stop began
+            if self._paused.is_set():
+                return None
+            return self._poll(time.monotonic() if now is None else now)
+
+    def _poll(self, now: float) -> str | None:
         p = self.policy
         for s in self.cluster.services:
             if s.alive():
@@ -256,15 +253,19 @@ class Supervisor:
         # thread that started a child ends, and a restarted one must not go before the others.
         while not self._stop.wait(0.2):
             if self.gave_up is None and not self._paused.is_set():
-                why = self.poll()
+                try:
+                    why = self.poll()
+                except Exception as e:  # e.g. no process could be started (EAGAIN, EMFILE)
+                    why = f"supervision failed: {type(e).__name__}: {e}"
                 if why is not None:
                     self.gave_up = why
                     self.say(why)
                     self.ended.set()
 
     def pause(self) -> None:
-        """No more restarts (the services are being stopped)."""
-        self._paused.set()
+        """No more restarts (the services are being stopped); waits for a restart under way."""
+        with self._lock:
+            self._paused.set()
 
     def stop(self) -> None:
         self._paused.set()

@@ -75,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
         " (one it ended whose response never came is failed with 503, not left hanging); 0: off",
     )
     p.add_argument(
+        "--scheduler-stale-after",
+        type=float,
+        default=5.0,
+        help="seconds without a load report after which a scheduler counts as down: its requests move"
+        " to another scheduler (no text yet) or fail with 503, not left hanging (at least 5 reports)",
+    )
+    p.add_argument(
         "--working-set-window",
         type=float,
         default=60.0,
@@ -116,6 +123,7 @@ async def run(args: argparse.Namespace) -> None:
         args.advertise_address or f"localhost:{args.grpc_port}",
         routing,
         lost_check_s=args.lost_response_check,
+        stale_s=args.scheduler_stale_after,
     )
     await gw.start()
     server = grpc.aio.server(options=SERVER_OPTIONS)

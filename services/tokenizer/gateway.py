@@ -112,6 +112,7 @@ class Gateway:
         reply_to: str,
         routing: RoutingConfig | None = None,
         lost_check_s: float = 10.0,
+        stale_s: float = 5.0,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -122,7 +123,9 @@ class Gateway:
         self.routing = routing = routing or RoutingConfig()
         self.index = open_index(routing.prefix_index)
         memory = self.index if isinstance(self.index, InMemoryPrefixIndex) else None
-        self.pool = SchedulerPool(schedulers, self.scheduler_down, memory_index=memory)
+        self.pool = SchedulerPool(
+            schedulers, self.scheduler_down, memory_index=memory, stale_s=stale_s, on_up=self.scheduler_up
+        )
         self.router: Router
         if routing.policy == "cache-aware":
             self.router = CacheAwareRouter(
@@ -195,18 +198,24 @@ class Gateway:
                 if c.submitted and now - c.heard_at > self.lost_check_s:
                     quiet.setdefault(c.scheduler, []).append(c)
             for h, choices in quiet.items():
+                asked = [(c, c.rid) for c in choices]
+
+                def still(c: Choice, rid: str, h: SchedulerHandle = h) -> bool:
+                    # not ended, and not moved to another pod meanwhile (a re-send changes both)
+                    return self.choices.get(rid) is c and c.scheduler is h
+
                 try:
-                    reply = await h.stub.Holds(pb.RequestIds(rids=[c.rid for c in choices]), timeout=5)
+                    reply = await h.stub.Holds(pb.RequestIds(rids=[rid for _, rid in asked]), timeout=5)
                 except grpc.aio.AioRpcError as e:
                     if not h.healthy:  # sent to a pod as it went down (its Watch stream has failed the rest)
-                        self._fail(h, [c for c in choices if self.choices.get(c.rid) is c], e.code().name)
+                        self._fail(h, [c for c, rid in asked if still(c, rid)], e.code().name)
                     continue  # up but busy: asked again at the next check
                 held = set(reply.rids)
                 now = time.monotonic()
-                for c in choices:
-                    if self.choices.get(c.rid) is not c:
-                        continue  # ended meanwhile
-                    if c.rid in held:
+                for c, rid in asked:
+                    if not still(c, rid):
+                        continue
+                    if rid in held:
                         c.missing_since = None
                     elif c.missing_since is None:
                         c.missing_since = now
@@ -297,6 +306,9 @@ class Gateway:
                 for c in choices:
                     c.request.rid = c.rid
                     await h.stub.Submit(c.request, timeout=30)
+            except asyncio.CancelledError:  # the client went away mid-submit
+                self.release(choices, "client disconnected")
+                raise
             except grpc.aio.AioRpcError as e:
                 self.metrics.grpc_errors.labels(h.address, e.code().name).inc()
                 self.release(choices, "submission failed")
@@ -372,8 +384,11 @@ class Gateway:
                 c.queue.put_nowait((c.index, error_from_grpc(e, f"scheduler {h.address} (a retry)")))
             return
         c.submitted, c.heard_at = True, time.monotonic()
-        if c.released:  # the client left meanwhile
-            self.release([c], "client disconnected")
+        if c.released:  # the client left meanwhile; its abort may have reached the pod before this
+            self.choices.pop(c.rid, None)
+            h.outstanding.discard(c.rid)
+            self._abort(h, [c.rid], "client disconnected")
+            return
         log.info("request %s: %s before its first token; re-sent to %s", old, why, h.address)
         if c.trace is not None:
             attrs = {**_retry_attrs(failed, why), "radixserve.retry.to": h.address}
@@ -399,19 +414,24 @@ class Gateway:
         """The client is done with these choices: abort those still running (no-op for ended ones)."""
         for c in choices:
             c.released = True
-        live = [c for c in choices if self.choices.pop(c.rid, None) is not None]
-        for c in live:
-            c.scheduler.outstanding.discard(c.rid)
-        if live:
-            self._abort(live[0].scheduler, [c.rid for c in live], reason)
+        by_pod: dict[SchedulerHandle, list[str]] = {}  # a request's choices can be on several pods
+        for c in choices:
+            if self.choices.pop(c.rid, None) is not None:
+                c.scheduler.outstanding.discard(c.rid)
+                by_pod.setdefault(c.scheduler, []).append(c.rid)
+        for h, rids in by_pod.items():
+            self._abort(h, rids, reason)
 
     def _abort(self, h: SchedulerHandle, rids: list[str], reason: str) -> None:
         async def call() -> None:
             try:
                 await h.stub.Abort(pb.AbortRequest(rids=rids, reason=reason), timeout=10)
-            except grpc.aio.AioRpcError as e:  # the pod is gone: nothing of the request is left to free
+            except grpc.aio.AioRpcError as e:
+                # Gone (nothing of the requests is left to free) or only paused: then it would run
+                # them on when it resumes, so they go again when its Watch stream is back.
                 self.metrics.grpc_errors.labels(h.address, e.code().name).inc()
                 log.info("abort of %d requests on %s failed: %s", len(rids), h.address, e.code().name)
+                h.pending_aborts.update(dict.fromkeys(rids, reason))
 
         self._spawn(call())
 
@@ -462,6 +482,14 @@ class Gateway:
             c.queue.put_nowait((c.index, err))
         for h, rids in by_pod.items():
             self._abort(h, rids, "its detokenizer went away")
+
+    def scheduler_up(self, h: SchedulerHandle) -> None:
+        """``h`` reports again: what could not be aborted on it while it was away is aborted now (a
+        pod that was only paused still holds those requests; a restarted one ignores the rids)."""
+        if h.pending_aborts:
+            pending, h.pending_aborts = h.pending_aborts, {}
+            for reason in set(pending.values()):
+                self._abort(h, [rid for rid, r in pending.items() if r == reason], reason)
 
     def scheduler_down(self, h: SchedulerHandle, why: str) -> None:
         """``h``'s Watch stream broke or went quiet: its requests move or fail, none waits on it."""

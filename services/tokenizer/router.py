@@ -51,6 +51,7 @@ class SchedulerHandle:
     healthy: bool = False
     load: Any = None  # the last pb.Load
     outstanding: set[str] = field(default_factory=set)  # rids this gateway sent here, not ended
+    pending_aborts: dict[str, str] = field(default_factory=dict)  # rid -> reason, for when it is back
     sent: int = 0  # requests this gateway sent here since the pod's last load report
     routed_tokens: int = 0  # uncached prompt tokens this gateway sent here since the last load report
 
@@ -285,9 +286,11 @@ class SchedulerPool:
         watch_interval_s: float = 0.2,
         memory_index: InMemoryPrefixIndex | None = None,
         stale_s: float = 5.0,
+        on_up: Callable[[SchedulerHandle], None] | None = None,
     ) -> None:
         self.handles = [SchedulerHandle(a) for a in addresses]
         self._on_down = on_down
+        self._on_up = on_up
         self._interval = watch_interval_s
         self.stale_s = max(stale_s, 5 * watch_interval_s)
         self.memory_index = memory_index
@@ -323,10 +326,13 @@ class SchedulerPool:
                     update = await asyncio.wait_for(call.read(), self.stale_s if h.healthy else None)
                     if update is grpc.aio.EOF:
                         break
-                    if not h.healthy:
-                        log.info("scheduler %s is up", h.address)
+                    came_up = not h.healthy
                     h.reported(update.load)
                     h.healthy = True
+                    if came_up:
+                        log.info("scheduler %s is up", h.address)
+                        if self._on_up is not None:
+                            self._on_up(h)
                     if index is not None:
                         index.apply(h.address, update.stored, update.removed, update.cleared)
                         index.heartbeat(h.address, {}, 10 * self._interval + 1)
@@ -335,10 +341,13 @@ class SchedulerPool:
             except asyncio.CancelledError:
                 call.cancel()
                 raise
-            except TimeoutError:
+            except (TimeoutError, asyncio.TimeoutError):  # two classes before Python 3.11
                 why = f"sent nothing for {self.stale_s:.1f} s"
             except grpc.aio.AioRpcError as e:
                 why = f"{e.code().name}: {e.details()}"
+            except Exception as e:  # a bug here must not end the watch: the pod would never be down
+                log.exception("watching scheduler %s failed", h.address)
+                why = f"{type(e).__name__}: {e}"
             call.cancel()
             if h.healthy:
                 log.warning("scheduler %s is down (%s)", h.address, why)

@@ -244,11 +244,9 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
         async def go():
             async with httpx.AsyncClient(base_url=cluster.url, timeout=120) as h:
                 first = [asyncio.Event(), asyncio.Event()]
-                running = [
-                    asyncio.create_task(_stream(h, "victim's running one", first[0], 1500)),
-                    asyncio.create_task(_stream(h, "the survivor's", first[1], 400)),
-                ]
-                await first[0].wait()
+                running = [asyncio.create_task(_stream(h, "victim's running one", first[0], 1500))]
+                await first[0].wait()  # one at a time: round-robin sends them in this order
+                running.append(asyncio.create_task(_stream(h, "the survivor's", first[1], 400)))
                 await first[1].wait()
                 body = {"model": MODEL_NAME, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
                 queued = [
@@ -308,12 +306,10 @@ def test_a_stopped_scheduler_is_given_up_on_and_its_clients_do_not_wait_forever(
         async def go():
             async with httpx.AsyncClient(base_url=cluster.url, timeout=120) as h:
                 first = [asyncio.Event(), asyncio.Event()]
-                tasks = [
-                    asyncio.create_task(_stream(h, f"stream {i}", first[i], 1500 - 1300 * i))
-                    for i in range(2)
-                ]
-                await first[0].wait()
-                await first[1].wait()
+                tasks = []
+                for i in range(2):  # one at a time: round-robin sends them in this order
+                    tasks.append(asyncio.create_task(_stream(h, f"stream {i}", first[i], 1500 - 1300 * i)))
+                    await first[i].wait()
                 stopped_at = time.monotonic()
                 victim.proc.send_signal(signal.SIGSTOP)
                 results = await asyncio.gather(*tasks)
@@ -324,6 +320,26 @@ def test_a_stopped_scheduler_is_given_up_on_and_its_clients_do_not_wait_forever(
         assert 4.0 < frozen["ended"] - stopped_at < 12.0
         assert fine["error"] is None and fine["finish"] == "length"
         assert after == [200] * AFTER
+        # Resumed after the gateway's Abort call to it timed out (10 s), it still holds the request
+        # its gateway gave up on: that abort is sent again when it reports, instead of it running
+        # the request to its end for nobody.
+        time.sleep(max(0.0, frozen["ended"] + 11.0 - time.monotonic()))
+        victim.proc.send_signal(signal.SIGCONT)
+        _wait("the victim ended its request", lambda: _ended_by_reason(victim).get("abort", 0) >= 1, 30)
+        assert _ended_by_reason(victim).get("length", 0) == 0
     finally:
         victim.proc.send_signal(signal.SIGCONT)
         cluster.stop(drain_timeout=2)
+
+
+def _ended_by_reason(scheduler) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(scheduler.metrics_url, timeout=10).text
+    return {
+        x.labels["finish_reason"]: x.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "radixserve_scheduler_requests"
+        for x in f.samples
+        if x.name.endswith("_total")
+    }

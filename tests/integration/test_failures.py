@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from pathlib import Path
 
 import grpc
 import httpx
@@ -231,3 +232,37 @@ def test_a_full_waiting_queue_answers_429_and_the_server_keeps_serving(model_dir
         assert ok.status_code == 200
     finally:
         cluster.stop(drain_timeout=2)
+
+
+def test_the_services_die_with_a_launcher_killed_outright(model_dir):
+    import os
+    import subprocess
+    import sys
+
+    from radixserve.launcher import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixserve.cli", "serve", "--model", str(model_dir), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert f"http://127.0.0.1:{port}/v1" in proc.stdout.readline()  # up: every service started
+        children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert len(children) == 3  # detokenizer, scheduler, gateway
+        proc.send_signal(signal.SIGKILL)  # no handler runs: only their death signal stops them
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{c}") and "Z" not in _state(c) for c in children):
+            assert time.monotonic() < deadline, "a service outlived its launcher"
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -1,0 +1,38 @@
+"""``python -m radixserve.common.child MODULE [ARGS...]``: run ``python -m MODULE ARGS...`` as a child
+that dies with the process that started it (``radixserve serve``'s launcher).
+
+The death signal is set here, in the child's own first lines, not in a ``preexec_fn``: a
+``preexec_fn`` runs Python between fork and exec, which can abort the child when the parent has
+gRPC threads (gRPC's fork handlers), and it forces fork where the launcher could spawn.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGTERM to this process when its parent (the thread that started it) ends; Linux only."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # it ended before the line above: nobody would signal us
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main() -> None:
+    parent = os.environ.pop("RADIXSERVE_PARENT_PID", None)
+    if parent is not None:
+        die_with_parent(int(parent))
+    module, sys.argv = sys.argv[1], sys.argv[1:]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
