@@ -355,6 +355,54 @@ def _fill_defaults(schema: Schema, value: Any) -> Any:
     return value
 
 
+def schema_problems(schema: Schema, value: Any, where: str = "spec") -> list[str]:
+    """What the API server's OpenAPI validation would refuse in ``value`` (types, ranges, enums,
+    required fields), and the unknown fields it would prune or, with strict field validation,
+    refuse: the operator's own check, for a spec that reached it anyway (an older CRD, a cluster
+    without validation, an emulator). One message per problem, with its path."""
+    if value is None:
+        return [] if schema.get("nullable") else [f"{where}: must not be null"]
+    kind = schema.get("type")
+    ok = {
+        "object": isinstance(value, dict),
+        "array": isinstance(value, list),
+        "string": isinstance(value, str),
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+        None: True,
+    }.get(kind, True)
+    if not ok:
+        article = "an" if kind in ("object", "array", "integer") else "a"
+        return [f"{where}: must be {article} {kind}, got {value!r}"]
+    out: list[str] = []
+    if "enum" in schema and value not in schema["enum"]:
+        out.append(f"{where}: must be one of {schema['enum']}, got {value!r}")
+    if "minimum" in schema and isinstance(value, (int, float)):
+        low = schema["minimum"]
+        if value < low or (schema.get("exclusiveMinimum") and value == low):
+            out.append(f"{where}: {value!r} is below the minimum {low}")
+    if "maximum" in schema and isinstance(value, (int, float)) and value > schema["maximum"]:
+        out.append(f"{where}: {value!r} is above the maximum {schema['maximum']}")
+    if "minLength" in schema and isinstance(value, str) and len(value) < schema["minLength"]:
+        out.append(f"{where}: must not be empty")
+    if kind == "array" and "items" in schema:
+        for i, item in enumerate(value):
+            out += schema_problems(schema["items"], item, f"{where}[{i}]")
+    if kind == "object" and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            if props is not None and key in props:
+                out += schema_problems(props[key], item, f"{where}.{key}")
+            elif isinstance(extra, dict):
+                out += schema_problems(extra, item, f"{where}.{key}")
+            elif props is not None:
+                out.append(f"{where}.{key}: unknown field (a typo? known: {', '.join(sorted(props))})")
+        out += [f"{where}.{key}: required" for key in schema.get("required", []) if key not in value]
+    return out
+
+
 def render(crd: dict[str, Any]) -> str:
     import yaml
 

@@ -28,6 +28,7 @@ from radixserve.operator.crds import (
     INFERENCE_SERVICE_SPEC,
     VERSION,
     apply_defaults,
+    schema_problems,
 )
 from radixserve.operator.kube import Kube, KubeError, load_config
 from radixserve.operator.scaling import (
@@ -170,14 +171,20 @@ def reconcile(
     kube: Kube = memo.kube
     generation = int(body.get("metadata", {}).get("generation") or 1)
     previous = status_.get("conditions")
+    # The API server's schema validation catches most of this first; a spec that reached us anyway
+    # (an older CRD, unknown fields pruned without strict validation, an emulator) is checked here,
+    # and becomes a condition, never a crash loop.
+    schema = schema_problems(INFERENCE_SERVICE_SPEC, dict(spec))
     try:
+        if schema:
+            raise ValueError("; ".join(schema[:5]))
         s = _isvc_spec(spec)
         pool_name = s["scheduler"].get("nodePool")
         pool = _one(pools, pool_name)
         problems = validation.validate(s, pool["spec"] if pool else None, CONFIG.chart_redis_url)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        # Only without the CRD's schema (an old CRD, an emulator): still a condition, never a crash loop.
-        problems = [validation.Problem("InvalidSpec", f"spec does not match the schema: {e!r}")]
+        why = str(e) if schema else repr(e)
+        problems = [validation.Problem("InvalidSpec", f"spec does not match the schema: {why}")]
     if problems:
         logger.warning("invalid spec: " + "; ".join(p.message for p in problems))
         conditions = status.service_conditions(problems, None, {}, {}, generation, previous)

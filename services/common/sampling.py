@@ -4,6 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The ranges every front door (HTTP, gRPC, the offline Engine) enforces: OpenAI's where it documents
+# one (temperature in [0, 2], at most 4 stop strings), vLLM's otherwise.
+MAX_TEMPERATURE = 2.0
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 256
+MAX_TOKENS = 2**31 - 1  # what fits the gRPC contract's int32; the context is checked later
+SEED_BITS = 64  # a signed 64-bit seed (the gRPC contract's int64)
+
+
+class SamplingError(ValueError):
+    """A sampling parameter out of range; ``param`` names it (SamplingParams' field name)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -18,22 +35,52 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def validate(self) -> None:
-        """Raise ValueError with a message a client can act on."""
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        """Raise SamplingError with a message a client can act on."""
+        mt = self.max_new_tokens
+        if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= MAX_TOKENS:
+            raise SamplingError(
+                "max_new_tokens", f"max_new_tokens must be an integer in [1, {MAX_TOKENS}], got {mt!r}"
+            )
+        _in_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _in_range("top_p", self.top_p, 0.0, 1.0)
+        if self.top_p == 0:
+            raise SamplingError("top_p", "top_p must be in (0, 1], got 0")
+        if (
+            isinstance(self.top_k, bool)
+            or not isinstance(self.top_k, int)
+            or self.top_k == 0
+            or not -1 <= self.top_k <= MAX_TOKENS
+        ):
+            raise SamplingError("top_k", f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
+        _in_range("min_p", self.min_p, 0.0, 1.0)
+        if self.seed is not None and (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not -(2 ** (SEED_BITS - 1)) <= self.seed < 2 ** (SEED_BITS - 1)
+        ):
+            raise SamplingError("seed", f"seed must be a {SEED_BITS}-bit signed integer, got {self.seed!r}")
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
-        if any(not isinstance(x, str) or not x for x in self.stop):
-            raise ValueError("stop must be a non-empty string or a list of them")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise SamplingError(
+                "stop", f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
+            )
+        for x in self.stop:
+            if not isinstance(x, str) or not 1 <= len(x) <= MAX_STOP_CHARS:
+                raise SamplingError(
+                    "stop", f"stop strings must be non-empty and at most {MAX_STOP_CHARS} characters"
+                )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise SamplingError("stop_token_ids", f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids")
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+        if any(not 0 <= t <= MAX_TOKENS for t in self.stop_token_ids):
+            raise SamplingError("stop_token_ids", "stop_token_ids must be token ids (integers >= 0)")
+
+
+def _in_range(name: str, value: object, lo: float, hi: float) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi  # NaN fails
+    if not ok:
+        raise SamplingError(name, f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}")
 
 
 def find_stop(text: str, stops: tuple[str, ...], start: int = 0) -> tuple[int, str]:

@@ -21,7 +21,7 @@ import grpc
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
 from radixserve.common.rpc import pb, sampling_to_proto
-from radixserve.common.sampling import SamplingParams
+from radixserve.common.sampling import SamplingError, SamplingParams
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.router import (
     CacheAwareRouter,
@@ -61,6 +61,19 @@ _FROM_GRPC = {
     grpc.StatusCode.UNAVAILABLE: (503, "server_error"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "server_error"),
 }
+
+
+def internal_error(metrics: GatewayMetrics, exc: BaseException) -> ApiError:
+    """An unexpected exception as the error a client sees: a 500 with an id, logged and counted."""
+    error_id = uuid.uuid4().hex[:12]
+    metrics.internal_errors.inc()
+    log.error("internal error %s: %r", error_id, exc, exc_info=exc)
+    return ApiError(
+        500, f"internal error {error_id} (logged); this is a bug, not your request", "server_error"
+    )
+
+
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens"}  # SamplingParams' names where the API's differ
 
 
 def error_from_grpc(e: grpc.aio.AioRpcError, where: str) -> ApiError:
@@ -276,8 +289,8 @@ class Gateway:
         and the choices go to another one, once."""
         try:
             sp.validate()
-        except (ValueError, TypeError) as e:
-            raise ApiError(400, str(e)) from e
+        except SamplingError as e:  # the same ranges and words for HTTP, gRPC and the Engine
+            raise ApiError(400, str(e), param=_OPENAI_NAMES.get(e.param, e.param)) from e
         queue = queue if queue is not None else asyncio.Queue()
         trace_context = trace.carrier() if trace is not None else {}
         requests = []

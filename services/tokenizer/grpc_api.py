@@ -10,6 +10,7 @@ import grpc
 from radixserve.common.rpc import pb, pb_grpc, sampling_from_proto
 from radixserve.tokenizer import openai_api as api
 from radixserve.tokenizer.gateway import ApiError, Gateway
+from radixserve.tokenizer.gateway import internal_error as _internal
 from radixserve.tokenizer.tracing import RequestTrace
 
 GENERATE_DEFAULT_MAX_TOKENS = 16  # as /v1/completions
@@ -61,6 +62,8 @@ class GatewayService(pb_grpc.GatewayServicer):
                 ids = gw.encode_chat([{"role": m.role, "content": m.content} for m in request.chat.messages])
             else:
                 raise ApiError(400, "one of text, input_ids or chat is required")
+            if not ids:
+                raise ApiError(400, "the input is empty", param=which)
             sp = sampling_from_proto(request.sampling, GENERATE_DEFAULT_MAX_TOKENS)
             s = request.sampling
             skip = s.skip_special_tokens if s.HasField("skip_special_tokens") else True
@@ -104,6 +107,12 @@ class GatewayService(pb_grpc.GatewayServicer):
         except ApiError as e:
             error = e.message
             await context.abort(_TO_GRPC.get(e.status, grpc.StatusCode.INTERNAL), e.message)
+        except Exception as e:  # a bug, not bad input: logged with an id the client also gets
+            if isinstance(e, grpc.aio.AbortError):
+                raise
+            err = _internal(gw.metrics, e)
+            error = err.message
+            await context.abort(grpc.StatusCode.INTERNAL, err.message)
         finally:  # also when the client cancels the call
             if choices:
                 gw.release(choices, "client cancelled")

@@ -14,12 +14,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixserve.tokenizer import openai_api as api
 from radixserve.tokenizer.gateway import ApiError, Choice, Gateway
+from radixserve.tokenizer.gateway import internal_error as _internal
 from radixserve.tokenizer.tracing import RequestTrace
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_BODY_BYTES = 8 * 2**20  # 413 above this, before parsing
+MAX_JSON_DEPTH = 32  # the schemas nest 5 deep; far deeper is an attack on the parser
 
 
 RETRY_AFTER_S = 1  # a 503 is retryable: another scheduler, or the same one restarted, can serve it
@@ -50,6 +54,21 @@ def build_app(gw: Gateway) -> FastAPI:
         metrics.requests.labels(request.url.path, str(exc.status)).inc()
         return _error(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own refusals (a body it cannot parse, 404, 405): OpenAI's error body too
+        metrics.requests.labels(request.url.path, str(exc.status_code)).inc()
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error(ApiError(exc.status_code, str(exc.detail), type_))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not bad input: still OpenAI's error body, logged with an id the client also gets.
+        metrics.requests.labels(request.url.path, "500").inc()
+        return _error(_internal(metrics, exc))
+
+    app.add_middleware(BodyLimits, max_bytes=MAX_BODY_BYTES, max_depth=MAX_JSON_DEPTH)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         up = {h.address: h.healthy for h in gw.pool.handles}
@@ -75,6 +94,7 @@ def build_app(gw: Gateway) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: api.CompletionRequest, request: Request) -> Response:
         _check_model(gw, body.model)
+        _check_supported(body)
         t0 = time.monotonic()
         prompts = _prompts(gw, body.prompt)
         max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
@@ -85,6 +105,7 @@ def build_app(gw: Gateway) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: api.ChatCompletionRequest, request: Request) -> Response:
         _check_model(gw, body.model)
+        _check_supported(body)
         t0 = time.monotonic()
         ids = gw.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages])
         t1 = time.monotonic()
@@ -97,6 +118,80 @@ def build_app(gw: Gateway) -> FastAPI:
     return app
 
 
+class BodyLimits:
+    """ASGI middleware: a request body over ``max_bytes`` is a 413 before anything parses it, and
+    JSON nested deeper than ``max_depth`` a 400 (Python's parser would recurse out of its stack)."""
+
+    def __init__(self, app: Any, max_bytes: int, max_depth: int) -> None:
+        self.app, self.max_bytes, self.max_depth = app, max_bytes, max_depth
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send, 413, f"the request body is over {self.max_bytes} bytes", "body")
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(send, 413, f"the request body is over {self.max_bytes} bytes", "body")
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if _json_depth(body) > self.max_depth:
+            await self._refuse(
+                send, 400, f"the JSON body is nested deeper than {self.max_depth} levels", "body"
+            )
+            return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the disconnect, when it comes
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(send: Any, status: int, message: str, param: str) -> None:
+        body = json.dumps(ApiError(status, message, param=param).body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _json_depth(body: bytes) -> int:
+    """How deep ``[`` / ``{`` nest in ``body``, outside strings (no parsing: linear in the bytes)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for b in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:  # backslash
+                escaped = True
+            elif b == 0x22:  # quote
+                in_string = False
+        elif b == 0x22:
+            in_string = True
+        elif b in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 def _check_model(gw: Gateway, model: str) -> None:
     if model != gw.model_name:
         raise ApiError(
@@ -105,6 +200,12 @@ def _check_model(gw: Gateway, model: str) -> None:
             param="model",
             code="model_not_found",
         )
+
+
+def _check_supported(body: api._Sampling) -> None:
+    refused = body.unsupported()
+    if refused is not None:
+        raise ApiError(400, refused[1], param=refused[0], code="unsupported_parameter")
 
 
 def _prompts(gw: Gateway, prompt: Any) -> list[list[int]]:
@@ -316,6 +417,10 @@ async def _stream(
     except ApiError as e:  # mid-stream: the status line is sent already; the error goes in the stream
         status, error = str(e.status), e.message
         yield _sse(e.body())
+    except Exception as e:  # a bug: the client still gets an error event, not a cut connection
+        err = _internal(gw.metrics, e)
+        status, error = "500", err.message
+        yield _sse(err.body())
     finally:  # also on disconnect (the generator is cancelled / closed)
         if use is None and error is None:
             status, error = "499", "client disconnected"

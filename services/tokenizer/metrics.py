@@ -62,6 +62,11 @@ class GatewayMetrics:
             "Requests failed because their scheduler ended them but the response never came",
             registry=r,
         )
+        self.internal_errors = Counter(
+            "radixserve_internal_errors",
+            "Requests that failed on an unexpected exception (answered 500; a bug to report)",
+            registry=r,
+        )
         self.retries = Counter(
             "radixserve_request_retries",
             "Requests re-sent to another scheduler because theirs failed before their first token",

@@ -1,23 +1,46 @@
 """OpenAI-compatible request schemas and response bodies (pure: no I/O).
 
-Requests are validated strictly (a string where a number belongs is a 400, not a coercion);
-fields OpenAI defines that radixserve does not use are accepted and ignored.
+One schema per endpoint, strict and bounded, so bad input is a 400 that names the field, never a
+500 further in:
+- types are strict (a string where a number belongs is a 400, not a coercion); NaN and Infinity
+  are refused; integers are bounded to what the gRPC contract carries (token ids and lengths int32,
+  seeds int64); strings must be valid Unicode (no lone surrogates);
+- ranges are SamplingParams.validate's, the one check the gRPC front door and the Engine share;
+- fields OpenAI documents that radixserve does not implement are accepted only at their neutral
+  value (``presence_penalty: 0``, ``logprobs: null``, ...) and refused with a 400 naming them
+  otherwise (``unsupported``); ``user`` is accepted and ignored on purpose (it labels requests for
+  the provider's abuse monitoring); any other field is refused as unknown.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from radixserve.common.sampling import SamplingParams
+from radixserve.common.sampling import MAX_TOKENS, SamplingParams
 
 MAX_N = 16
+MAX_PROMPTS = 256  # prompts in one /v1/completions request
+MAX_MESSAGES = 4096
+MAX_LOGPROBS = 20
+
+
+def _valid_unicode(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (it holds a lone UTF-16 surrogate)") from None
+    return s
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -25,20 +48,27 @@ class StreamOptions(_Strict):
 
 
 class _Sampling(_Strict):
-    model: str
-    max_tokens: int | None = None
+    model: Annotated[Text, Field(max_length=512)]
+    max_tokens: Annotated[int, Field(le=MAX_TOKENS)] | None = None
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: Annotated[int, Field(ge=-(2**31), le=MAX_TOKENS)] = -1
     min_p: float = 0.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=64)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    user: Annotated[Text, Field(max_length=512)] | None = None  # accepted and ignored on purpose
+    # Documented by OpenAI (or vLLM), not implemented yet: only their neutral values pass.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
 
     def sampling_params(self, max_new_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -58,20 +88,58 @@ class _Sampling(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def unsupported(self) -> tuple[str, str] | None:
+        """The first field set to something this server does not do: (field, message)."""
+        for name, value, neutral in self._optional_features():
+            if value not in neutral:
+                return name, f"{name}={value!r} is not supported by this server (only {neutral[0]!r})"
+        return None
+
+    def _optional_features(self) -> list[tuple[str, Any, tuple[Any, ...]]]:
+        rf = self.response_format
+        return [
+            ("presence_penalty", self.presence_penalty, (0.0,)),
+            ("frequency_penalty", self.frequency_penalty, (0.0,)),
+            ("repetition_penalty", self.repetition_penalty, (1.0,)),
+            ("logit_bias", self.logit_bias or None, (None,)),
+            (
+                "response_format",
+                None if rf is None or rf == {"type": "text"} else rf,
+                (None, {"type": "text"}),
+            ),
+        ]
+
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (
+        Text
+        | Annotated[list[Text], Field(max_length=MAX_PROMPTS)]
+        | list[TokenId]
+        | Annotated[list[list[TokenId]], Field(max_length=MAX_PROMPTS)]
+    )
     echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    suffix: Text | None = None
+
+    def _optional_features(self) -> list[tuple[str, Any, tuple[Any, ...]]]:
+        return [
+            *super()._optional_features(),
+            ("echo", self.echo, (False,)),
+            ("logprobs", self.logprobs, (None,)),
+            ("best_of", self.best_of, (None, self.n)),
+            ("suffix", self.suffix or None, (None,)),
+        ]
 
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Text | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -82,8 +150,22 @@ class ChatMessage(_Strict):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)]
+    max_completion_tokens: Annotated[int, Field(le=MAX_TOKENS)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Text | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    def _optional_features(self) -> list[tuple[str, Any, tuple[Any, ...]]]:
+        return [
+            *super()._optional_features(),
+            ("logprobs", self.logprobs, (None, False)),
+            ("top_logprobs", self.top_logprobs, (None, 0)),
+            ("tools", self.tools or None, (None,)),
+            ("tool_choice", self.tool_choice, (None, "none", "auto")),
+        ]
 
 
 def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
@@ -157,12 +239,24 @@ def chat_chunk(
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """A pydantic error list as one message a client can act on, and the offending field."""
     first = errors[0]
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     if first.get("type") == "json_invalid":
         return f"the body is not valid JSON: {first.get('msg')}", None
-    where = ".".join(loc) or "body"
-    msgs = "; ".join(
-        f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}"
-        for e in errors[:3]
-    )
-    return msgs, where
+    extra = [e for e in errors if e.get("type") == "extra_forbidden"]
+    if extra:  # a field we do not know or do not implement: say so by name, not as a type error
+        where = _where(extra[0])
+        return f"{where}: this field is not supported by this server", where
+    msgs = "; ".join(f"{_where(e)}: {e.get('msg')}" for e in errors[:3])
+    return msgs, _where(first)
+
+
+def _where(e: dict[str, Any]) -> str:
+    # union branches appear in the location as their type ("str", "list[int]"): not a field name
+    loc = [
+        str(x)
+        for x in e.get("loc", ())
+        if x != "body" and not (isinstance(x, str) and ("[" in x or x in _TYPES))
+    ]
+    return ".".join(loc) or "body"
+
+
+_TYPES = {"str", "int", "float", "bool", "function-after[_valid_unicode(), str]"}

@@ -211,3 +211,48 @@ def test_stabilizer_needs_a_lasting_spike_and_a_lasting_lull() -> None:
 def test_static_load_source_filters_by_service_domain() -> None:
     src = StaticLoadSource({"a-0.a.ns.svc:50051": {"waiting": 1}, "b-0.b.ns.svc:50051": {"waiting": 2}})
     assert src.loads(".a.ns.svc") == {"a-0.a.ns.svc:50051": {"waiting": 1}}
+
+
+@pytest.mark.parametrize(
+    ("spec_", "path"),
+    [
+        ({"model": {"path": "demo"}, "scheduler": {"replicas": -1}}, "spec.scheduler.replicas"),
+        ({"model": {"path": "demo"}, "scheduler": {"replicas": "2"}}, "spec.scheduler.replicas"),
+        ({"model": {"path": "demo"}, "scheduler": {"device": "tpu"}}, "spec.scheduler.device"),
+        ({"model": {"source": {"hub": {"id": 3}}}}, "spec.model.source.hub.id"),
+        (
+            {"model": {"path": "demo"}, "routing": {"balanceRelThreshold": 0.5}},
+            "spec.routing.balanceRelThreshold",
+        ),
+        (
+            {"model": {"path": "demo"}, "scheduler": {"engine": {"memFraction": 0}}},
+            "spec.scheduler.engine.memFraction",
+        ),
+    ],
+)
+def test_the_operators_schema_check_flags_what_the_api_server_would(spec_: dict, path: str) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    problems = crds.schema_problems(crds.INFERENCE_SERVICE_SPEC, spec_)
+    assert len(problems) == 1 and problems[0].startswith(f"{path}:"), problems
+    assert list(jsonschema.Draft4Validator(crds.INFERENCE_SERVICE_SPEC).iter_errors(spec_))  # it agrees
+
+
+def test_the_operators_schema_check_passes_sound_specs_and_names_unknown_fields() -> None:
+    sound = {
+        "model": {"source": {"pvc": {"claimName": "models", "subPath": "llama"}}},
+        "scheduler": {
+            "replicas": 2,
+            "gpusPerReplica": 1,
+            "nodePool": "h100",
+            "resources": {"limits": {"x": 1}},
+        },
+        "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 8, "targetWaitingPerReplica": 8},
+    }
+    assert crds.schema_problems(crds.INFERENCE_SERVICE_SPEC, sound) == []
+    assert (
+        crds.schema_problems(crds.INFERENCE_SERVICE_SPEC, apply_defaults(crds.INFERENCE_SERVICE_SPEC, sound))
+        == []
+    )
+    typo = {**sound, "scheduler": {"replcas": 2}}
+    (problem,) = crds.schema_problems(crds.INFERENCE_SERVICE_SPEC, typo)
+    assert problem.startswith("spec.scheduler.replcas: unknown field") and "replicas" in problem

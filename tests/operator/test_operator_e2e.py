@@ -158,13 +158,32 @@ async def test_invalid_specs_get_a_degraded_condition_and_no_children(harness: H
         harness.kube.apply,
         isvc("twomodels", model={"path": "demo", "source": {"pvc": {"claimName": "m"}}}, scheduler=CPU),
     )
-    # The emulator has no schema: a wrongly typed field reaches the operator, which must not crash.
-    await harness.call(harness.kube.apply, isvc("badtype", scheduler={**CPU, "replicas": "lots"}))
+    # The emulator has no schema (nor has a cluster whose CRD is older): a broken spec reaches the
+    # operator, which says what is wrong in a condition and never crashes.
+    broken = {
+        "badtype": (
+            {"scheduler": {**CPU, "replicas": "lots"}},
+            "spec.scheduler.replicas: must be an integer",
+        ),
+        "negative": (
+            {"scheduler": {**CPU, "replicas": -2}},
+            "spec.scheduler.replicas: -2 is below the minimum",
+        ),
+        "typo": ({"scheduler": {**CPU, "replcas": 2}}, "spec.scheduler.replcas: unknown field (a typo?"),
+        "scheme": (
+            {"model": {"source": {"s4": {"bucket": "m"}}}, "scheduler": CPU},
+            "spec.model.source.s4: unknown field",
+        ),
+        "device": ({"scheduler": {**CPU, "device": "tpu"}}, "spec.scheduler.device: must be one of"),
+        "notadict": ({"scheduler": ["cpu"]}, "spec.scheduler: must be an object"),
+    }
+    for name, (fields, _) in broken.items():
+        await harness.call(harness.kube.apply, isvc(name, **fields))
     for name, reason, words in [
         ("nopool", "UnknownNodePool", "'missing' does not exist"),
         ("zerogpu", "InvalidSpec", "gpusPerReplica is 0"),
         ("twomodels", "InvalidModel", "exactly one of path or source"),
-        ("badtype", "InvalidSpec", "does not match the schema"),
+        *[(name, "InvalidSpec", words) for name, (_, words) in broken.items()],
     ]:
         degraded = await harness.until(partial(degraded_of, harness, name), what=name)
         assert (degraded["status"], degraded["reason"]) == ("True", reason)
