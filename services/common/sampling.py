@@ -39,7 +39,8 @@ class SamplingParams:
         mt = self.max_new_tokens
         if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= MAX_TOKENS:
             raise SamplingError(
-                "max_new_tokens", f"max_new_tokens must be an integer in [1, {MAX_TOKENS}], got {mt!r}"
+                "max_new_tokens",
+                f"max_new_tokens must be a positive integer (at most {MAX_TOKENS}), got {mt!r}",
             )
         _in_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
         _in_range("top_p", self.top_p, 0.0, 1.0)
