@@ -16,7 +16,7 @@ import httpx
 
 from radixserve.common.sampling import SamplingParams
 from radixserve.launcher import Cluster, RestartPolicy
-from tests.integration.conftest import MODEL_NAME, read_stream, served_per_pod, start_cluster
+from tests.integration.conftest import MODEL_NAME, counter_by, read_stream, served_per_pod, start_cluster
 
 STREAMS = 32
 MAX_TOKENS = 1200  # long enough that every stream is mid-flight at the fault
@@ -218,16 +218,7 @@ def test_redis_restarted_under_load_routing_goes_on_and_the_index_refills(model_
 
 
 def _retries(cluster: Cluster) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
-    return {
-        s.labels["reason"]: s.value
-        for fam in text_string_to_metric_families(text)
-        if fam.name == "radixserve_request_retries"
-        for s in fam.samples
-        if s.name.endswith("_total")
-    }
+    return counter_by(f"{cluster.url}/metrics", "radixserve_request_retries", "reason")
 
 
 def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
@@ -333,13 +324,4 @@ def test_a_stopped_scheduler_is_given_up_on_and_its_clients_do_not_wait_forever(
 
 
 def _ended_by_reason(scheduler) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(scheduler.metrics_url, timeout=10).text
-    return {
-        x.labels["finish_reason"]: x.value
-        for f in text_string_to_metric_families(text)
-        if f.name == "radixserve_scheduler_requests"
-        for x in f.samples
-        if x.name.endswith("_total")
-    }
+    return counter_by(scheduler.metrics_url, "radixserve_scheduler_requests", "finish_reason")

@@ -66,6 +66,21 @@ async def read_stream(h, body: dict, on_first=None) -> dict:
     return out
 
 
+def counter_by(url: str, family: str, label: str) -> dict[str, float]:
+    """A Prometheus counter's totals at ``url`` (a /metrics endpoint) by one label's value."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url, timeout=10).text
+    return {
+        x.labels[label]: x.value
+        for f in text_string_to_metric_families(text)
+        if f.name == family
+        for x in f.samples
+        if x.name.endswith("_total")
+    }
+
+
 def served_per_pod(cluster: Cluster) -> list[int]:
     return cluster.requests_served()
 

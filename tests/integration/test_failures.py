@@ -180,17 +180,8 @@ def test_sigterm_drains_finishes_short_requests_and_aborts_long_ones_with_a_reas
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_radixserve_serve_starts_prints_the_url_and_stops_on_a_signal(model_dir, signum):
-    import subprocess
-    import sys
 
-    from radixserve.launcher import free_port
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "radixserve.cli", "serve", "--model", str(model_dir), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    port, proc = _radixserve_serve(model_dir)
     try:
         line = proc.stdout.readline()
         assert f"http://127.0.0.1:{port}/v1" in line
@@ -236,17 +227,8 @@ def test_a_full_waiting_queue_answers_429_and_the_server_keeps_serving(model_dir
 
 def test_the_services_die_with_a_launcher_killed_outright(model_dir):
     import os
-    import subprocess
-    import sys
 
-    from radixserve.launcher import free_port
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "radixserve.cli", "serve", "--model", str(model_dir), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    port, proc = _radixserve_serve(model_dir)
     try:
         assert f"http://127.0.0.1:{port}/v1" in proc.stdout.readline()  # up: every service started
         children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
@@ -266,3 +248,19 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def _radixserve_serve(model_dir):
+    """``radixserve serve`` as a user runs it: (its HTTP port, the process; its stdout is a pipe)."""
+    import subprocess
+    import sys
+
+    from radixserve.launcher import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixserve.cli", "serve", "--model", str(model_dir), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return port, proc
