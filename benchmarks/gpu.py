@@ -61,6 +61,8 @@ import _common as common
 import offline
 from _machine import machine_info
 
+from radixserve.common.demo_model import SHAPES
+
 BATCH_SIZES = (1, 8, 64)
 TRACE_KEEP = 2000  # GPU trace steps kept in the JSON
 NANO_VLLM = {"nano_vllm_published_tok_s": 1434, "nano_vllm_device": "RTX 4070"}
@@ -80,21 +82,6 @@ QWEN3_0_6B: dict[str, Any] = dict(
     rms_norm_eps=1e-6,
     rope_theta=1e6,
 )
-# --smoke: the demo model's "tiny" shapes; vocab = the tokenizer's.
-TINY: dict[str, Any] = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-    tie_word_embeddings=True,
-    max_position_embeddings=4096,
-    rms_norm_eps=1e-6,
-    rope_theta=1e6,
-    initializer_range=0.2,
-)
-
 FULL, SMOKE = common.presets(
     (  # (setting, full run, --smoke)
         ("prompt_len", 128, 16),
@@ -116,11 +103,12 @@ def build_model(path: Path, smoke: bool, dtype: str, seed: int) -> Path:
     """A random-weight Qwen3 folder (Qwen3-0.6B's shapes, or tiny ones) with the demo tokenizer."""
     from transformers import Qwen3Config
 
-    from radixserve.common.demo_model import save_random_model
+    from radixserve.common.demo_model import model_config, save_random_model
 
     def config(vocab: int, ids: dict[str, Any]) -> Any:
-        shapes = {**TINY, "vocab_size": vocab} if smoke else QWEN3_0_6B
-        return Qwen3Config(dtype=dtype, **shapes, **ids)
+        if smoke:  # the tiny demo model's shapes, vocab = the tokenizer's
+            return model_config("qwen3", "tiny", vocab, ids, dtype)
+        return Qwen3Config(dtype=dtype, **QWEN3_0_6B, **ids)
 
     return save_random_model(path, config, dtype, seed)
 
@@ -677,7 +665,7 @@ def run(args: argparse.Namespace) -> dict:
         "config": {
             "model": "random-weight Qwen3, "
             + ("tiny shapes (--smoke)" if args.smoke else "Qwen3-0.6B shapes"),
-            "model_shapes": {k: v for k, v in (TINY if args.smoke else QWEN3_0_6B).items()},
+            "model_shapes": dict(SHAPES["tiny"] if args.smoke else QWEN3_0_6B),
             "smoke": args.smoke,
             "device_arg": args.device,
             "dtype": args.dtype,

@@ -47,7 +47,7 @@ CHAT_TEMPLATE = (
 # initializer_range is far above the usual 0.02 so a random model's logits are not flat: it gives a
 # last-position logit std of ~1.6 (tiny) / ~2.2 (small), greedy decoding that varies with the prompt
 # and does not lock onto one repeated token, and clear top-1 margins (stable greedy comparisons).
-_SIZES: dict[str, dict[str, Any]] = {
+SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(
         hidden_size=64,
         num_hidden_layers=2,
@@ -147,15 +147,16 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     )
 
 
-def _model_config(arch: str, size: str, vocab_size: int, ids: dict[str, Any]):
+def model_config(arch: str, size: str, vocab_size: int, ids: dict[str, Any], dtype: str = "float32") -> Any:
+    """The transformers config of the demo model ``arch`` / ``size`` (``ids``: special token ids)."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         max_position_embeddings=2048,
         rms_norm_eps=1e-6,
-        dtype="float32",
-        **_SIZES[size],
+        dtype=dtype,
+        **SHAPES[size],
         **ids,
     )
     if arch == "llama":
@@ -173,7 +174,7 @@ def _model_config(arch: str, size: str, vocab_size: int, ids: dict[str, Any]):
     rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
     if arch == "qwen2":  # Qwen2 always has q/k/v bias
         return Qwen2Config(tie_word_embeddings=True, rope_parameters=rope, **common)
-    if arch == "qwen3":  # Qwen3 has q/k RMSNorm; head_dim is set explicitly by _SIZES
+    if arch == "qwen3":  # Qwen3 has q/k RMSNorm; head_dim is set explicitly by SHAPES
         return Qwen3Config(tie_word_embeddings=True, rope_parameters=rope, **common)
     raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
 
@@ -184,7 +185,7 @@ def make_demo_model(path: str | os.PathLike, arch: str = "llama", size: str = "t
         raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
-    return save_random_model(path, lambda vocab, ids: _model_config(arch, size, vocab, ids), "float32", seed)
+    return save_random_model(path, lambda vocab, ids: model_config(arch, size, vocab, ids), "float32", seed)
 
 
 def save_random_model(
