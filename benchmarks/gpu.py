@@ -349,17 +349,15 @@ def measure_decode(model_path: Path, args: argparse.Namespace, graphs: bool, voc
         max_running=max(BATCH_SIZES),
         max_total_tokens=decode_capacity(args),
     )
-    try:
-        common.warm_engine(engine, vocab)
+    try:  # the engine warmed itself up (EngineConfig.warmup): prefill, decode, every sampling path
         mc = engine.model_config
         out: dict[str, Any] = {
             "attention_backend": engine.runner.backend.name,
-            # graphs.enabled: the static decode path is on; on CPU it would run eagerly, not captured
-            "cuda_graphs_enabled": bool(engine.runner.graphs.enabled) and args.device.startswith("cuda"),
+            "cuda_graphs_enabled": engine.profile.cuda_graph,
             "num_layers": mc.num_layers,
             "weight_bytes": sum(p.numel() * p.element_size() for p in engine.runner.model.parameters()),
             "kv_bytes_per_token": mc.kv_bytes_per_token(),
-            "engine_startup_s": getattr(engine, "startup", None),  # load, graph capture, warm-up
+            "engine_startup_s": engine.startup,  # load, graph capture, warm-up
             "by_batch_size": {},
         }
         for b in BATCH_SIZES:
@@ -370,7 +368,7 @@ def measure_decode(model_path: Path, args: argparse.Namespace, graphs: bool, voc
                 f" over {r['steps_timed']} steps",
                 flush=True,
             )
-        out["graph_replays"] = getattr(engine.runner.graphs, "replays", None)  # evidence graphs ran
+        out["graph_replays"] = engine.runner.graphs.replays  # evidence graphs ran
         if not graphs:
             out["kernels"] = count_kernels(engine, args, rng, vocab)
     finally:
@@ -401,7 +399,6 @@ def measure_hf(model_path: Path, reqs: list[dict], args: argparse.Namespace) -> 
 
 def measure_offline(model_path: Path, reqs: list[dict], args: argparse.Namespace, overlap: bool, trace: bool):
     """One ``Engine.generate`` of every request (graphs on); ``trace``: with the GPU idle trace on."""
-    vocab = tokenizer_vocab(model_path)
     eargs = offline.engine_args(reqs, args.max_running_requests, args.page_size)
     engine = make_engine(
         model_path,
@@ -411,8 +408,7 @@ def measure_offline(model_path: Path, reqs: list[dict], args: argparse.Namespace
         max_running=eargs["max_running_requests"],
         max_total_tokens=eargs["max_total_tokens"],
     )
-    try:
-        common.warm_engine(engine, vocab)
+    try:  # warmed up by the engine itself
         if trace:
             engine.loop.enable_gpu_trace()
         sync(args.device)
@@ -422,7 +418,7 @@ def measure_offline(model_path: Path, reqs: list[dict], args: argparse.Namespace
         )
         sync(args.device)
         wall = time.perf_counter() - t
-        steps = [_trace_row(s) for s in engine.loop.gpu_trace()] if trace else []
+        steps = engine.loop.gpu_trace() if trace else []
     finally:
         engine.shutdown()
     got = sum(len(o["token_ids"]) for o in outs)
@@ -438,18 +434,6 @@ def measure_offline(model_path: Path, reqs: list[dict], args: argparse.Namespace
         f"ours {rec['loop']}{' (traced)' if trace else ''}: {wall:.1f}s, {rec['output_tok_s']:.1f} out tok/s"
     )
     return rec, steps
-
-
-def _trace_row(s: dict) -> dict:
-    """A GPU trace step with plain JSON types."""
-    idle = s.get("idle_before_ms")
-    return {
-        **s,
-        "mode": str(getattr(s["mode"], "value", s["mode"])),
-        "batch_size": int(s["batch_size"]),
-        "gpu_ms": float(s["gpu_ms"]),
-        "idle_before_ms": None if idle is None else float(idle),
-    }
 
 
 def idle_stats(steps: list[dict]) -> dict:

@@ -93,19 +93,33 @@ def _cmd_bench_routing(args: argparse.Namespace) -> int:
     return 2 if mod is None else int(mod.main(args.routing_args))
 
 
-def _load_bench(name: str):  # -> the benchmark module, or None outside a source checkout
+def load_benchmark(name: str):  # -> types.ModuleType
+    """``benchmarks/<name>.py`` of this source checkout as a module, imported once per process
+    (they are scripts, not part of the package); FileNotFoundError outside a checkout."""
     import importlib.util
+    import sys
     from pathlib import Path
 
+    key = f"radixserve_bench_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
     script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
     if not script.is_file():
-        print(f"radixserve bench {name}: {script} not found (run from a source checkout)")
-        return None
-    spec = importlib.util.spec_from_file_location(f"radixserve_bench_{name}", script)
+        raise FileNotFoundError(f"{script} not found (run from a source checkout)")
+    spec = importlib.util.spec_from_file_location(key, script)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[key] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def _load_bench(name: str):  # -> the benchmark module, or None outside a source checkout
+    try:
+        return load_benchmark(name)
+    except FileNotFoundError as e:
+        print(f"radixserve bench {name}: {e}")
+        return None
 
 
 def _run_bench(

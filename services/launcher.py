@@ -143,15 +143,8 @@ class Cluster:
     def requests_served(self) -> list[int]:
         """Requests each scheduler has ended, any finish reason (its ``radixserve_scheduler_requests``
         counter; a restarted scheduler counts from zero)."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        out = []
-        for s in self.schedulers:
-            text = httpx.get(s.metrics_url or "", timeout=10).text
-            families = text_string_to_metric_families(text)
-            samples = [x for f in families if f.name == "radixserve_scheduler_requests" for x in f.samples]
-            out.append(int(sum(x.value for x in samples if x.name.endswith("_total"))))
-        return out
+        family, label = "radixserve_scheduler_requests", "finish_reason"
+        return [int(sum(counter_by(s.metrics_url or "", family, label).values())) for s in self.schedulers]
 
     def supervise(
         self, policy: RestartPolicy | None = None, say: Callable[[str], None] | None = None
@@ -174,6 +167,20 @@ class Cluster:
         self.detokenizer.stop(10)
         if self.supervisor is not None:
             self.supervisor.stop()
+
+
+def counter_by(url: str, family: str, label: str) -> dict[str, float]:
+    """A Prometheus counter's totals at ``url`` (a /metrics endpoint) by one label's value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url, timeout=10).text
+    return {
+        x.labels[label]: x.value
+        for f in text_string_to_metric_families(text)
+        if f.name == family
+        for x in f.samples
+        if x.name.endswith("_total")
+    }
 
 
 def _say(line: str) -> None:
@@ -200,7 +207,6 @@ class Supervisor:
     def __init__(self, cluster: Cluster, policy: RestartPolicy, say: Callable[[str], None]) -> None:
         self.cluster, self.policy, self.say = cluster, policy, say
         self.gave_up: str | None = None  # why supervision ended, if it did on its own
-        self.ended = threading.Event()
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._lock = threading.Lock()
@@ -260,7 +266,6 @@ class Supervisor:
                 if why is not None:
                     self.gave_up = why
                     self.say(why)
-                    self.ended.set()
 
     def pause(self) -> None:
         """No more restarts (the services are being stopped); waits for a restart under way."""

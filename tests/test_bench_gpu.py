@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from radixserve.cli import build_parser
-from tests.bench_module import load_benchmark
+from radixserve.cli import build_parser, load_benchmark
 
 NUMBERS = [  # numbers on CPU too
     "decode_ms_bs1",

@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from radixserve.cli import build_parser, main
-from tests.bench_module import load_benchmark
+from radixserve.cli import build_parser, load_benchmark, main
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.bench_module import load_benchmark
+from radixserve.cli import load_benchmark
 from tests.redis_server import require_redis_server
 
 

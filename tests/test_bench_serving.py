@@ -10,8 +10,7 @@ import math
 
 import pytest
 
-from radixserve.cli import build_parser
-from tests.bench_module import load_benchmark
+from radixserve.cli import build_parser, load_benchmark
 
 
 @pytest.fixture(scope="module")

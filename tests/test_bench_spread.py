@@ -3,7 +3,7 @@ two pods the default router uses both. No timing is asserted (the figures live i
 
 import json
 
-from tests.bench_module import load_benchmark
+from radixserve.cli import load_benchmark
 
 
 def load():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.bench_module import load_benchmark
+from radixserve.cli import load_benchmark
 
 load = load_benchmark
 

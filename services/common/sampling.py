@@ -43,9 +43,7 @@ class SamplingParams:
                 f"max_new_tokens must be a positive integer (at most {MAX_TOKENS}), got {mt!r}",
             )
         _in_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
-        _in_range("top_p", self.top_p, 0.0, 1.0)
-        if self.top_p == 0:
-            raise SamplingError("top_p", "top_p must be in (0, 1], got 0")
+        _in_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if (
             isinstance(self.top_k, bool)
             or not isinstance(self.top_k, int)
@@ -78,10 +76,13 @@ class SamplingParams:
             raise SamplingError("stop_token_ids", "stop_token_ids must be token ids (integers >= 0)")
 
 
-def _in_range(name: str, value: object, lo: float, hi: float) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi  # NaN fails
+def _in_range(name: str, value: object, lo: float, hi: float, low_open: bool = False) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = number and (lo < value if low_open else lo <= value) and value <= hi  # type: ignore[operator]  # NaN fails
     if not ok:
-        raise SamplingError(name, f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}")
+        raise SamplingError(
+            name, f"{name} must be a number in {'(' if low_open else '['}{lo:g}, {hi:g}], got {value!r}"
+        )
 
 
 def find_stop(text: str, stops: tuple[str, ...], start: int = 0) -> tuple[int, str]:

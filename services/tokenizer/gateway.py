@@ -95,10 +95,9 @@ class Choice:
     request: Any = None  # the pb.TokenizedRequest sent (again, if its scheduler fails before it starts)
     trace: RequestTrace | None = None
     submitted: bool = False  # its scheduler accepted it (before that it cannot know it)
-    started: bool = False  # a result of it came: from then on it cannot move to another scheduler
     retried: bool = False  # re-sent once already
     released: bool = False  # the client is done with it
-    via: object | None = None  # the detokenizer stream its text came through (Deliver)
+    via: object | None = None  # the Deliver stream its results came through; set: it cannot move
     heard_at: float = field(default_factory=time.monotonic)  # submitted, or its last text came
     missing_since: float | None = None  # first lost-response check its scheduler no longer held it
 
@@ -449,13 +448,13 @@ class Gateway:
         self._spawn(call())
 
     # ------------------------------------------------------------------ from the detokenizer
-    def deliver(self, batch: Any, via: object = None) -> None:
+    def deliver(self, batch: Any, via: object) -> None:
         early: dict[SchedulerHandle, list[str]] = {}
         for t in batch.reqs:
             c = self.choices.get(t.rid)
             if c is None:
                 continue  # released: the client went away, or an abort's final message
-            if t.lost_start and not c.started and not c.retried:
+            if t.lost_start and c.via is None and not c.retried:
                 # Its start died with a detokenizer and the client has seen nothing: send it again.
                 del self.choices[t.rid]
                 c.scheduler.outstanding.discard(t.rid)
@@ -464,7 +463,7 @@ class Gateway:
                 self._spawn(self._resend(c, c.scheduler, "the detokenizer lost its start", avoid=False))
                 continue
             c.queue.put_nowait((c.index, t))
-            c.heard_at, c.started, c.via = time.monotonic(), True, via
+            c.heard_at, c.via = time.monotonic(), via
             if t.finish_reason:
                 del self.choices[t.rid]
                 c.scheduler.outstanding.discard(t.rid)
@@ -521,7 +520,7 @@ class Gateway:
             del self.choices[c.rid]
             h.outstanding.discard(c.rid)
             moved.append(c.rid)
-            if c.started or c.retried:
+            if c.via is not None or c.retried:
                 c.queue.put_nowait((c.index, _went_away(h, why)))
             else:
                 self._spawn(self._resend(c, h, why))

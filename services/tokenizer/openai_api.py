@@ -259,4 +259,4 @@ def _where(e: dict[str, Any]) -> str:
     return ".".join(loc) or "body"
 
 
-_TYPES = {"str", "int", "float", "bool", "function-after[_valid_unicode(), str]"}
+_TYPES = {"str", "int", "float", "bool"}

@@ -15,8 +15,8 @@ import time
 import httpx
 
 from radixserve.common.sampling import SamplingParams
-from radixserve.launcher import Cluster, RestartPolicy
-from tests.integration.conftest import MODEL_NAME, counter_by, read_stream, served_per_pod, start_cluster
+from radixserve.launcher import Cluster, RestartPolicy, counter_by
+from tests.integration.conftest import MODEL_NAME, read_stream, start_cluster
 
 STREAMS = 32
 MAX_TOKENS = 1200  # long enough that every stream is mid-flight at the fault
@@ -116,7 +116,9 @@ def test_a_killed_scheduler_fails_only_its_own_streams_and_comes_back(model_dir,
         up_at = _wait("the killed scheduler is back", lambda: cluster.gateway_connected() == 2, 60)
         # ... and receiving traffic: what it serves from now on counts from zero
         served_at = _wait(
-            "it serves again", lambda: asyncio.run(_after(cluster.url)) and served_per_pod(cluster)[0] > 0, 60
+            "it serves again",
+            lambda: asyncio.run(_after(cluster.url)) and cluster.requests_served()[0] > 0,
+            60,
         )
         assert victim.restarts == 1
         worst = max(r["ended"] for r in failed) - killed_at

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from radixserve.common.demo_model import make_demo_model
-from radixserve.launcher import Cluster, build_cluster, free_port
+from radixserve.launcher import Cluster, build_cluster, counter_by, free_port  # noqa: F401 (counter_by: for the tests)
 
 MODEL_NAME = "tiny-llama"
 
@@ -64,25 +64,6 @@ async def read_stream(h, body: dict, on_first=None) -> dict:
                 on_first.set()
     out["ended"] = time.monotonic()
     return out
-
-
-def counter_by(url: str, family: str, label: str) -> dict[str, float]:
-    """A Prometheus counter's totals at ``url`` (a /metrics endpoint) by one label's value."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(url, timeout=10).text
-    return {
-        x.labels[label]: x.value
-        for f in text_string_to_metric_families(text)
-        if f.name == family
-        for x in f.samples
-        if x.name.endswith("_total")
-    }
-
-
-def served_per_pod(cluster: Cluster) -> list[int]:
-    return cluster.requests_served()
 
 
 @pytest.fixture(scope="session")

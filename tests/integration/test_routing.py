@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from radixserve.common.rpc import pb, pb_grpc
-from tests.integration.conftest import MODEL_NAME, served_per_pod, start_cluster
+from tests.integration.conftest import MODEL_NAME, start_cluster
 
 
 def cached_on_each_pod(cluster, ids: list[int]) -> list[int]:
@@ -106,7 +106,7 @@ def unique_burst(cluster, n: int) -> list[int]:
     body = {"model": MODEL_NAME, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     complete(cluster, [25 + i % 60 for i in range(400)], max_tokens=1)
     time.sleep(0.5)  # its KV reaches the gateway's view of the pods
-    before = served_per_pod(cluster)
+    before = cluster.requests_served()
 
     async def go() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=cluster.url, timeout=120) as h:
@@ -116,7 +116,7 @@ def unique_burst(cluster, n: int) -> list[int]:
             )
 
     assert all(r.status_code == 200 for r in asyncio.run(go()))
-    return [b - a for a, b in zip(before, served_per_pod(cluster), strict=True)]
+    return [b - a for a, b in zip(before, cluster.requests_served(), strict=True)]
 
 
 def test_concurrent_unique_prompts_spread_over_four_pods(four_pods):

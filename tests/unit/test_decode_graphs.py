@@ -103,11 +103,29 @@ def test_seeded_and_mixed_sampling_give_the_dynamic_paths_tokens(qwen3_dir):
     assert results[0] == results[1]
 
 
-def test_every_array_of_a_step_goes_to_the_device_in_one_copy(qwen3_dir):
+def test_every_array_of_a_step_goes_to_the_device_in_one_copy(qwen3_dir, monkeypatch):
+    from radixserve.scheduler.model import sampler, staging
+
+    copies = []  # every host->device copy either path makes, whoever calls it
+
+    def counting(host, device, real=staging.to_device):
+        copies.append(host.numel())
+        return real(host, device)
+
+    monkeypatch.setattr(staging, "to_device", counting)
+    monkeypatch.setattr(sampler, "to_device", counting)
     with _engine(qwen3_dir, cpu_static_decode=True, cuda_graph_max_bs=4) as engine:
         before, steps = engine.runner.staging.copies, engine.loop.stats.steps
+        copies.clear()
+        greedy = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
+        engine.generate(prompt=PROMPTS, sampling_params=greedy)
+        n = engine.loop.stats.steps - steps
+        assert engine.runner.staging.copies - before == n > 0
+        assert len(copies) == n  # one per step; a greedy batch's sampling needs none
+        copies.clear()
+        steps = engine.loop.stats.steps
         engine.generate(prompt=PROMPTS, sampling_params=SamplingParams(max_new_tokens=4, ignore_eos=True))
-        assert engine.runner.staging.copies - before == engine.loop.stats.steps - steps > 0
+        assert len(copies) == 3 * (engine.loop.stats.steps - steps)  # + floats and ints for sampling
 
 
 def test_page_indices_from_the_device_mirror_match_the_table():

@@ -85,3 +85,20 @@ def test_the_supervisor_thread_restarts_a_killed_process_and_stops_restarting_wh
     assert svc.restarts == n  # stopped: no more restarts
     if svc.proc is not None and svc.proc.poll() is None:
         svc.proc.kill()
+
+
+def test_the_default_policy_gives_up_on_the_fifth_fast_crash_after_1_2_4_8_s() -> None:
+    svc = crashing("scheduler-1")
+    sup = Supervisor(Services([svc]), RestartPolicy(), lambda _: None)
+    svc.start()
+    delays = []
+    for _ in range(4):
+        wait_exit(svc)
+        now = svc.started_at + 1.0
+        assert sup.poll(now) is None
+        delays.append(svc.restart_at - now)
+        assert sup.poll(svc.restart_at) is None
+    assert delays == [1.0, 2.0, 4.0, 8.0]
+    wait_exit(svc)
+    why = sup.poll(svc.started_at + 1.0)
+    assert why is not None and "5 times in a row" in why
