@@ -42,10 +42,10 @@ def build(args: argparse.Namespace):
     import numpy as np
     import torch
 
+    from radixserve.scheduler.batch import ForwardMode
     from radixserve.scheduler.memory.kv_pool import KVPool
     from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
     from radixserve.scheduler.model.forward_batch import ForwardBatch
-    from radixserve.scheduler.policy.batch import ForwardMode
 
     rng = np.random.default_rng(args.seed)
     lens = [common.draw_len(rng, tuple(args.context_range)) for _ in range(args.batch)]

@@ -211,7 +211,7 @@ def copy_bandwidth(device: str, mib: int, rounds: int = 5, copies: int = 10) -> 
 # ------------------------------------------------------------------------------ decode
 def time_decode(engine: Any, batch_size: int, args: argparse.Namespace, rng: Any, vocab: int) -> dict:
     """``batch_size`` requests decode together; every decode step of all of them is timed."""
-    from radixserve.scheduler.policy.batch import ForwardMode
+    from radixserve.scheduler.batch import ForwardMode
 
     def prompts() -> list[list[int]]:
         return [common.random_token_ids(rng, vocab, args.prompt_len) for _ in range(batch_size)]
@@ -250,8 +250,8 @@ def count_kernels(engine: Any, args: argparse.Namespace, rng: Any, vocab: int, b
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from radixserve.scheduler.policy.batch import ForwardMode
-    from radixserve.scheduler.policy.req import Req
+    from radixserve.scheduler.batch import ForwardMode
+    from radixserve.scheduler.req import Req
 
     warm = 2
     cuda = args.device.startswith("cuda")

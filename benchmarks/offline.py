@@ -323,7 +323,7 @@ def profile_engine(
     from torch.profiler import ProfilerActivity, profile
 
     from radixserve import Engine
-    from radixserve.scheduler.policy.req import Req
+    from radixserve.scheduler.req import Req
 
     timers: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     mode = ["?"]

@@ -61,11 +61,11 @@ from pathlib import Path
 import numpy as np
 
 from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.manager import MemoryConfig
-from radixserve.scheduler.policy.batch import ForwardMode
-from radixserve.scheduler.policy.req import Req
+from radixserve.scheduler.req import Req
 
 # ------------------------------------------------------------------ cost model
 STEP_OVERHEAD_S = 5e-3  # fixed per engine step

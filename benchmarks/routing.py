@@ -490,8 +490,8 @@ def time_decisions(
         CacheAwareRouter,
         LeastLoadRouter,
         RoundRobinRouter,
-        SchedulerHandle,
     )
+    from radixserve.tokenizer.scheduler_pool import SchedulerHandle
 
     handles = [SchedulerHandle(a, healthy=True) for a in addresses]
     loads = [[monitor.load_at(a, r["arrival"]) or pb.Load(address=a) for a in addresses] for r in reqs]

@@ -43,11 +43,11 @@ from pathlib import Path
 import numpy as np
 
 from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.manager import MemoryConfig
-from radixserve.scheduler.policy.batch import ForwardMode, ScheduleBatch
-from radixserve.scheduler.policy.req import Req
+from radixserve.scheduler.req import Req
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts here share benchmarks/_machine.py
 from _machine import machine_info

@@ -343,7 +343,7 @@ def _step_inprocess(engine: Any, live: dict, start: float) -> tuple[list[dict], 
 
 def _add_inprocess(engine: Any, live: dict, rid: str, r: dict, rec: dict) -> None:
     from radixserve import SamplingParams
-    from radixserve.scheduler.policy.req import Req
+    from radixserve.scheduler.req import Req
 
     sp = SamplingParams(max_new_tokens=r["output_len"], temperature=0.0, ignore_eos=True)
     sp.validate()

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.batch import ScheduleBatch
 from radixserve.scheduler.batch_scheduler import BatchScheduler
-from radixserve.scheduler.policy.batch import ScheduleBatch
-from radixserve.scheduler.policy.req import Req
+from radixserve.scheduler.req import Req
 
 VOCAB = 97
 

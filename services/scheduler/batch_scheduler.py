@@ -32,14 +32,14 @@ from collections.abc import Callable, Container, Sequence
 
 import numpy as np
 
+from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.allocator import pages_for
 from radixserve.scheduler.memory.manager import KVCacheManager
 from radixserve.scheduler.memory.radix_cache import TreeNode
-from radixserve.scheduler.policy.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.policy.prefill_adder import AddResult, PrefillAdder, decode_reserve
-from radixserve.scheduler.policy.req import FinishReason, Req
 from radixserve.scheduler.policy.schedule_policy import SchedulePolicy
+from radixserve.scheduler.req import FinishReason, Req
 
 
 class QueueFullError(RuntimeError):

@@ -28,7 +28,7 @@ from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.device import resolve_profile
 from radixserve.scheduler.model.loader import load_model, safetensor_files
 from radixserve.scheduler.model.runner import ModelRunner
-from radixserve.scheduler.policy.req import FinishReason, Req
+from radixserve.scheduler.req import FinishReason, Req
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixserve.scheduler.batch import ScheduleBatch
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.runner import ModelRunner
-from radixserve.scheduler.policy.batch import ScheduleBatch
-from radixserve.scheduler.policy.req import Req
+from radixserve.scheduler.req import Req
 
 
 @dataclass

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from radixserve.scheduler.policy.batch import ForwardMode, ScheduleBatch
+from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
 
 if TYPE_CHECKING:
     from radixserve.scheduler.server import SchedulerService

@@ -39,7 +39,7 @@ from radixserve.common.rpc import (
 from radixserve.scheduler.engine import Engine
 from radixserve.scheduler.kv_events import EventHub, EventSubscriber
 from radixserve.scheduler.metrics import SchedulerMetrics
-from radixserve.scheduler.policy.req import FinishReason, Req
+from radixserve.scheduler.req import FinishReason, Req
 from radixserve.scheduler.tracing import SchedulerTracer
 
 log = logging.getLogger(__name__)

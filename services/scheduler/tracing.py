@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 
 from radixserve.common import telemetry
-from radixserve.scheduler.policy.batch import ForwardMode, ScheduleBatch
-from radixserve.scheduler.policy.req import Req
+from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
+from radixserve.scheduler.req import Req
 
 _PERF_TO_MONO = time.monotonic() - time.perf_counter()
 

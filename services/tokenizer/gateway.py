@@ -23,14 +23,8 @@ from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
 from radixserve.common.rpc import pb, sampling_to_proto
 from radixserve.common.sampling import SamplingError, SamplingParams
 from radixserve.tokenizer.metrics import GatewayMetrics
-from radixserve.tokenizer.router import (
-    CacheAwareRouter,
-    LeastLoadRouter,
-    RoundRobinRouter,
-    Router,
-    SchedulerHandle,
-    SchedulerPool,
-)
+from radixserve.tokenizer.router import CacheAwareRouter, LeastLoadRouter, RoundRobinRouter, Router
+from radixserve.tokenizer.scheduler_pool import SchedulerHandle, SchedulerPool
 from radixserve.tokenizer.tracing import RequestTrace
 
 log = logging.getLogger(__name__)

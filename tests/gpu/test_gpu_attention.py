@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model
+from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention import TorchAttention, make_backend
@@ -28,7 +29,6 @@ from radixserve.scheduler.model.attention.flashinfer_backend import FlashInferAt
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.loader import load_model
-from radixserve.scheduler.policy.batch import ForwardMode
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)

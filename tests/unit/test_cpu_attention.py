@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
+from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention import TorchAttention, make_backend
 from radixserve.scheduler.model.attention import cpu as cpu_attention
 from radixserve.scheduler.model.attention.cpu import CpuAttention
 from radixserve.scheduler.model.forward_batch import ForwardBatch
-from radixserve.scheduler.policy.batch import ForwardMode
 
 why = cpu_attention.unavailable_reason(torch.device("cpu"), torch.float32)
 needs_kernel = pytest.mark.skipif(why is not None, reason=f"no decode kernel here: {why}")

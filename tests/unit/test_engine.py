@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model
+from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention import TorchAttention
@@ -20,7 +21,6 @@ from radixserve.scheduler.model.attention import cpu as cpu_attention
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.loader import load_model
-from radixserve.scheduler.policy.batch import ForwardMode
 
 SYSTEM = "You are a helpful assistant. Answer briefly and do not repeat the question.\n"
 PROMPTS = [

@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.manager import MemoryConfig
@@ -34,8 +35,7 @@ from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.model.staging import Staging
-from radixserve.scheduler.policy.batch import ForwardMode
-from radixserve.scheduler.policy.req import Req
+from radixserve.scheduler.req import Req
 
 QWEN3_06B = ModelConfig(
     arch="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,

@@ -19,7 +19,8 @@ from radixserve.common.block_hash import block_hashes
 from radixserve.common.prefix_index import InMemoryPrefixIndex, RedisPrefixIndex, open_index, redact_url
 from radixserve.common.rpc import pb
 from radixserve.scheduler.kv_events import EventHub, EventSubscriber, RedisPublisher
-from radixserve.tokenizer.router import CacheAwareRouter, SchedulerHandle
+from radixserve.tokenizer.router import CacheAwareRouter
+from radixserve.tokenizer.scheduler_pool import SchedulerHandle
 from tests.redis_server import RedisServer, make_test_certs, redis_server_fixture  # noqa: F401
 
 MODEL = "m"

@@ -16,8 +16,8 @@ from radixserve.tokenizer.router import (
     LeastLoadRouter,
     RecentRoutes,
     RoundRobinRouter,
-    SchedulerHandle,
 )
+from radixserve.tokenizer.scheduler_pool import SchedulerHandle
 from tests.redis_server import RedisServer, free_port, redis_server_fixture  # noqa: F401
 
 MODEL = "m"

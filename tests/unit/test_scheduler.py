@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.batch_scheduler import BatchScheduler, QueueFullError
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.manager import MemoryConfig
-from radixserve.scheduler.policy.batch import ForwardMode
-from radixserve.scheduler.policy.req import FinishReason, Req
+from radixserve.scheduler.req import FinishReason, Req
 from tests.conftest import KVEchoRunner, make_req, reference_output, run_to_completion, runner_for
 
 

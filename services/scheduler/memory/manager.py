@@ -16,7 +16,7 @@ import numpy as np
 from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator, pages_for
 from radixserve.scheduler.memory.radix_cache import MatchResult, NoCache, RadixCache
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
-from radixserve.scheduler.policy.req import Req
+from radixserve.scheduler.req import Req
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 
 if TYPE_CHECKING:
-    from radixserve.scheduler.policy.req import Req
+    from radixserve.scheduler.req import Req
 
 _EMPTY_SLOTS = np.zeros(0, dtype=np.int64)
 _node_ids = itertools.count()

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixserve.scheduler.policy.batch import ForwardMode
+from radixserve.scheduler.batch import ForwardMode
 
 
 @dataclass(slots=True, eq=False)

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.model.forward_batch import ForwardBatch
-from radixserve.scheduler.policy.batch import ForwardMode
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.ops import TorchOps, cos_sin_table
 from radixserve.scheduler.model.rope import inv_frequencies
-from radixserve.scheduler.policy.batch import ForwardMode
 
 
 @dataclass(slots=True)

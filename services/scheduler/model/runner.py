@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention import make_backend
@@ -23,7 +24,6 @@ from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.ops import make_ops
 from radixserve.scheduler.model.sampler import Sampler, SamplingInfo
 from radixserve.scheduler.model.staging import Staging
-from radixserve.scheduler.policy.batch import ForwardMode, ScheduleBatch
 
 
 class FutureMap:

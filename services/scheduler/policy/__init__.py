@@ -1,1 +1,1 @@
-"""Scheduling: Req, SchedulePolicy, PrefillAdder, ScheduleBatch."""
+"""Scheduling policy: SchedulePolicy (request order) and PrefillAdder (what fits in one prefill)."""

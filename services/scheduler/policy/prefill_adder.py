@@ -44,7 +44,7 @@ from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.allocator import pages_for
 from radixserve.scheduler.memory.manager import KVCacheManager
 from radixserve.scheduler.memory.radix_cache import common_len
-from radixserve.scheduler.policy.req import Req
+from radixserve.scheduler.req import Req
 
 
 def decode_reserve(reqs: Iterable[Req], ratio: float, clip: int) -> int:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.manager import KVCacheManager
 from radixserve.scheduler.memory.radix_cache import TreeNode
-from radixserve.scheduler.policy.req import Req
+from radixserve.scheduler.req import Req
 
 
 class SchedulePolicy:

@@ -42,9 +42,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.model.attention.torch_ref import TorchAttention, TorchMeta
 from radixserve.scheduler.model.forward_batch import ForwardBatch
-from radixserve.scheduler.policy.batch import ForwardMode
 
 log = logging.getLogger(__name__)
 

@@ -61,10 +61,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.forward_batch import ForwardBatch
-from radixserve.scheduler.policy.batch import ForwardMode
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # float workspace (split-KV partials), flashinfer's recommended size
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)  # the FA2/FA3 kernels have no fp32 variant

@@ -7,7 +7,7 @@ from enum import Enum
 
 import numpy as np
 
-from radixserve.scheduler.policy.req import Req
+from radixserve.scheduler.req import Req
 
 
 def _empty() -> np.ndarray:

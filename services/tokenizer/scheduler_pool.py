@@ -1,0 +1,148 @@
+"""Scheduler pods as the gateway sees them: one ``SchedulerHandle`` per pod, kept fresh by the pool.
+
+``SchedulerPool`` keeps a channel and a Watch stream open to every scheduler: each update
+refreshes the pod's load (and, with the in-memory prefix index, applies its KV block events);
+a broken stream marks the pod down at once (its waiting clients get an error, see
+Gateway.scheduler_down, and its index entries go) until the stream reopens. A pod that sends
+nothing for ``stale_s`` is down too. The routing policies (router.py) choose among the handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from radixserve.common.prefix_index import InMemoryPrefixIndex
+from radixserve.common.rpc import CHANNEL_OPTIONS, pb, pb_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class SchedulerHandle:
+    address: str
+    channel: grpc.aio.Channel | None = None
+    stub: pb_grpc.SchedulerStub | None = None
+    healthy: bool = False
+    load: pb.Load | None = None  # the last report
+    outstanding: set[str] = field(default_factory=set)  # rids this gateway sent here, not ended
+    pending_aborts: dict[str, str] = field(default_factory=dict)  # rid -> reason, for when it is back
+    sent: int = 0  # requests this gateway sent here since the pod's last load report
+    routed_tokens: int = 0  # uncached prompt tokens this gateway sent here since the last load report
+
+    @property
+    def busy(self) -> int:
+        """Requests on the pod now: what it reported plus what this gateway sent since (a report
+        lags by up to one interval, and a burst arrives within one), or what this gateway alone
+        has there if that is more."""
+        reported = self.load.waiting + self.load.running if self.load is not None else 0
+        return max(reported + self.sent, len(self.outstanding))
+
+    def reported(self, load: pb.Load) -> None:
+        """A load report arrived: it counts what was sent before it."""
+        self.load, self.sent, self.routed_tokens = load, 0, 0
+
+    @property
+    def footprint(self) -> int:
+        """KV tokens the pod holds (requests + prefix cache), plus what was sent since it last said."""
+        held = self.load.kv_used_tokens + self.load.kv_cached_tokens if self.load is not None else 0
+        return held + self.routed_tokens
+
+
+class SchedulerPool:
+    """``memory_index``: an InMemoryPrefixIndex to feed from the pods' Watch streams (None when the
+    index lives in Redis: the pods publish there themselves). ``stale_s``: a pod whose stream sends
+    nothing for this long (stopped, wedged, a network that drops packets without closing the
+    connection) is down like one whose stream broke."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        on_down: Callable[[SchedulerHandle, str], None],
+        watch_interval_s: float = 0.2,
+        memory_index: InMemoryPrefixIndex | None = None,
+        stale_s: float = 5.0,
+        on_up: Callable[[SchedulerHandle], None] | None = None,
+    ) -> None:
+        self.handles = [SchedulerHandle(a) for a in addresses]
+        self._on_down = on_down
+        self._on_up = on_up
+        self._interval = watch_interval_s
+        self.stale_s = max(stale_s, 5 * watch_interval_s)
+        self.memory_index = memory_index
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        for h in self.handles:
+            h.channel = grpc.aio.insecure_channel(h.address, options=CHANNEL_OPTIONS)
+            h.stub = pb_grpc.SchedulerStub(h.channel)
+            self._tasks.append(asyncio.create_task(self._watch(h)))
+
+    def healthy(self) -> list[SchedulerHandle]:
+        return [h for h in self.handles if h.healthy and not (h.load and h.load.draining)]
+
+    def unreachable(self, h: SchedulerHandle, why: str) -> None:
+        """A call to the pod failed as if it were gone: no routing decision picks it until its Watch
+        stream says otherwise (the stream, not this, decides about the requests it holds: a pod
+        that refuses new work while it drains still finishes what it has)."""
+        if h.healthy:
+            log.warning("scheduler %s is unreachable (%s)", h.address, why)
+            h.healthy = False
+
+    async def _watch(self, h: SchedulerHandle) -> None:
+        backoff = 0.05
+        index = self.memory_index
+        request = pb.WatchRequest(interval_s=self._interval, kv_events=index is not None)
+        while True:
+            call = h.stub.Watch(request, wait_for_ready=True)
+            try:
+                while True:
+                    # Waiting for a pod to come up has no limit; a pod that was up and goes quiet
+                    # is as good as gone, so its clients do not wait on it.
+                    update = await asyncio.wait_for(call.read(), self.stale_s if h.healthy else None)
+                    if update is grpc.aio.EOF:
+                        break
+                    came_up = not h.healthy
+                    h.reported(update.load)
+                    h.healthy = True
+                    if came_up:
+                        log.info("scheduler %s is up", h.address)
+                        if self._on_up is not None:
+                            self._on_up(h)
+                    if index is not None:
+                        index.apply(h.address, update.stored, update.removed, update.cleared)
+                        index.heartbeat(h.address, {}, 10 * self._interval + 1)
+                    backoff = 0.05
+                why = "ended its watch stream"
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            except (TimeoutError, asyncio.TimeoutError):  # two classes before Python 3.11
+                why = f"sent nothing for {self.stale_s:.1f} s"
+            except grpc.aio.AioRpcError as e:
+                why = f"{e.code().name}: {e.details()}"
+            except Exception as e:  # a bug here must not end the watch: the pod would never be down
+                log.exception("watching scheduler %s failed", h.address)
+                why = f"{type(e).__name__}: {e}"
+            call.cancel()
+            if h.healthy:
+                log.warning("scheduler %s is down (%s)", h.address, why)
+                h.healthy = False
+            if index is not None:
+                index.remove_pod(h.address)
+            if h.outstanding:
+                self._on_down(h, why)
+            await asyncio.sleep(backoff)
+            backoff = min(1.0, backoff * 2)
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for h in self.handles:
+            if h.channel is not None:
+                await h.channel.close()
