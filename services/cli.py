@@ -6,14 +6,13 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
 
     radixserve make-demo-model PATH [--arch llama|qwen2|qwen3] [--size tiny|small] [--seed N]
     radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [-- scheduler flags]
-    radixserve bench offline [--model PATH] [--num-requests N] [--input-range MIN MAX] [--quick] ...
-    radixserve bench serving [--model PATH] [--rates 1 2 4 inf] [--num-requests N] [--quick] ...
-    radixserve bench gpu [--device cuda] [--num-requests N] [--hf-batch-sizes B ...] [--smoke] ...
+    radixserve bench NAME [its flags]     (offline, serving, gpu, routing, ...; NAME --help lists them)
 """
 
 from __future__ import annotations
 
 import argparse
+import types
 from collections.abc import Sequence
 
 
@@ -25,77 +24,25 @@ def _cmd_make_demo_model(args: argparse.Namespace) -> int:
     return 0
 
 
-_BENCH_OFFLINE_VALUE_FLAGS = (
-    "model",
-    "num_requests",
-    "input_range",
-    "output_range",
-    "shared_prefix_frac",
-    "prefix_len",
-    "hf_batch_sizes",
-    "max_running_requests",
-    "check_requests",
-    "repeats",
-    "threads",
-    "seed",
-    "out",
-)
+# Each benchmark parses its own flags (``radixserve bench NAME --help`` is the benchmark's help): the
+# CLI forwards every argument after the name, so no flag or default is restated here.
+BENCHMARKS = {
+    "offline": "offline throughput: HF generate (static batches) vs the Engine, normal and overlap",
+    "serving": "online serving: the HTTP server vs the Engine in-process, Poisson arrivals and closed loops",
+    "gpu": "GPU decode: step time vs the memory floor, kernels per step, offline throughput vs HF",
+    "routing": "cache-aware vs least-load vs round-robin routing over 4 scheduler processes",
+    "spread": "1 vs 2 scheduler pods on prompts that share nothing",
+    "policy_sim": "hit rate and queue wait of each schedule policy (cost model, virtual time)",
+    "scheduler_overhead": "CPU time of one scheduling step at 64 / 256 / 1024 requests",
+    "decode_attention": "the CPU decode-attention kernel against the torch reference",
+    "tracing_overhead": "served throughput with every request traced and exported vs tracing off",
+}
 
 
-def _cmd_bench_offline(args: argparse.Namespace) -> int:
-    """Runs benchmarks/offline.py (a repository file, not part of the package) with the given flags."""
-    return _run_bench("offline", args, _BENCH_OFFLINE_VALUE_FLAGS, ["quick", "profile"])
-
-
-_BENCH_SERVING_VALUE_FLAGS = (
-    "model",
-    "rates",
-    "num_requests",
-    "concurrency",
-    "requests_per_client",
-    "repeats",
-    "input_range",
-    "output_range",
-    "max_running_requests",
-    "threads",
-    "seed",
-    "out",
-)
-
-
-def _cmd_bench_serving(args: argparse.Namespace) -> int:
-    """Runs benchmarks/serving.py (a repository file, not part of the package) with the given flags."""
-    return _run_bench("serving", args, _BENCH_SERVING_VALUE_FLAGS, ["quick"])
-
-
-_BENCH_GPU_VALUE_FLAGS = (
-    "device",
-    "prompt_len",
-    "decode_steps",
-    "num_requests",
-    "input_range",
-    "output_range",
-    "hf_batch_sizes",
-    "max_running_requests",
-    "seed",
-    "out",
-)
-
-
-def _cmd_bench_gpu(args: argparse.Namespace) -> int:
-    """Runs benchmarks/gpu.py (a repository file, not part of the package) with the given flags."""
-    return _run_bench("gpu", args, _BENCH_GPU_VALUE_FLAGS, ["smoke"])
-
-
-def _cmd_bench_routing(args: argparse.Namespace) -> int:
-    """Runs benchmarks/routing.py; every flag after ``routing`` is its own (see --help there)."""
-    mod = _load_bench("routing")
-    return 2 if mod is None else int(mod.main(args.routing_args))
-
-
-def load_benchmark(name: str):  # -> types.ModuleType
-    """``benchmarks/<name>.py`` of this source checkout as a module, imported once per process
-    (they are scripts, not part of the package); FileNotFoundError outside a checkout."""
+def load_benchmark(name: str) -> types.ModuleType:
+    """``benchmarks/<name>`` of this source checkout (a package, or a single ``<name>.py``) as a
+    module, imported once per process (benchmarks are not part of the installed package);
+    FileNotFoundError outside a checkout."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -103,39 +50,34 @@ def load_benchmark(name: str):  # -> types.ModuleType
     key = f"radixserve_bench_{name}"
     if key in sys.modules:
         return sys.modules[key]
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    if not script.is_file():
-        raise FileNotFoundError(f"{script} not found (run from a source checkout)")
-    spec = importlib.util.spec_from_file_location(key, script)
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    package = root / name / "__init__.py"
+    if package.is_file():
+        spec = importlib.util.spec_from_file_location(
+            key, package, submodule_search_locations=[str(package.parent)]
+        )
+    elif (root / f"{name}.py").is_file():
+        spec = importlib.util.spec_from_file_location(key, root / f"{name}.py")
+    else:
+        raise FileNotFoundError(f"{root / name} not found (run from a source checkout)")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[key] = mod
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[key]
+        raise
     return mod
 
 
-def _load_bench(name: str):  # -> the benchmark module, or None outside a source checkout
+def _cmd_bench(name: str, argv: list[str]) -> int:
+    """Runs ``benchmarks/<name>``'s ``main`` with every argument after the benchmark's name."""
     try:
-        return load_benchmark(name)
+        mod = load_benchmark(name)
     except FileNotFoundError as e:
         print(f"radixserve bench {name}: {e}")
-        return None
-
-
-def _run_bench(
-    name: str, args: argparse.Namespace, value_flags: tuple[str, ...], bool_flags: list[str]
-) -> int:
-    """Runs benchmarks/<name>.py's main with the parsed flags turned back into an argv."""
-    mod = _load_bench(name)
-    if mod is None:
         return 2
-    argv: list[str] = []
-    for flag, value in vars(args).items():
-        if flag in value_flags and value is not None:
-            values = value if isinstance(value, list) else [value]
-            argv += [f"--{flag.replace('_', '-')}", *map(str, values)]
-    for flag in bool_flags:
-        argv += [f"--{flag}"] * bool(getattr(args, flag, False))
     return int(mod.main(argv))
 
 
@@ -192,90 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (from a source checkout)")
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
-    p = bench.add_parser(
-        "offline",
-        help="offline throughput: HF generate (static batches) vs the Engine, normal and overlap",
-        description="Writes OUT/offline.json and OUT/offline.png. Unset flags take benchmarks/offline.py's "
-        "defaults (full run ~11 min on 2 CPU cores: five repeats; --quick < 60 s).",
-    )
-    p.add_argument("--model", help="HF model folder (default: build the small demo model in a temp dir)")
-    p.add_argument("--num-requests", type=int, help="default 64 (quick: 12)")
-    p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 64 512")
-    p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 32 256")
-    p.add_argument("--shared-prefix-frac", type=float, help="requests starting with the system prompt (0.3)")
-    p.add_argument("--prefix-len", type=int, help="shared system-prompt length in tokens (256)")
-    p.add_argument("--hf-batch-sizes", type=int, nargs="+", help="HF static batch sizes; best is kept (16)")
-    p.add_argument("--max-running-requests", type=int, help="engine's running-batch limit (128)")
-    p.add_argument("--check-requests", type=int, help="requests compared with HF batch-1 greedy (3)")
-    p.add_argument(
-        "--repeats",
-        type=int,
-        help="runs of each system in alternating order, judged on the median (3; quick: 1)",
-    )
-    p.add_argument("--threads", type=int, help="torch intra-op threads for every system (1)")
-    p.add_argument("--seed", type=int, help="workload seed (0)")
-    p.add_argument("--quick", action="store_true", help="tiny model, few short requests: smoke test < 60 s")
-    p.add_argument("--profile", action="store_true", help="also profile a normal-mode engine run")
-    p.add_argument("--out", help="output folder (default benchmarks/results)")
-    p.set_defaults(func=_cmd_bench_offline)
-
-    p = bench.add_parser(
-        "serving",
-        help="online serving: the HTTP server vs the Engine in-process, Poisson arrivals at several rates"
-        " and closed loops at fixed concurrency",
-        description="Writes OUT/serving.json and OUT/serving.png. Unset flags take benchmarks/serving.py's "
-        "defaults (full run ~9 min on 2 CPU cores; --quick < 60 s).",
-    )
-    p.add_argument("--model", help="HF model folder (default: build the small demo model in a temp dir)")
-    p.add_argument("--rates", nargs="+", help="request rates in req/s, inf = all at once (1 2 4 inf)")
-    p.add_argument("--num-requests", type=int, help="requests per rate (32; quick: 8)")
-    p.add_argument(
-        "--concurrency",
-        type=int,
-        nargs="+",
-        help="closed loop: concurrent clients, each running its requests back to back (1 8 32; quick: 4)",
-    )
-    p.add_argument(
-        "--requests-per-client", type=int, help="closed loop: requests each client runs (5; quick: 2)"
-    )
-    p.add_argument(
-        "--repeats", type=int, help="closed loop: paired served/in-process runs per concurrency (3; quick: 1)"
-    )
-    p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 64 256")
-    p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 32 128")
-    p.add_argument("--max-running-requests", type=int, help="engine's running-batch limit (128)")
-    p.add_argument("--threads", type=int, help="torch threads: the scheduler process and in-process (1)")
-    p.add_argument("--seed", type=int, help="workload seed (0)")
-    p.add_argument("--quick", action="store_true", help="tiny model, few short requests: smoke test < 60 s")
-    p.add_argument("--out", help="output folder (default benchmarks/results)")
-    p.set_defaults(func=_cmd_bench_serving)
-    p = bench.add_parser(
-        "gpu",
-        help="GPU decode: step time vs the memory floor, kernels per step, offline throughput vs HF",
-        description="Writes OUT/gpu-<device>.json and a PNG beside it. Unset flags take benchmarks/gpu.py's "
-        "defaults (random-weight Qwen3-0.6B shapes, bfloat16, CUDA; --smoke: a tiny model on CPU, < 60 s).",
-    )
-    p.add_argument("--device", help="cuda (default) or cpu (the default with --smoke)")
-    p.add_argument("--prompt-len", type=int, help="decode runs' prompt length (128)")
-    p.add_argument("--decode-steps", type=int, help="tokens each decode run decodes (64)")
-    p.add_argument("--num-requests", type=int, help="offline workload requests (256)")
-    p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 100 1024")
-    p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default 100 1024")
-    p.add_argument("--hf-batch-sizes", type=int, nargs="+", help="HF static batch sizes; best is kept (64)")
-    p.add_argument("--max-running-requests", type=int, help="offline runs' running-batch limit (256)")
-    p.add_argument("--seed", type=int, help="workload seed (0)")
-    p.add_argument("--smoke", action="store_true", help="tiny model on CPU, tiny counts: end to end < 60 s")
-    p.add_argument("--out", help="output folder (default benchmarks/results)")
-    p.set_defaults(func=_cmd_bench_gpu)
-    p = bench.add_parser(
-        "routing",
-        help="cache-aware vs least-load vs round-robin routing over 4 scheduler processes",
-        description="Runs benchmarks/routing.py with the flags that follow (its own --help lists them); "
-        "writes OUT/routing.json and OUT/routing.png.",
-        add_help=False,
-    )
-    p.add_argument("routing_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_cmd_bench_routing)
+    for name, text in BENCHMARKS.items():
+        # Listed here for --help; main() hands everything after the name to the benchmark itself.
+        bench.add_parser(name, help=text, add_help=False).add_argument("args", nargs=argparse.REMAINDER)
 
     p = sub.add_parser(
         "serve",
@@ -309,8 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["bench", "routing"]:  # every flag after it is the benchmark's own (argparse
-        return _cmd_bench_routing(argparse.Namespace(routing_args=argv[2:]))  # would eat --help)
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHMARKS:
+        return _cmd_bench(argv[1], argv[2:])  # its flags are its own (argparse here would eat --help)
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

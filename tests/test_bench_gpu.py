@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from radixserve.cli import build_parser, load_benchmark
+from radixserve.cli import load_benchmark
 
 NUMBERS = [  # numbers on CPU too
     "decode_ms_bs1",
@@ -90,7 +90,6 @@ def test_idle_stats_and_targets(gpu_bench):
     assert gpu_bench.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
-def test_cli_parses_bench_gpu_flags():
-    args = build_parser().parse_args(["bench", "gpu", "--smoke", "--num-requests", "4", "--out", "x"])
+def test_bench_gpu_parses_its_flags(gpu_bench):
+    args = gpu_bench.parse_args(["--smoke", "--num-requests", "4", "--out", "x"])
     assert args.smoke and args.num_requests == 4 and args.out == "x"
-    assert args.func.__name__ == "_cmd_bench_gpu"

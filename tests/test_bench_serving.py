@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from radixserve.cli import build_parser, load_benchmark
+from radixserve.cli import load_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +53,13 @@ def test_itl_spreads_a_multi_token_event_over_its_tokens(serving):
     assert serving.itl_samples([1.0, 1.5, 2.5], [1, 1, 2]) == [0.5, 0.5, 0.5]
 
 
-def test_cli_parses_bench_serving_flags():
-    args = build_parser().parse_args(
-        ["bench", "serving", "--quick", "--rates", "2", "inf", "--threads", "1", "--concurrency", "1", "4"]
+def test_bench_serving_parses_its_flags(serving):
+    args = serving.parse_args(
+        ["--quick", "--rates", "2", "inf", "--threads", "1", "--concurrency", "1", "4"]
         + ["--requests-per-client", "3"]
     )
     assert args.quick and args.rates == ["2", "inf"] and args.threads == 1
     assert args.concurrency == [1, 4] and args.requests_per_client == 3
-    assert args.func.__name__ == "_cmd_bench_serving"
 
 
 @pytest.mark.timeout(240)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from radixserve.cli import load_benchmark
+from radixserve.cli import BENCHMARKS, load_benchmark, main
 
 load = load_benchmark
 
@@ -59,3 +59,12 @@ def test_decode_attention_benchmark_compares_both_backends_on_the_same_output(tm
     data = json.loads((tmp_path / "decode_attention.json").read_text())
     assert set(data["results"]) == {"torch", "cpu"} and data["max_abs_diff"] < 1e-4
     assert all(r["best_ms"] > 0 for r in data["results"].values())
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_radixserve_bench_hands_every_argument_to_the_benchmark(name, monkeypatch):
+    mod = load(name)
+    seen: list[list[str]] = []
+    monkeypatch.setattr(mod, "main", lambda argv: seen.append(list(argv)) or 0)
+    assert main(["bench", name, "--help", "--out", "x", "--", "y"]) == 0
+    assert seen == [["--help", "--out", "x", "--", "y"]]
