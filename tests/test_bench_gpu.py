@@ -92,4 +92,4 @@ def test_idle_stats_and_targets(gpu_bench):
 
 def test_bench_gpu_parses_its_flags(gpu_bench):
     args = gpu_bench.parse_args(["--smoke", "--num-requests", "4", "--out", "x"])
-    assert args.smoke and args.num_requests == 4 and args.out == "x"
+    assert args.smoke and args.num_requests == 4 and str(args.out) == "x"

@@ -47,7 +47,7 @@ def test_repeats_are_judged_on_their_median_paired_ratios(offline):
 
 def test_bench_offline_parses_its_flags(offline):
     args = offline.parse_args(["--quick", "--input-range", "8", "16", "--hf-batch-sizes", "2", "4"])
-    assert args.quick and args.input_range == [8, 16] and args.hf_batch_sizes == [2, 4]
+    assert args.quick and list(args.input_range) == [8, 16] and list(args.hf_batch_sizes) == [2, 4]
 
 
 def test_quick_run_reports_three_systems_with_exact_token_counts(tmp_path):
