@@ -23,14 +23,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.common.config import env_var
+from radixserve.common.service_config import DetokenizerConfig, GatewayConfig, SchedulerPodConfig
+
 Obj = dict[str, Any]
 
-GATEWAY_HTTP_PORT = 8000
-GATEWAY_GRPC_PORT = 50050
-SCHEDULER_PORT = 50051
-DETOKENIZER_PORT = 50052
-SCHEDULER_METRICS_PORT = 9400  # Prometheus /metrics (the services' defaults)
-DETOKENIZER_METRICS_PORT = 9401
+# The services' own defaults (service_config.py): the pods run with them.
+GATEWAY_HTTP_PORT = GatewayConfig().port
+GATEWAY_GRPC_PORT = GatewayConfig().grpc_port
+SCHEDULER_PORT = SchedulerPodConfig().port
+DETOKENIZER_PORT = DetokenizerConfig().port
+SCHEDULER_METRICS_PORT = SchedulerPodConfig().metrics_port  # Prometheus /metrics
+DETOKENIZER_METRICS_PORT = DetokenizerConfig().metrics_port
 POOL_LABEL = "radixserve.io/gpu-node-pool"
 MANAGED_BY = "radixserve-operator"
 MODEL_DIR = "/models"
@@ -83,20 +87,24 @@ def endpoints(ctx: BuildContext) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------------- ConfigMap
+# spec field -> the service setting it sets (each variable's name comes from the setting: env_var).
 _ENGINE_ENV = {
-    "pageSize": "RADIXSERVE_PAGE_SIZE",
-    "chunkedPrefillSize": "RADIXSERVE_CHUNKED_PREFILL_SIZE",
-    "maxRunningRequests": "RADIXSERVE_MAX_RUNNING_REQUESTS",
-    "maxTotalTokens": "RADIXSERVE_MAX_TOTAL_TOKENS",
-    "memFraction": "RADIXSERVE_MEM_FRACTION",
-    "schedulePolicy": "RADIXSERVE_SCHEDULE_POLICY",
-    "fairnessTimeout": "RADIXSERVE_FAIRNESS_TIMEOUT",
-    "dtype": "RADIXSERVE_DTYPE",
-    "attentionBackend": "RADIXSERVE_ATTENTION_BACKEND",
+    key: env_var(SchedulerPodConfig, name)
+    for key, name in {
+        "pageSize": "page_size",
+        "chunkedPrefillSize": "chunked_prefill_size",
+        "maxRunningRequests": "max_running_requests",
+        "maxTotalTokens": "max_total_tokens",
+        "memFraction": "mem_fraction",
+        "schedulePolicy": "schedule_policy",
+        "fairnessTimeout": "fairness_timeout",
+        "dtype": "dtype",
+        "attentionBackend": "attention_backend",
+    }.items()
 }
 _ROUTING_ENV = {
-    "balanceAbsThreshold": "RADIXSERVE_BALANCE_ABS_THRESHOLD",
-    "balanceRelThreshold": "RADIXSERVE_BALANCE_REL_THRESHOLD",
+    "balanceAbsThreshold": env_var(GatewayConfig, "balance_abs_threshold"),
+    "balanceRelThreshold": env_var(GatewayConfig, "balance_rel_threshold"),
 }
 
 

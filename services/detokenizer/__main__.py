@@ -16,7 +16,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from radixserve.common.config import add_model_flag, parse_args, resolve_model
+from radixserve.common.config import add_flags, add_model_flag, from_args, parse_args, resolve_model
+from radixserve.common.service_config import DetokenizerConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,17 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_flag(p)
-    p.add_argument("--host", default="0.0.0.0", help="listen address")
-    p.add_argument("--port", type=int, default=50052, help="gRPC port")
-    p.add_argument("--metrics-port", type=int, default=9401, help="Prometheus /metrics port (0: off)")
-    p.add_argument(
-        "--workers", type=int, default=64, help="gRPC threads (one per connected scheduler + spare)"
-    )
+    add_flags(p, DetokenizerConfig)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    cfg = from_args(DetokenizerConfig, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s detokenizer %(levelname)s %(message)s")
     from radixserve.common import telemetry
     from radixserve.detokenizer.server import serve
@@ -46,12 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server, service = serve(str(resolve_model(args.model)), f"{args.host}:{args.port}", args.workers)
-    if args.metrics_port:
+    server, service = serve(str(resolve_model(args.model)), f"{cfg.host}:{cfg.port}", cfg.workers)
+    if cfg.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(args.metrics_port, addr=args.host, registry=service.metrics.registry)
-    logging.info("serving on %s:%d", args.host, args.port)
+        start_http_server(cfg.metrics_port, addr=cfg.host, registry=service.metrics.registry)
+    logging.info("serving on %s:%d", cfg.host, cfg.port)
     stop.wait()
     server.stop(grace=2).wait()
     service.close()

@@ -1,38 +1,44 @@
-"""Configuration of the scheduler pod's engine core. One loader: build these dataclasses."""
+"""The batch scheduler's configuration, as the engine resolves it from its arguments.
+
+The engine builds it from ``EngineConfig`` (service_config.py), where every user-facing default
+lives; the defaults here are those same values, for code that builds a scheduler directly (tests,
+benchmarks)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixserve.common.service_config import CUDA_CHUNKED_PREFILL_SIZE, ENGINE_DEFAULTS, SCHEDULE_POLICIES
 from radixserve.scheduler.memory.manager import MemoryConfig
 
-POLICIES = ("lpm", "fcfs", "dfs-weight")
+POLICIES = SCHEDULE_POLICIES
+E = ENGINE_DEFAULTS  # the knobs a user sets are the engine's (service_config.EngineConfig): its defaults
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(max_total_tokens=65536))
-    policy: str = "lpm"
+    policy: str = E.schedule_policy
     # A request waiting longer than this (seconds) is admitted ahead of cache order. None: off.
-    fairness_timeout: float | None = None
+    fairness_timeout: float | None = E.fairness_timeout
     # Requests that have waited more than (1 - fairness_lead) * fairness_timeout go first (oldest
     # first) before they are overdue, so the memory they need is not handed to younger requests:
     # without a lead an overdue request can wait for older decodes to drain the pool. Larger: a
     # tighter bound, more fcfs-like order (fewer prefix hits). 0.1 met the bound in policy_sim.
-    fairness_lead: float = 0.1
+    fairness_lead: float = E.fairness_lead
     # Above this many waiting requests, lpm / dfs-weight order costs more than it wins: use fcfs.
     lpm_fcfs_threshold: int = 128
     # In-batch prefix de-duplication: a waiting request that shares at least this many
     # not-yet-cached tokens with one already chosen waits a step, then hits the cache. 0: off.
     dedup_min_tokens: int = 32
-    max_prefill_tokens: int = 16384  # new tokens per prefill batch
-    chunked_prefill_size: int | None = 8192  # None: no chunking
+    max_prefill_tokens: int = E.max_prefill_tokens  # new tokens per prefill batch
+    chunked_prefill_size: int | None = CUDA_CHUNKED_PREFILL_SIZE  # None: no chunking
     max_running_requests: int | None = None  # None: the memory config's table rows
-    max_waiting_requests: int = 4096
+    max_waiting_requests: int = E.max_waiting_requests
     # After this many prefill batches in a row, run one decode batch (decodes never starve).
     max_consecutive_prefills: int = 4
     # Decode reserve: each running request is expected to need new_token_ratio * remaining tokens.
-    init_new_token_ratio: float = 0.7
+    init_new_token_ratio: float = E.init_new_token_ratio
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay_steps: int = 600  # decode steps from init to min
     retract_ratio_step: float = 0.2  # added to the ratio on every retraction

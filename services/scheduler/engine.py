@@ -12,13 +12,14 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from radixserve.common.sampling import SamplingParams, find_stop
+from radixserve.common.service_config import CPU_CHUNKED_PREFILL_SIZE, CUDA_CHUNKED_PREFILL_SIZE, EngineConfig
 from radixserve.scheduler.batch_scheduler import BatchScheduler, QueueFullError
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.event_loop import EventLoop
@@ -32,67 +33,12 @@ from radixserve.scheduler.req import FinishReason, Req
 
 log = logging.getLogger(__name__)
 
-# A prefill step delays every other request's next token (and a new request's first) until it is
-# done, so its size is a latency bound. 2048 tokens take milliseconds on a GPU, but on one CPU core
-# the small demo model needs ~0.9 ms a token: ~1.8 s a chunk. The routing benchmark at 6 req/s
-# (a pod's arrivals waiting behind another tenant's prefix): cache-aware TTFT p90 3.4 s with 2048,
-# 1.7 s with 512, 1.3 s with 256, for the same work (one pod's burst: 6.9-7.1 s of forwards with
-# 256, 7.4 s with 2048).
-CUDA_CHUNKED_PREFILL_SIZE = 2048
-CPU_CHUNKED_PREFILL_SIZE = 256
-
 
 def chunk_size(requested: int | None, device: str) -> int | None:
     """The scheduler's chunked_prefill_size (None: no chunking) for an engine argument."""
     if requested is None:
         return CUDA_CHUNKED_PREFILL_SIZE if device.startswith("cuda") else CPU_CHUNKED_PREFILL_SIZE
     return requested if requested > 0 else None
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """Engine arguments; every field can be passed to ``Engine(model_path, **kwargs)``."""
-
-    page_size: int = 1
-    max_total_tokens: int | None = None  # KV capacity; None: mem_fraction of free device memory
-    mem_fraction: float = 0.85  # of free memory after weights (CUDA); of available RAM x 0.25 on CPU
-    max_running_requests: int = 64
-    max_waiting_requests: int = 4096  # beyond it new requests are refused (the server's 429)
-    max_context_len: int | None = None  # None: the model's max_position_embeddings
-    # Tokens of one request's prompt per prefill step; None: by device (CPU_CHUNKED_PREFILL_SIZE or
-    # CUDA_CHUNKED_PREFILL_SIZE); 0 or less: no chunking.
-    chunked_prefill_size: int | None = None
-    max_prefill_tokens: int = 8192
-    schedule_policy: str = "lpm"
-    fairness_timeout: float | None = None
-    fairness_lead: float = 0.1  # requests within this fraction of the timeout go first already
-    init_new_token_ratio: float = 0.7  # decode reserve estimate; lower admits more (retraction covers it)
-    disable_radix_cache: bool = False
-    # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
-    # the host's Python and the worker's op dispatch share one GIL: the overlap can hide host work
-    # only behind long kernels, which a CPU forward of our models rarely has for long enough to
-    # gain (small demo model: within noise of the normal loop), so it is opt-in there.
-    disable_overlap: bool | None = None
-    # CPU overlap: forwards whose recent average is shorter than this run inline instead of on the
-    # worker thread (tiny demo model, ~1 ms forwards: the thread made the loop 0.63-0.76x). 0: always
-    # the worker thread (the tests, to exercise it).
-    cpu_overlap_thread_min_ms: float = 10.0
-    attention_backend: str = "auto"
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # auto: the checkpoint's dtype, but a float32 checkpoint serves in bfloat16 on CUDA; or float32 /
-    # bfloat16 / float16 (model/device.py decides, and logs what it decided).
-    dtype: str = "auto"
-    seed: int = 0
-    # CUDA: decode batches of up to cuda_graph_max_bs requests replay a graph captured at start
-    # (model/graph_runner.py); larger ones, and every prefill, launch eagerly.
-    disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 160
-    # CPU: run decode through the same padded static-buffer path the graphs use, eagerly (tests: it
-    # proves the padding gives the same tokens). No speed benefit on CPU.
-    cpu_static_decode: bool = False
-    # A short request through every path (prefill, decode, sampling) before the engine is ready, so
-    # JIT compilation and first-use costs are paid at start, not by the first user.
-    warmup: bool = True
 
 
 class Engine:

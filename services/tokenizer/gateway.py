@@ -22,6 +22,7 @@ import grpc
 from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
 from radixserve.common.rpc import pb, sampling_to_proto
 from radixserve.common.sampling import SamplingError, SamplingParams
+from radixserve.common.service_config import GatewayConfig
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.router import CacheAwareRouter, LeastLoadRouter, RoundRobinRouter, Router
 from radixserve.tokenizer.scheduler_pool import SchedulerHandle, SchedulerPool
@@ -96,60 +97,50 @@ class Choice:
     missing_since: float | None = None  # first lost-response check its scheduler no longer held it
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingConfig:
-    policy: str = "cache-aware"  # cache-aware | least-load | round-robin
-    prefix_index: str = "memory"  # "memory" (fed by the pods' Watch streams) or a redis:// URL
-    block_size: int = 16
-    balance_abs: int = 16  # cache-aware: loads (waiting + running) differing by more than this ...
-    balance_rel: float = 1.5  # ... and by more than this factor go to the least loaded pod
-    recent_ttl_s: float = 10.0  # how long a routed prefix counts as held by its pod before it publishes
-    working_set_s: float = 60.0  # cache-aware: window of a pod's working set (where new prefixes go)
-    kv_fill: float = 0.9  # cache-aware: a new prefix fits a pod while working set + prompt <= this x KV
-    sweep_s: float = 1.0  # Redis: how often expired pods are looked for (and removed)
-
-
 class Gateway:
     def __init__(
         self,
         model_path: str | Path,
         model_name: str,
-        schedulers: Sequence[str],
-        reply_to: str,
-        routing: RoutingConfig | None = None,
-        lost_check_s: float = 10.0,
-        stale_s: float = 5.0,
+        config: GatewayConfig,
     ) -> None:
         from transformers import AutoTokenizer
 
-        self.lost_check_s = lost_check_s
+        self.config = config
+        self.lost_check_s = config.lost_response_check
+        reply_to = config.advertise_address or f"localhost:{config.grpc_port}"
+        routing = config.routing
         self.model_name = model_name
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.reply_to = reply_to
-        self.routing = routing = routing or RoutingConfig()
+        self.routing = routing
         self.index = open_index(routing.prefix_index)
         memory = self.index if isinstance(self.index, InMemoryPrefixIndex) else None
         self.pool = SchedulerPool(
-            schedulers, self.scheduler_down, memory_index=memory, stale_s=stale_s, on_up=self.scheduler_up
+            config.schedulers,
+            self.scheduler_down,
+            memory_index=memory,
+            stale_s=config.scheduler_stale_after,
+            on_up=self.scheduler_up,
         )
         self.router: Router
-        if routing.policy == "cache-aware":
+        if routing.router == "cache-aware":
             self.router = CacheAwareRouter(
                 self.index,
                 model_name,
                 routing.block_size,
-                routing.balance_abs,
-                routing.balance_rel,
-                routing.recent_ttl_s,
-                working_set_s=routing.working_set_s,
+                routing.balance_abs_threshold,
+                routing.balance_rel_threshold,
+                routing.recent_ttl,
+                working_set_s=routing.working_set_window,
                 kv_fill=routing.kv_fill,
             )
-        elif routing.policy == "least-load":
+        elif routing.router == "least-load":
             self.router = LeastLoadRouter()
-        elif routing.policy == "round-robin":
+        elif routing.router == "round-robin":
             self.router = RoundRobinRouter()
         else:
-            raise ValueError(f"unknown routing policy {routing.policy!r}")
+            raise ValueError(f"unknown routing policy {routing.router!r}")
         self.metrics = GatewayMetrics()
         self.live_in_index: set[str] | None = None  # Redis: pods with a live heartbeat (None: unknown)
         self.choices: dict[str, Choice] = {}  # live rids of this gateway

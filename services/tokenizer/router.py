@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
+from radixserve.common.service_config import ROUTERS, RoutingConfig
 from radixserve.tokenizer.scheduler_pool import SchedulerHandle
 
 log = logging.getLogger(__name__)
+ROUTING = RoutingConfig()  # the defaults (the gateway passes its configured values)
 
 
 @dataclass(slots=True)
@@ -141,12 +143,12 @@ class CacheAwareRouter(_Recorder):
         index: Any,
         model_name: str,
         block_size: int = DEFAULT_BLOCK_SIZE,
-        balance_abs: int = 16,
-        balance_rel: float = 1.5,
-        recent_ttl_s: float = 10.0,
+        balance_abs: int = ROUTING.balance_abs_threshold,
+        balance_rel: float = ROUTING.balance_rel_threshold,
+        recent_ttl_s: float = ROUTING.recent_ttl,
         retry_s: float = 1.0,
-        working_set_s: float = 60.0,
-        kv_fill: float = 0.9,
+        working_set_s: float = ROUTING.working_set_window,
+        kv_fill: float = ROUTING.kv_fill,
     ) -> None:
         super().__init__()
         self.index = index
@@ -230,4 +232,4 @@ class CacheAwareRouter(_Recorder):
         return h
 
 
-ROUTERS = ("cache-aware", "least-load", "round-robin")
+__all__ = ["ROUTERS", "CacheAwareRouter", "LeastLoadRouter", "RoundRobinRouter", "Router"]

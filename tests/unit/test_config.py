@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from radixserve.common.config import parse_args
+from radixserve.common import service_config
+from radixserve.common.config import env_name, flag_fields, from_args, parse_args
+from radixserve.detokenizer.__main__ import build_parser as detokenizer_parser
 from radixserve.scheduler.__main__ import build_parser as scheduler_parser
 from radixserve.tokenizer.__main__ import build_parser as gateway_parser
 
@@ -44,3 +48,69 @@ def test_every_engine_argument_is_a_scheduler_flag():
 
     dests = {a.dest for a in scheduler_parser()._actions}
     assert {f.name for f in dataclasses.fields(EngineConfig)} <= dests
+
+
+# ------------------------------------------------------------------ one source for every default
+SERVICES = {
+    "scheduler": (scheduler_parser, "SchedulerPodConfig", ["--model", "m", "--detokenizer", "d:1"]),
+    "gateway": (gateway_parser, "GatewayConfig", ["--model", "m", "--schedulers", "a:1"]),
+    "detokenizer": (detokenizer_parser, "DetokenizerConfig", ["--model", "m"]),
+}
+
+
+@pytest.fixture
+def no_env(monkeypatch):
+    import os
+
+    for var in [v for v in os.environ if v.startswith("RADIXSERVE_")]:
+        monkeypatch.delenv(var)
+
+
+@pytest.mark.parametrize("service", sorted(SERVICES))
+def test_every_flag_default_is_the_config_default(service, no_env):
+    parser, cls_name, argv = SERVICES[service]
+    cls = getattr(service_config, cls_name)
+    p = parser()
+    by_dest: dict[str, argparse.Action] = {}
+    for a in p._actions:
+        if a.option_strings:
+            by_dest.setdefault(a.dest, a)  # a negation (--enable-overlap) comes after its flag
+    settings = flag_fields(cls)
+    for name, f in settings.items():
+        action = by_dest[name]
+        assert "--" + name.replace("_", "-") in action.option_strings
+        if not f.metadata["required"]:
+            assert action.default == f.default, name
+    # and nothing else: a flag is a config setting, or the model's own two
+    assert set(by_dest) - set(settings) <= {"help", "model", "served_model_name"}
+    parsed = from_args(cls, parse_args(p, argv))
+    required = {n: getattr(parsed, n) for n, f in settings.items() if f.metadata["required"]}
+    assert parsed == cls(**required)
+
+
+def test_radixserve_serve_routes_like_a_gateway_by_default():
+    from radixserve.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    routing = service_config.RoutingConfig()
+    assert (args.router, args.prefix_index) == (routing.router, routing.prefix_index)
+
+
+def test_every_variable_the_operator_sets_is_a_service_setting():
+    from radixserve.operator.manifests import build_all
+    from tests.operator.test_manifests import ctx
+
+    names = set()
+    for cls in (
+        service_config.SchedulerPodConfig,
+        service_config.GatewayConfig,
+        service_config.DetokenizerConfig,
+    ):
+        names |= {env_name(n) for n in flag_fields(cls)}
+    names |= {env_name("model"), env_name("served_model_name"), "RADIXSERVE_CACHE_DIR"}
+    objs = build_all(ctx())
+    data = objs[0]["data"]
+    env = [e["name"] for o in objs if o["kind"] in ("Deployment", "StatefulSet")
+           for c in o["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])]  # fmt: skip
+    seen = {v for v in [*data, *env] if v.startswith("RADIXSERVE_")}
+    assert seen and seen <= names, seen - names

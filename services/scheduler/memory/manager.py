@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from radixserve.common.service_config import ENGINE_DEFAULTS
 from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator, pages_for
 from radixserve.scheduler.memory.radix_cache import MatchResult, NoCache, RadixCache
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
@@ -22,10 +23,10 @@ from radixserve.scheduler.req import Req
 @dataclass(frozen=True, slots=True)
 class MemoryConfig:
     max_total_tokens: int  # KV capacity in tokens (rounded down to whole pages)
-    page_size: int = 1
-    max_running_requests: int = 256
-    max_context_len: int = 8192
-    disable_radix_cache: bool = False
+    page_size: int = ENGINE_DEFAULTS.page_size
+    max_running_requests: int = ENGINE_DEFAULTS.max_running_requests
+    max_context_len: int = 8192  # the engine passes the model's (or its max_context_len argument)
+    disable_radix_cache: bool = ENGINE_DEFAULTS.disable_radix_cache
 
 
 class KVCacheManager:

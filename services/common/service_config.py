@@ -1,0 +1,180 @@
+"""Each service's settings as one typed config: the single source of every default.
+
+A field declared with ``setting(default, help)`` is a command-line flag (``page_size`` ->
+``--page-size``) and an environment variable (``RADIXSERVE_PAGE_SIZE``, what the operator's
+manifests set); a field whose type is another config contributes that config's flags. The
+services' ``__main__`` modules build their parsers from these classes (``config.add_flags``), the
+operator names its variables through ``config.env_var``, and the benchmarks read the defaults from
+here, so a default is written once. Pure data: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixserve.common.config import setting
+
+# A prefill step delays every other request's next token (and a new request's first) until it is
+# done, so its size is a latency bound. 2048 tokens take milliseconds on a GPU, but on one CPU core
+# the small demo model needs ~0.9 ms a token: ~1.8 s a chunk. The routing benchmark at 6 req/s
+# (a pod's arrivals waiting behind another tenant's prefix): cache-aware TTFT p90 3.4 s with 2048,
+# 1.7 s with 512, 1.3 s with 256, for the same work (one pod's burst: 6.9-7.1 s of forwards with
+# 256, 7.4 s with 2048).
+CUDA_CHUNKED_PREFILL_SIZE = 2048
+CPU_CHUNKED_PREFILL_SIZE = 256
+
+SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+ROUTERS = ("cache-aware", "least-load", "round-robin")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine arguments; every field can be passed to ``Engine(model_path, **kwargs)``."""
+
+    page_size: int = setting(1, "tokens per KV page")
+    max_total_tokens: int | None = setting(
+        None, "KV capacity in tokens (default: mem_fraction of free device memory)"
+    )
+    mem_fraction: float = setting(
+        0.85, "share of free memory after the weights for the KV (CUDA); of available RAM x 0.25 on CPU"
+    )
+    max_running_requests: int = setting(64, "requests decoding at once (the req->token table's rows)")
+    max_waiting_requests: int = setting(4096, "beyond it new requests are refused (the server's 429)")
+    max_context_len: int | None = setting(None, "longest prompt + output (default: the model's)")
+    chunked_prefill_size: int | None = setting(
+        None,
+        f"tokens of one prompt per prefill step; default by device (CUDA {CUDA_CHUNKED_PREFILL_SIZE},"
+        f" CPU {CPU_CHUNKED_PREFILL_SIZE}); 0: no chunking",
+    )
+    max_prefill_tokens: int = setting(8192, "new tokens per prefill batch")
+    schedule_policy: str = setting("lpm", "waiting-queue order", choices=SCHEDULE_POLICIES)
+    fairness_timeout: float | None = setting(
+        None, "seconds after which a waiting request goes first whatever its prefix (default: off)"
+    )
+    fairness_lead: float = setting(0.1, "requests within this fraction of the timeout go first already")
+    init_new_token_ratio: float = setting(
+        0.7, "decode reserve estimate; lower admits more (retraction covers it)"
+    )
+    disable_radix_cache: bool = setting(False, "no prefix cache")
+    # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
+    # the host's Python and the worker's op dispatch share one GIL: the overlap can hide host work
+    # only behind long kernels, which a CPU forward of our models rarely has for long enough to
+    # gain (small demo model: within noise of the normal loop), so it is opt-in there.
+    disable_overlap: bool | None = setting(
+        None,
+        "the normal loop (default on CPU)",
+        negation=("--enable-overlap", "the overlap loop (default on CUDA)"),
+    )
+    # CPU overlap: forwards whose recent average is shorter than this run inline instead of on the
+    # worker thread (tiny demo model, ~1 ms forwards: the thread made the loop 0.63-0.76x). 0: always
+    # the worker thread (the tests, to exercise it).
+    cpu_overlap_thread_min_ms: float = setting(
+        10.0, "CPU overlap: forwards shorter than this on average run inline, not on the worker thread"
+    )
+    attention_backend: str = setting("auto", "auto | torch | cpu | flashinfer")
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N")
+    # model/device.py decides, and logs what it decided.
+    dtype: str = setting(
+        "auto",
+        "auto (the checkpoint's, but float32 serves in bfloat16 on CUDA) | float32 | bfloat16 | float16",
+    )
+    seed: int = setting(0, "torch's seed (requests with their own seed keep it)")
+    # CUDA: decode batches of up to cuda_graph_max_bs requests replay a graph captured at start
+    # (model/graph_runner.py); larger ones, and every prefill, launch eagerly.
+    disable_cuda_graph: bool = setting(False, "CUDA: launch decode eagerly, no graphs")
+    cuda_graph_max_bs: int = setting(160, "CUDA: largest decode batch replayed from a graph")
+    # CPU: run decode through the same padded static-buffer path the graphs use, eagerly (tests: it
+    # proves the padding gives the same tokens). No speed benefit on CPU.
+    cpu_static_decode: bool = setting(False, "CPU: decode through the graphs' padded static buffers")
+    # A short request through every path (prefill, decode, sampling) before the engine is ready, so
+    # JIT compilation and first-use costs are paid at start, not by the first user.
+    warmup: bool = setting(True, "run warm-up requests before reporting ready")
+
+
+ENGINE_DEFAULTS = EngineConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerPodConfig:
+    """``python -m radixserve.scheduler``: the engine plus its gRPC server, Redis publisher, metrics."""
+
+    detokenizer: str = setting("", "HOST:PORT of the detokenizer", required=True)
+    host: str = setting("0.0.0.0", "listen address")
+    port: int = setting(50051, "gRPC port")
+    advertise_address: str | None = setting(
+        None, "HOST:PORT others reach this pod at (default localhost:PORT)"
+    )
+    torch_threads: int = setting(0, "torch intra-op threads (0: torch's default)")
+    drain_timeout: float = setting(30.0, "seconds to finish requests at SIGTERM")
+    prefix_index: str = setting(
+        "",
+        "redis:// or rediss:// URL to publish KV block events and heartbeats to (default: none;"
+        " gateways with an in-memory index get them over Watch)",
+    )
+    metrics_port: int = setting(9400, "Prometheus /metrics port (0: off)")
+    block_size: int = setting(16, "tokens per hashed block (0: no block events)")
+    heartbeat_interval: float = setting(1.0, "seconds between heartbeats (Redis)")
+    heartbeat_ttl: float = setting(5.0, "seconds a heartbeat stays valid (Redis)")
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    router: str = setting("cache-aware", "routing policy", choices=ROUTERS)
+    prefix_index: str = setting(
+        "memory",
+        '"memory" (fed by the schedulers\' Watch streams; one gateway) or a redis:// / rediss:// URL'
+        " (password in the URL)",
+    )
+    block_size: int = setting(16, "tokens per hashed block (as the schedulers)")
+    balance_abs_threshold: int = setting(
+        16, "cache-aware: route to the least loaded pod when loads differ by more than this ..."
+    )
+    balance_rel_threshold: float = setting(1.5, "... and by more than this factor")
+    recent_ttl: float = setting(10.0, "seconds a prefix counts as held by the pod it was just routed to")
+    working_set_window: float = setting(
+        60.0, "cache-aware: a new prefix goes to the pod sent the fewest prefix blocks in this many seconds"
+    )
+    kv_fill: float = setting(
+        0.9,
+        "cache-aware: a new prefix goes first to pods where those blocks + the prompt stay within this"
+        " share of the pod's KV capacity",
+    )
+    sweep_s: float = 1.0  # Redis: how often expired pods are looked for (and removed); not a flag
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """``python -m radixserve.tokenizer``: OpenAI HTTP + gRPC Generate, routing, fan-in."""
+
+    schedulers: tuple[str, ...] = setting((), "scheduler pods, HOST:PORT each", required=True)
+    host: str = setting("0.0.0.0", "listen address (HTTP and gRPC)")
+    port: int = setting(8000, "HTTP port (OpenAI API)")
+    grpc_port: int = setting(50050, "gRPC port (Generate; the detokenizer's Deliver)")
+    advertise_address: str | None = setting(
+        None, "HOST:PORT the detokenizer reaches the gRPC port at (default localhost:GRPC_PORT)"
+    )
+    drain_timeout: float = setting(
+        30.0, "at SIGTERM, seconds open responses get to finish (match the schedulers')"
+    )
+    lost_response_check: float = setting(
+        10.0,
+        "seconds without news of a request before asking its scheduler whether it still holds it"
+        " (one it ended whose response never came is failed with 503, not left hanging); 0: off",
+    )
+    scheduler_stale_after: float = setting(
+        5.0,
+        "seconds without a load report after which a scheduler counts as down: its requests move"
+        " to another scheduler (no text yet) or fail with 503, not left hanging (at least 5 reports)",
+    )
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class DetokenizerConfig:
+    """``python -m radixserve.detokenizer``."""
+
+    host: str = setting("0.0.0.0", "listen address")
+    port: int = setting(50052, "gRPC port")
+    metrics_port: int = setting(9401, "Prometheus /metrics port (0: off)")
+    workers: int = setting(64, "gRPC threads (one per connected scheduler + spare)")
