@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         publisher = RedisPublisher(
             RedisPrefixIndex(cfg.prefix_index),
             address,
-            service.events.subscribe(EventSubscriber()),
+            service.worker.events.subscribe(EventSubscriber()),
             service.load_dict,
             cfg.heartbeat_interval,
             cfg.heartbeat_ttl,

@@ -48,7 +48,7 @@ class _EngineCollector(Collector):
             "Requests preempted for an overdue one",
             value=sched.num_fairness_preemptions,
         )
-        yield CounterMetricFamily("radixserve_engine_steps", "Engine steps", value=s.steps)
+        yield CounterMetricFamily("radixserve_engine_steps", "Engine steps", value=s.worker.steps)
         errors = CounterMetricFamily(
             "radixserve_grpc_errors", "Broken gRPC streams by peer", labels=["peer", "code"]
         )

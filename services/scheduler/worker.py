@@ -1,0 +1,411 @@
+"""EngineWorker: the engine thread and the life of every request admitted to this pod.
+
+The gRPC servicer (server.py) turns protobuf into the typed messages below and back; the worker
+never sees protobuf. Threads:
+
+    callers         ``submit`` / ``abort`` / ``match_prefix`` / ``holds`` / ``load``: check what can
+                    be checked at once, put a message in the inbox, answer from a few counters
+    engine thread   owns the BatchScheduler: drains the inbox (adds, aborts, prefix queries), steps
+                    the event loop, and after each step hands ONE list of ``TokenUpdate`` (every
+                    request's new tokens) to ``emit``
+
+Only the engine thread mutates scheduler state; callers read a few counters (list lengths, pool
+sizes), which is safe under the GIL and at worst a step stale.
+
+Tensor parallelism hangs off this seam: rank 0's worker keeps the scheduler and the request
+lifecycle, and each step it runs is what it would send to the other ranks, which only run the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.batch import ScheduleBatch
+from radixserve.scheduler.batch_scheduler import QueueFullError
+from radixserve.scheduler.engine import Engine
+from radixserve.scheduler.kv_events import EventHub
+from radixserve.scheduler.metrics import SchedulerMetrics
+from radixserve.scheduler.req import FinishReason, Req
+from radixserve.scheduler.tracing import SchedulerTracer
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ messages in
+@dataclass(frozen=True, slots=True)
+class DetokenizeOptions:
+    """What the detokenizer needs to know of a request; sent with its first tokens."""
+
+    stop: tuple[str, ...]
+    skip_special_tokens: bool
+    prompt_tokens: int
+    trace_context: dict[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    reply_to: str  # the gateway the detokenizer delivers this request's text to
+    skip_special_tokens: bool = True
+    trace_context: dict[str, str] | None = None  # W3C headers when the request is traced
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    rid: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MatchPrefix:
+    input_ids: list[int]
+    answer: futures.Future[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Admit:
+    """A checked ``Submit`` on its way to the engine thread."""
+
+    live: _Live
+
+
+Message = _Admit | Abort | MatchPrefix
+
+
+class ShuttingDown(Exception):
+    """The pod drains or stops: no new requests (the gateway sends them elsewhere)."""
+
+
+class AlreadyHere(Exception):
+    """A request with this rid is already admitted here."""
+
+
+# ----------------------------------------------------------------------------- messages out
+@dataclass(slots=True)
+class TokenUpdate:
+    """One request's new output of one engine step (its final one carries ``finish_reason``)."""
+
+    rid: str
+    token_ids: list[int]
+    reply_to: str
+    finish_reason: str = ""
+    error: str = ""
+    options: DetokenizeOptions | None = None  # with a request's first update only
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache (first update)
+
+
+@dataclass(frozen=True, slots=True)
+class PodLoad:
+    """What the pod reports to gateways and the prefix index (the fields of ``pb.Load``)."""
+
+    address: str
+    waiting: int
+    running: int
+    kv_capacity_tokens: int
+    kv_used_tokens: int
+    kv_cached_tokens: int
+    max_context_len: int
+    draining: bool
+    max_waiting_requests: int
+
+
+# ``emit(updates, on_taken)``: hand a step's updates to the detokenizer; ``on_taken`` runs once the
+# message has left this process (final updates are "held" for ``holds`` until then).
+Emit = Callable[[list[TokenUpdate], Callable[[], None] | None], None]
+
+
+@dataclass(slots=True)
+class _Live:
+    """A request admitted here and not yet ended, as the engine thread sees it."""
+
+    req: Req
+    reply_to: str
+    options: DetokenizeOptions
+    sent: int = 0  # output tokens already sent
+    first: bool = True
+    trace: dict[str, str] | None = field(default=None)
+
+
+class EngineWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        address: str,
+        emit: Emit,
+        metrics: SchedulerMetrics,
+        tracer: SchedulerTracer | None = None,
+    ) -> None:
+        self.engine = engine
+        self.scheduler = engine.scheduler
+        self.loop = engine.loop
+        self.address = address
+        self.emit = emit
+        self.metrics = metrics
+        self.tracer = tracer
+        self.events = EventHub()  # the radix cache's block events, for Watch streams and Redis
+        self.vocab_size = engine.model_config.vocab_size
+        engine.loop.on_batch = self._on_batch
+        self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._rids: set[str] = set()  # admitted, not ended (callers + engine thread, under _lock)
+        # Ended, but the final message is still in the outbox (not yet handed to gRPC): still "held"
+        # for holds(), so a gateway does not take a response held up here for a lost one.
+        self._unsent: set[str] = set()
+        self._queued_adds = 0  # in the inbox, not yet in the waiting queue
+        self._live: dict[str, _Live] = {}  # engine thread only
+        self.draining = False
+        self.stopped = threading.Event()  # set by close()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.steps = 0
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def stopping(self) -> bool:
+        return self.draining or self.stopped.is_set()
+
+    # --------------------------------------------------------------------------- callers
+    def submit(self, msg: Submit) -> None:
+        """Admit a request, or raise: ShuttingDown, ValueError (bad request), AlreadyHere,
+        QueueFullError (the waiting queue is full)."""
+        if self.stopping:
+            raise ShuttingDown(f"scheduler {self.address} is shutting down")
+        if not msg.rid:
+            raise ValueError("rid is empty")
+        if any(t < 0 or t >= self.vocab_size for t in msg.input_ids):
+            raise ValueError(f"input_ids must be in [0, {self.vocab_size})")
+        req = Req(msg.rid, list(msg.input_ids), msg.sampling)
+        self.scheduler.check_admissible(req)  # reads the config only
+        with self._lock:
+            if msg.rid in self._rids:
+                raise AlreadyHere(f"request {msg.rid} is already here")
+            limit = self.scheduler.config.max_waiting_requests
+            if len(self.scheduler.waiting) + self._queued_adds >= limit:
+                raise QueueFullError(f"scheduler {self.address}: {limit} requests waiting")
+            self._rids.add(msg.rid)
+            self._queued_adds += 1
+        trace = msg.trace_context if self.tracer is not None and msg.trace_context else None
+        options = DetokenizeOptions(
+            stop=tuple(msg.sampling.stop),
+            skip_special_tokens=msg.skip_special_tokens,
+            prompt_tokens=len(msg.input_ids),
+            trace_context=trace,
+        )
+        self._put(_Admit(_Live(req, msg.reply_to, options, trace=trace)))
+
+    def abort(self, rids: list[str], reason: str) -> int:
+        """End these requests (those still here); returns how many were here."""
+        with self._lock:
+            n = sum(rid in self._rids for rid in rids)
+        for rid in rids:
+            self._inbox.put(Abort(rid, reason))
+        self._wake.set()
+        return n
+
+    def holds(self, rids: list[str]) -> list[str]:
+        """Those of ``rids`` still here, or ended with their final message not yet sent."""
+        with self._lock:
+            return [rid for rid in rids if rid in self._rids or rid in self._unsent]
+
+    def match_prefix(self, input_ids: list[int], timeout_s: float = 30) -> int:
+        """Tokens of ``input_ids`` in the prefix cache. The tree is the engine thread's (a read-only
+        walk here could see a split half done), so the engine thread answers."""
+        answer: futures.Future[int] = futures.Future()
+        self._put(MatchPrefix(input_ids, answer))
+        return answer.result(timeout=timeout_s)
+
+    def wake(self) -> None:
+        """Let the engine thread run an iteration now (a new Watch stream wants its snapshot)."""
+        self._wake.set()
+
+    def load(self) -> PodLoad:
+        kv = self.scheduler.kv
+        with self._lock:
+            queued = self._queued_adds
+        return PodLoad(
+            address=self.address,
+            waiting=len(self.scheduler.waiting) + queued,
+            running=len(self.scheduler.running) + (self.scheduler.chunked is not None),
+            kv_capacity_tokens=kv.capacity,
+            kv_used_tokens=kv.capacity - kv.available(),
+            kv_cached_tokens=kv.cache.evictable_size,
+            max_context_len=self.scheduler.config.memory.max_context_len,
+            draining=self.draining,
+            max_waiting_requests=self.scheduler.config.max_waiting_requests,
+        )
+
+    def _put(self, msg: Message) -> None:
+        self._inbox.put(msg)
+        self._wake.set()
+
+    # ----------------------------------------------------------------------- engine thread
+    def _run(self) -> None:
+        device = self.engine.profile.device
+        if device.type == "cuda":  # the current device is per thread: cuda:N here too
+            torch.cuda.set_device(device)
+        try:
+            cache = self.scheduler.kv.cache
+            while not self.stopped.is_set():
+                self._drain_inbox()
+                if self.loop.busy:
+                    finished = self.loop.step()
+                    self.steps += 1
+                    self._emit_step(finished)
+                else:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                # Aborts and finished requests change the tree too: publish after both.
+                self.events.publish(cache.take_block_events(), cache.all_block_hashes)
+        except BaseException as e:  # a bug or a device error: end every request with it, loudly
+            log.exception("engine loop failed")
+            self.error = e
+            self._abort_all(f"scheduler {self.address} failed: {e!r}")
+
+    def _drain_inbox(self) -> None:
+        updates: list[TokenUpdate] = []
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(msg, _Admit):
+                self._admit(msg.live, updates)
+            elif isinstance(msg, Abort):
+                self.scheduler.abort(msg.rid, FinishReason.ABORT)
+                lv = self._live.pop(msg.rid, None)
+                if lv is not None:
+                    self._forget(msg.rid)
+                    updates.append(self._final(lv, msg.reason))
+            else:
+                m = self.scheduler.kv.cache.match_prefix(np.asarray(msg.input_ids, dtype=np.int32))
+                msg.answer.set_result(len(m.slots))
+        if updates:
+            self._send(updates)
+
+    def _admit(self, lv: _Live, updates: list[TokenUpdate]) -> None:
+        with self._lock:
+            self._queued_adds -= 1
+        try:
+            self.scheduler.add(lv.req)
+        except Exception as e:  # the queue filled between the check and here
+            self._forget(lv.req.rid)
+            updates.append(self._final(lv, str(e)))
+            return
+        self._live[lv.req.rid] = lv
+        if lv.trace is not None and self.tracer is not None:
+            self.tracer.track(lv.req.rid, lv.trace)
+
+    def _emit_step(self, finished: list[Req]) -> None:
+        updates = []
+        live = self._live
+        for r in self.scheduler.running:
+            lv = live.get(r.rid)
+            if lv is not None:
+                known = r.known_len - r.prompt_len
+                if known > lv.sent:
+                    updates.append(self._update(lv, r.output_ids[lv.sent : known]))
+        for r in finished:
+            lv = live.pop(r.rid, None)
+            if lv is not None:
+                self._forget(r.rid)
+                reason = r.finish_reason.value if r.finish_reason else FinishReason.ABORT.value
+                updates.append(self._final(lv, "" if reason != "abort" else "aborted", reason))
+        if updates:
+            self._send(updates)
+
+    def _final(self, lv: _Live, error: str, reason: str = FinishReason.ABORT.value) -> TokenUpdate:
+        r = lv.req
+        self.metrics.requests.labels(reason).inc()
+        if lv.trace is not None and self.tracer is not None:
+            self.tracer.finish(r, reason)
+        known = r.known_len - r.prompt_len
+        return self._update(lv, r.output_ids[lv.sent : known], reason, error)
+
+    def _update(self, lv: _Live, tokens: list[int], finish_reason: str = "", error: str = "") -> TokenUpdate:
+        u = TokenUpdate(lv.req.rid, tokens, lv.reply_to, finish_reason, error)
+        if lv.first:
+            u.options, u.cached_tokens = lv.options, lv.req.num_cached_tokens
+            lv.first = False
+            self.metrics.prompt_tokens.inc(lv.req.prompt_len)
+            self.metrics.cache_hit_tokens.inc(lv.req.num_cached_tokens)
+            if lv.trace is not None and self.tracer is not None:
+                self.tracer.first_token(lv.req.rid)
+        lv.sent += len(tokens)
+        return u
+
+    def _send(self, updates: list[TokenUpdate]) -> None:
+        finals = [u.rid for u in updates if u.finish_reason]
+        taken = (lambda: self._sent(finals)) if finals else None
+        self.emit(updates, taken)
+
+    def _sent(self, rids: list[str]) -> None:
+        with self._lock:
+            self._unsent.difference_update(rids)
+
+    def _forget(self, rid: str) -> None:
+        """It ended; its final message goes out with the next batch (held for holds() until then)."""
+        with self._lock:
+            self._rids.discard(rid)
+            self._unsent.add(rid)
+
+    def _abort_all(self, reason: str) -> None:
+        updates = []
+        for rid, lv in list(self._live.items()):
+            with contextlib.suppress(Exception):  # the loop is already broken; the client's error matters
+                self.scheduler.abort(rid, FinishReason.ABORT)
+            updates.append(self._final(lv, reason))
+            self._forget(rid)
+        self._live.clear()
+        if updates:
+            self._send(updates)
+
+    def _on_batch(self, batch: ScheduleBatch, start: float, end: float) -> None:
+        self.metrics.on_batch(batch, start, end)
+        if self.tracer is not None:
+            self.tracer.on_batch(batch, start, end)
+
+    # -------------------------------------------------------------------------- lifecycle
+    def drain(self, timeout_s: float) -> int:
+        """Stop admitting; let running requests finish for up to ``timeout_s``; abort the rest.
+
+        Returns how many requests were aborted."""
+        self.draining = True
+        self._wait_until_empty(time.monotonic() + timeout_s, 0.02)
+        with self._lock:
+            left = list(self._rids)
+        self.abort(left, f"scheduler {self.address} shut down before the request finished")
+        if left:
+            self._wait_until_empty(time.monotonic() + 5, 0.01)
+        return len(left)
+
+    def _wait_until_empty(self, deadline: float, poll_s: float) -> None:
+        while time.monotonic() < deadline and self._thread.is_alive():
+            with self._lock:
+                if not self._rids:
+                    return
+            time.sleep(poll_s)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        if self.tracer is not None:
+            self.tracer.close()
+        self.engine.shutdown()
