@@ -14,7 +14,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -42,11 +41,11 @@ def chunk_size(requested: int | None, device: str) -> int | None:
 
 
 class Engine:
-    def __init__(self, model_path: str | Path, **kwargs: Any) -> None:
+    def __init__(self, model_path: str | Path, **kwargs: object) -> None:
         unknown = set(kwargs) - {f.name for f in fields(EngineConfig)}
         if unknown:
             raise TypeError(f"unknown engine argument(s): {sorted(unknown)}")
-        cfg = EngineConfig(**kwargs)
+        cfg = EngineConfig(**kwargs)  # type: ignore[arg-type]  # checked against its fields above
         t_start = time.perf_counter()
         torch.manual_seed(cfg.seed)
         self.model_path = Path(model_path)
@@ -73,26 +72,7 @@ class Engine:
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         max_context = cfg.max_context_len or self.model_config.max_position_embeddings
-        # No mix of requests can hold more KV than every running request at full context.
-        total = cfg.max_total_tokens or min(self._capacity(device), cfg.max_running_requests * max_context)
-        mem = MemoryConfig(
-            max_total_tokens=total,
-            page_size=cfg.page_size,
-            max_running_requests=cfg.max_running_requests,
-            max_context_len=max_context,
-            disable_radix_cache=cfg.disable_radix_cache,
-        )
-        sched_cfg = SchedulerConfig(
-            memory=mem,
-            policy=cfg.schedule_policy,
-            fairness_timeout=cfg.fairness_timeout,
-            fairness_lead=cfg.fairness_lead,
-            chunked_prefill_size=chunk_size(cfg.chunked_prefill_size, device),
-            max_prefill_tokens=cfg.max_prefill_tokens,
-            init_new_token_ratio=cfg.init_new_token_ratio,
-            min_new_token_ratio=min(0.1, cfg.init_new_token_ratio),
-            max_waiting_requests=cfg.max_waiting_requests,
-        )
+        sched_cfg = self._scheduler_config(max_context, device)
         eos = set(self.model_config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -125,6 +105,30 @@ class Engine:
             time.perf_counter() - t_start, self.startup["load_s"], self.startup["graphs_s"],
             self.startup["warmup_s"],
         )  # fmt: skip
+
+    def _scheduler_config(self, max_context: int, device: str) -> SchedulerConfig:
+        """The batch scheduler's and the KV pool's settings, resolved from the engine arguments."""
+        cfg = self.config
+        # No mix of requests can hold more KV than every running request at full context.
+        total = cfg.max_total_tokens or min(self._capacity(device), cfg.max_running_requests * max_context)
+        mem = MemoryConfig(
+            max_total_tokens=total,
+            page_size=cfg.page_size,
+            max_running_requests=cfg.max_running_requests,
+            max_context_len=max_context,
+            disable_radix_cache=cfg.disable_radix_cache,
+        )
+        return SchedulerConfig(
+            memory=mem,
+            policy=cfg.schedule_policy,
+            fairness_timeout=cfg.fairness_timeout,
+            fairness_lead=cfg.fairness_lead,
+            chunked_prefill_size=chunk_size(cfg.chunked_prefill_size, device),
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            init_new_token_ratio=cfg.init_new_token_ratio,
+            min_new_token_ratio=min(0.1, cfg.init_new_token_ratio),
+            max_waiting_requests=cfg.max_waiting_requests,
+        )
 
     def warmup(self) -> None:
         """Pay first-use costs before serving: requests through prefill, decode and every sampling
@@ -251,5 +255,5 @@ class Engine:
         self.shutdown()
 
 
-def _is_ids(x: Any) -> bool:
+def _is_ids(x: Sequence[int] | Sequence[Sequence[int]]) -> bool:
     return len(x) == 0 or isinstance(x[0], int)

@@ -14,7 +14,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixserve.common.prefix_index import RedisPrefixIndex
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +125,10 @@ class RedisPublisher:
 
     def __init__(
         self,
-        index: Any,
+        index: RedisPrefixIndex,
         pod: str,
         sub: EventSubscriber,
-        load: Callable[[], dict[str, Any]],
+        load: Callable[[], dict[str, object]],
         heartbeat_s: float = 1.0,
         ttl_s: float = 5.0,
     ) -> None:

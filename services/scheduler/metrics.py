@@ -7,10 +7,10 @@ once per engine step by the event loop's ``on_batch`` hook.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
@@ -26,7 +26,7 @@ class _EngineCollector(Collector):
     def __init__(self, service: SchedulerService) -> None:
         self.service = service
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         s = self.service
         sched, kv = s.scheduler, s.scheduler.kv
         lo = s.load()

@@ -7,7 +7,13 @@ import torch
 
 class KVPool:
     def __init__(
-        self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
     ) -> None:
         shape = (num_slots, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from radixserve.scheduler.batch import ForwardMode
+
+if TYPE_CHECKING:
+    from radixserve.scheduler.model.sampler import SamplingInfo
 
 
 @dataclass(slots=True, eq=False)
@@ -20,9 +24,10 @@ class ForwardBatch:
     prefix_lens: np.ndarray  # [B] host
     extend_lens: np.ndarray  # [B] host
     future_out: torch.Tensor  # [B] int64: FutureMap entries the sampled tokens go to
-    sampling: Any  # SamplingInfo for the batch
+    sampling: SamplingInfo | None  # None: a batch for attention alone, or a graph capture
     last_index: torch.Tensor | None = None  # [B] each request's last token in the batch (device)
-    attn: Any = None  # backend metadata, built by AttentionBackend.prepare on the scheduler thread
+    # The backend's own metadata (TorchMeta, ...), built by AttentionBackend.prepare on the scheduler thread.
+    attn: object = None
     all_logits: bool = False  # return logits for every token (tests), not just each request's last
     # Arrays the backend asked to have on the device (AttentionBackend.host_arrays), host and device.
     staged_host: dict[str, np.ndarray] = field(default_factory=dict)
@@ -40,7 +45,12 @@ class ForwardBatch:
 
     @classmethod
     def for_attention(
-        cls, mode: ForwardMode, prefix_lens: Any, extend_lens: Any, out_slots: Any, device: Any = "cpu"
+        cls,
+        mode: ForwardMode,
+        prefix_lens: Sequence[int] | np.ndarray,
+        extend_lens: Sequence[int] | np.ndarray,
+        out_slots: Sequence[int] | np.ndarray,
+        device: str | torch.device = "cpu",
     ) -> ForwardBatch:
         """A batch for an attention backend alone (tests, benchmarks): request ``i`` adds
         ``extend_lens[i]`` tokens after ``prefix_lens[i]`` cached ones, written to ``out_slots``;

@@ -27,13 +27,17 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 
 from radixserve.scheduler.batch import ForwardMode
+from radixserve.scheduler.model.attention import AttentionBackend, GraphAttentionBackend
 from radixserve.scheduler.model.forward_batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from radixserve.scheduler.model.llama import CausalLM
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,9 @@ def decode_buckets(max_bs: int) -> list[int]:
 
 
 class DecodeGraphRunner:
-    def __init__(self, model: Any, backend: Any, device: torch.device, max_bs: int, capture: bool) -> None:
+    def __init__(
+        self, model: CausalLM, backend: AttentionBackend, device: torch.device, max_bs: int, capture: bool
+    ) -> None:
         """``max_bs`` 0 turns the static path off (every decode runs eagerly, unpadded)."""
         self.model = model
         self.backend = backend
@@ -59,7 +65,7 @@ class DecodeGraphRunner:
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.out_slots = torch.zeros(n, dtype=torch.int64, device=device)  # 0: the scratch slot
-        self.graphs: dict[Any, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by the backend's graph key
         self.logits: torch.Tensor | None = None  # [max_bs, vocab]: every graph's output (capture)
         # counters (tests, benchmarks): graph replays, eager static runs (CPU), batches that were padded
         self.replays = self.eager_static = self.padded = 0
@@ -70,7 +76,7 @@ class DecodeGraphRunner:
             return None  # (graphs on but not captured yet: eager)
         return self.buckets[bisect.bisect_left(self.buckets, batch_size)]
 
-    def _static_batch(self, bucket: int, attn: Any) -> ForwardBatch:
+    def _static_batch(self, bucket: int, attn: object) -> ForwardBatch:
         ones = np.ones(bucket, dtype=np.int64)
         return ForwardBatch(
             mode=ForwardMode.DECODE,
@@ -84,7 +90,7 @@ class DecodeGraphRunner:
             attn=attn,
         )
 
-    def _forward(self, bucket: int, attn: Any) -> torch.Tensor:
+    def _forward(self, bucket: int, attn: object) -> torch.Tensor:
         fb = self._static_batch(bucket, attn)
         return self.model(fb.input_ids, fb.positions, fb, self.backend)
 
@@ -98,7 +104,7 @@ class DecodeGraphRunner:
         self.positions[:bucket].copy_(fb.positions)
         self.out_slots[:bucket].copy_(fb.out_slots)
         if self.capture_graphs:
-            key = self.backend.plan_graph(fb)
+            key = cast(GraphAttentionBackend, self.backend).plan_graph(fb)
             self.graphs[key].replay()
             self.replays += 1
             assert self.logits is not None
@@ -122,7 +128,7 @@ class DecodeGraphRunner:
         self.logits = torch.empty(self.buckets[-1], vocab, dtype=torch.float32, device=self.device)
         # Largest first: later (smaller) graphs reuse the shared pool's blocks.
         for bucket in reversed(self.buckets):
-            for key, attn in self.backend.graph_variants(bucket):
+            for key, attn in cast(GraphAttentionBackend, self.backend).graph_variants(bucket):
                 side.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(side):
                     for _ in range(2):  # warm-up: lazy inits and allocator state outside the capture

@@ -14,7 +14,6 @@ hidden state so that "add the residual, then normalise" is one fused op (HF's or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,9 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.scheduler.batch import ForwardMode
+from radixserve.scheduler.model.attention import AttentionBackend
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
-from radixserve.scheduler.model.ops import TorchOps, cos_sin_table
+from radixserve.scheduler.model.ops import Ops, RopeInputs, TorchOps, cos_sin_table
 from radixserve.scheduler.model.rope import inv_frequencies
 
 
@@ -33,9 +33,9 @@ class StepContext:
     """What every layer of one forward needs besides its hidden state."""
 
     fb: ForwardBatch
-    backend: Any  # the attention backend
-    ops: Any  # TorchOps | FlashInferOps
-    rope: Any  # ops.rope_inputs(...) of this forward's positions
+    backend: AttentionBackend
+    ops: Ops
+    rope: RopeInputs  # ops.rope_inputs(...) of this forward's positions
 
 
 class RMSNorm(nn.Module):
@@ -44,7 +44,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, ops: Any, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, ops: Ops, residual: torch.Tensor | None = None):
         """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``."""
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps)
@@ -83,7 +83,7 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x: torch.Tensor, ops: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
@@ -124,7 +124,7 @@ class CausalLM(nn.Module):
         self.model = Backbone(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.ops: Any = TorchOps()
+        self.ops: Ops = TorchOps()
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
         self.init_rope()
@@ -144,7 +144,9 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, backend):
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, backend: AttentionBackend
+    ) -> torch.Tensor:
         """Logits of each request's last token, [B, vocab] (every token's with ``fb.all_logits``)."""
         x = self.model.embed_tokens(input_ids)
         ctx = StepContext(fb, backend, self.ops, self.ops.rope_inputs(positions, self.cos_sin, x.dtype))

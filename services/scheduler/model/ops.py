@@ -26,10 +26,14 @@ sin in the second (flashinfer's layout; the torch path reads the same table).
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+
+# What rope_inputs computes once per forward for rope to use in every layer: (cos, sin) rows for
+# the torch path, (positions, the cos/sin table) for flashinfer's kernel.
+RopeInputs = tuple[torch.Tensor, torch.Tensor]
 
 
 def cos_sin_table(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
@@ -63,13 +67,13 @@ class TorchOps:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    def rope_inputs(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> Any:
+    def rope_inputs(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> RopeInputs:
         half = cos_sin.shape[-1] // 2
         cs = cos_sin.index_select(0, positions)
         cos, sin = cs[:, :half], cs[:, half:]
         return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([sin, sin], dim=-1).to(dtype)
 
-    def rope(self, q: torch.Tensor, k: torch.Tensor, inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, q: torch.Tensor, k: torch.Tensor, inputs: RopeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = inputs
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
@@ -80,7 +84,7 @@ class FlashInferOps:
 
     name = "flashinfer"
 
-    def __init__(self, flashinfer: Any = None) -> None:
+    def __init__(self, flashinfer: ModuleType | None = None) -> None:
         if flashinfer is None:
             import flashinfer
         self.fi = flashinfer
@@ -98,10 +102,10 @@ class FlashInferOps:
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return self.fi.activation.silu_and_mul(x)
 
-    def rope_inputs(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> Any:
+    def rope_inputs(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> RopeInputs:
         return positions, cos_sin
 
-    def rope(self, q: torch.Tensor, k: torch.Tensor, inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, q: torch.Tensor, k: torch.Tensor, inputs: RopeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         positions, cos_sin = inputs
         t, head_dim = q.shape[0], q.shape[-1]
         # [T, H, D] views whose rows may be strided (slices of the qkv output) flatten to [T, H * D].
@@ -111,7 +115,10 @@ class FlashInferOps:
         return q, k
 
 
-def make_ops(name: str, flashinfer: Any = None) -> TorchOps | FlashInferOps:
+Ops = TorchOps | FlashInferOps  # the two implementations of the contracts above
+
+
+def make_ops(name: str, flashinfer: ModuleType | None = None) -> Ops:
     if name == "torch":
         return TorchOps()
     if name == "flashinfer":

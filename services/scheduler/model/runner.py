@@ -8,7 +8,7 @@ so that a batch launched before this one's results were read can already feed th
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -63,7 +63,7 @@ class ModelRunner:
         max_batch: int,
         profile: DeviceProfile,
         page_size: int = 1,
-        flashinfer: Any = None,
+        flashinfer: ModuleType | None = None,
     ) -> None:
         """``model``: loaded on ``profile.device`` (model/loader.py). ``flashinfer``: the module the
         fused ops, attention and sampling call (None: imported when the profile needs it); the CPU

@@ -46,7 +46,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 import torch
@@ -182,7 +181,7 @@ class Sampler:
         generator: torch.Generator | None = None,
         top_p_candidates: int | None = 1024,
         backend: str = "auto",
-        flashinfer_module: ModuleType | Any | None = None,
+        flashinfer_module: ModuleType | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"sampler backend must be one of {BACKENDS}, got {backend!r}")
@@ -210,7 +209,7 @@ class Sampler:
             return self._sample_torch(logits, info)
         return self._sample_flashinfer(kernels, logits, info)
 
-    def _kernels(self, logits: torch.Tensor) -> Any | None:
+    def _kernels(self, logits: torch.Tensor) -> ModuleType | None:
         """The flashinfer sampling module for these logits, or None for the torch path."""
         if self.backend == "torch" or (self.backend == "auto" and not logits.is_cuda):
             return None
@@ -222,7 +221,7 @@ class Sampler:
                 log.info("flashinfer sampling unavailable (%r); sampling with torch", e)
         return self._flashinfer
 
-    def _sample_flashinfer(self, fi: Any, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
+    def _sample_flashinfer(self, fi: ModuleType, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
         assert info.temperatures is not None and info.top_ks is not None and info.is_greedy is not None
         vocab = logits.shape[1]
         probs = torch.softmax(torch.div(logits, info.temperatures).float(), dim=-1)

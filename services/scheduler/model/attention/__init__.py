@@ -27,17 +27,52 @@ imports the profile.
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import Protocol
 
+import numpy as np
 import torch
 
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention.torch_ref import TorchAttention, TorchMeta
+from radixserve.scheduler.model.forward_batch import ForwardBatch
 
 BACKENDS = ("torch", "cpu", "flashinfer")
 
-__all__ = ["BACKENDS", "TorchAttention", "TorchMeta", "choose_backend", "make_backend"]
+__all__ = [
+    "BACKENDS",
+    "AttentionBackend",
+    "GraphAttentionBackend",
+    "TorchAttention",
+    "TorchMeta",
+    "choose_backend",
+    "make_backend",
+]
+
+
+class AttentionBackend(Protocol):
+    """What the runner and the model call on every backend (see the module doc for the phases)."""
+
+    reads_device_table: bool  # its metadata comes from the ReqToTokenPool's device mirror
+
+    def host_arrays(self, rows: np.ndarray, seq_lens: np.ndarray) -> dict[str, np.ndarray]: ...
+
+    def prepare(self, fb: ForwardBatch, rows: np.ndarray) -> None: ...
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor: ...
+
+
+class GraphAttentionBackend(AttentionBackend, Protocol):
+    """A backend whose decode can be captured in CUDA graphs (flashinfer's)."""
+
+    def init_graphs(self, buckets: list[int], max_pages_per_request: int) -> None: ...
+
+    def graph_variants(self, bucket: int) -> list[tuple[int, object]]: ...
+
+    def plan_graph(self, fb: ForwardBatch) -> int: ...
 
 
 def choose_backend(
@@ -62,8 +97,8 @@ def make_backend(
     num_heads: int,
     head_dim: int,
     page_size: int = 1,
-    flashinfer: Any = None,
-):
+    flashinfer: ModuleType | None = None,
+) -> AttentionBackend:
     """``flashinfer``: the module the flashinfer backend calls (None: imported)."""
     k0 = pool.k[0]
     num_kv_heads = int(k0.shape[1])

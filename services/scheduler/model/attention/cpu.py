@@ -140,7 +140,9 @@ class CpuAttention(TorchAttention):
             meta: TorchMeta = fb.attn
             meta.starts = torch.tensor([0, *(c1 for _, c1 in meta.ctx)], dtype=torch.int64)
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch):
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
         if fb.mode is not ForwardMode.DECODE:
             return super().forward(layer, q, k, v, fb)
         self.pool.write(layer, fb.out_slots, k, v)

@@ -56,6 +56,7 @@ argument is passed by keyword (positional use is deprecated there).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -80,7 +81,7 @@ def unsupported_reason(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
-    flashinfer: Any = None,
+    flashinfer: ModuleType | None = None,
 ) -> str | None:
     """Why the flashinfer backend cannot serve this model here, or None if it can."""
     if device.type != "cuda":
@@ -126,7 +127,7 @@ class FlashInferAttention:
         workspace_bytes: int = WORKSPACE_BYTES,
         num_plan_sets: int = 2,
         check_layout: bool = False,
-        flashinfer: Any = None,
+        flashinfer: ModuleType | None = None,
     ) -> None:
         """``prefill_backend``: "fa2" (default, as SGLang's paged wrappers; one kernel family for
         prefill and tensor-core decode, the fewest JIT builds), "fa3" or "auto" (FA3 on Hopper).
@@ -250,7 +251,7 @@ class FlashInferAttention:
     def _shape(self) -> tuple[int, int, int, int]:
         return self.num_heads, self.num_kv_heads, self.head_dim, self.page_size
 
-    def _plan_args(self) -> dict[str, Any]:
+    def _plan_args(self) -> dict[str, object]:
         return dict(
             pos_encoding_mode="NONE",  # RoPE is applied by the model
             sm_scale=self.scale,
@@ -283,7 +284,7 @@ class FlashInferAttention:
         }
         self._graph_planned: dict[int, torch.cuda.Event] = {}
 
-    def graph_variants(self, bucket: int) -> list[tuple[Any, Any]]:
+    def graph_variants(self, bucket: int) -> list[tuple[int, object]]:
         """(graph key, metadata) to capture for ``bucket``: its wrapper, planned for a batch of
         scratch-only entries (one page each) so the capture runs on valid metadata."""
         wrapper = self._graph_wrappers[bucket]
@@ -296,7 +297,7 @@ class FlashInferAttention:
         )
         return [(bucket, _FlashInferMeta(wrapper, -1, 0))]
 
-    def plan_graph(self, fb: ForwardBatch) -> Any:
+    def plan_graph(self, fb: ForwardBatch) -> int:
         """Refresh the bucket's fixed buffers for this step, on the current (device) stream; returns
         the graph key to replay. A wrapper's pinned plan buffer is refilled only after the copy of
         its previous plan has run."""
@@ -313,7 +314,9 @@ class FlashInferAttention:
         return bucket
 
     # ---------------------------------------------------------------- device stream
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch):
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
         """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
         meta = fb.attn
         if not isinstance(meta, _FlashInferMeta) or meta.wrapper is None:

@@ -80,7 +80,9 @@ class TorchAttention:
         v = torch.index_select(self.pool.v[layer], 0, slots, out=self._buf_v[:n])
         return k, v
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch):
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
         """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
         self.pool.write(layer, fb.out_slots, k, v)
         meta: TorchMeta = fb.attn
