@@ -5,6 +5,7 @@ come from a run on a GPU machine (benchmarks/results/gpu-<device>.json).
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -37,15 +38,51 @@ TARGETS = [
 ]
 
 
+# The smoke report's keys as benchmarks/gpu.py wrote them before it became a package (no GPU run is
+# committed to compare with): top level (""), and one level down for each dict-valued entry.
+SMOKE_KEYS = {
+    "": """benchmark device torch_version flashinfer_version attention_backend cuda_graphs_used
+        decode_ms_bs1 decode_ms_bs8 decode_ms_bs64 decode_ms_bs1_eager decode_ms_bs8_eager
+        decode_ms_bs64_eager floor_ms_bs1 d2d_gbps kernels_per_decode_step num_layers kernels_per_layer
+        kernel_count_method offline_tok_s hf_tok_s speedup_vs_hf nano_vllm_published_tok_s
+        nano_vllm_device overlap_speedup gpu_idle_ms_p50 gpu_idle_ms_p90 gpu_idle_frac gpu_trace_steps
+        gpu_busy_ms_total gpu_idle_ms_total gpu_trace config floor decode kernels offline hf machine
+        targets benchmark_wall_s""",
+    "config": """model model_shapes smoke device_arg dtype seed page_size chunked_prefill_size batch_sizes
+        prompt_len decode_steps profile_steps num_requests input_range output_range hf_batch_sizes_tried
+        max_running_requests workload sampling""",
+    "floor": """weight_bytes kv_bytes_per_token kv_tokens_read_bs1_median bytes_read_bs1 d2d_gbps
+        copy_bytes copy_ms_each_round d2d_method""",
+    "decode": "graphs eager",
+    "kernels": """kernels_per_decode_step kernel_count_method profiled_steps profiled_decode_steps
+        profiled_batch_size cuda_launch_api_calls_per_decode_step top_kernels_per_step""",
+    "offline": "overlap normal",
+    "hf": """system batch_size wall_s process_cpu_s cpu_per_wall loadavg_1m_before_after minor_page_faults
+        prompt_tokens output_tokens output_tok_s total_tok_s raw_generated_tokens raw_generated_tok_s
+        num_batches outputs_exact sweep""",
+    "machine": """date cpu_model cpu_count torch_threads platform python torch numpy loadavg_at_start
+        transformers cuda_device loadavg_at_end""",
+    "targets": """decode_ms_bs1_le_2x_floor kernels_per_layer_le_15 speedup_vs_hf_ge_10
+        overlap_speedup_ge_1_15 note""",
+}
+
+
 @pytest.fixture(scope="module")
 def gpu_bench():
     return load_benchmark("gpu")
 
 
-def test_smoke_run_writes_every_figure(gpu_bench, tmp_path):
-    assert gpu_bench.main(["--smoke", "--out", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "gpu-cpu.json").read_text())
-    assert (tmp_path / "gpu-cpu.png").stat().st_size > 0
+@pytest.fixture(scope="module")
+def smoke_run(gpu_bench, tmp_path_factory) -> tuple[Path, dict]:
+    """One ``--smoke`` run for every test that reads its output."""
+    out = tmp_path_factory.mktemp("gpu")
+    assert gpu_bench.main(["--smoke", "--out", str(out)]) == 0
+    return out, json.loads((out / "gpu-cpu.json").read_text())
+
+
+def test_smoke_run_writes_every_figure(smoke_run):
+    out, report = smoke_run
+    assert (out / "gpu-cpu.png").stat().st_size > 0
     for key in NUMBERS:
         assert isinstance(report[key], (int, float)) and report[key] > 0, key
     for key in GPU_ONLY:
@@ -65,6 +102,16 @@ def test_smoke_run_writes_every_figure(gpu_bench, tmp_path):
     for b in (1, 8, 64):
         assert report["decode"]["graphs"]["by_batch_size"][str(b)]["steps_timed"] > 0
     assert report["kernels"]["profiled_decode_steps"] == report["kernels"]["profiled_steps"] > 0
+
+
+def test_smoke_run_has_the_key_structure_it_had_before_the_split(smoke_run):
+    report = smoke_run[1]
+    assert set(report) == set(SMOKE_KEYS[""].split())
+    for key, keys in SMOKE_KEYS.items():
+        if key:
+            assert set(report[key]) == set(keys.split()), key
+    # every dict-valued entry is listed above
+    assert {k for k, v in report.items() if isinstance(v, dict)} == set(SMOKE_KEYS) - {""}
 
 
 def test_idle_stats_and_targets(gpu_bench):

@@ -4,15 +4,31 @@ No timing is asserted: speed goals live in the benchmark's own output (benchmark
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
 from radixserve.cli import load_benchmark, main
 
+COMMITTED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "offline.json"
+
 
 @pytest.fixture(scope="module")
 def offline():
     return load_benchmark("offline")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> tuple[Path, dict]:
+    """One ``radixserve bench offline --quick`` for every test that reads its output."""
+    out = tmp_path_factory.mktemp("offline")
+    assert main(["bench", "offline", "--quick", "--out", str(out)]) == 0
+    return out, json.loads((out / "offline.json").read_text())
+
+
+def key_structure(doc: dict) -> dict:
+    """Top-level keys, and one level down the keys of each dict-valued entry."""
+    return {k: sorted(v) if isinstance(v, dict) else None for k, v in doc.items()}
 
 
 def test_workload_is_seeded_avoids_special_ids_and_shares_the_prefix(offline):
@@ -50,10 +66,9 @@ def test_bench_offline_parses_its_flags(offline):
     assert args.quick and list(args.input_range) == [8, 16] and list(args.hf_batch_sizes) == [2, 4]
 
 
-def test_quick_run_reports_three_systems_with_exact_token_counts(tmp_path):
-    assert main(["bench", "offline", "--quick", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "offline.png").stat().st_size > 0
-    data = json.loads((tmp_path / "offline.json").read_text())
+def test_quick_run_reports_three_systems_with_exact_token_counts(quick_run):
+    out, data = quick_run
+    assert (out / "offline.png").stat().st_size > 0
     results = data["results"]
     assert set(results) == {"hf", "ours_normal", "ours_overlap"}
     wl = data["config"]["workload"]
@@ -81,3 +96,10 @@ def test_quick_run_reports_three_systems_with_exact_token_counts(tmp_path):
     assert forced["forwards_inline"] == 0 and forced["forwards_on_worker_thread"] > 0
     assert hb["overlap_thread_vs_normal_each"] == [forced["output_tok_s"] / pair["normal"]["output_tok_s"]]
     assert data["correctness_vs_hf_batch1"]["requests"]
+
+
+def test_quick_run_has_the_committed_full_runs_key_structure(quick_run):
+    """Same report layout as benchmarks/results/offline.json (written by the full run)."""
+    committed = json.loads(COMMITTED.read_text())
+    committed.pop("profile_normal_mode", None)  # only with --profile, which the quick run leaves off
+    assert key_structure(quick_run[1]) == key_structure(committed)

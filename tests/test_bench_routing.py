@@ -6,6 +6,7 @@ Redis configuration) on the tiny model, one per configuration.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -88,12 +89,19 @@ def test_saturation_throughput_is_judged_on_the_median_of_paired_repeats(routing
     assert best["throughput_x_at_highest_rate"] == pytest.approx(1.85)
 
 
-@pytest.mark.timeout(300)
-def test_quick_run_reports_every_config_with_every_request_completed(routing, tmp_path):
+@pytest.fixture(scope="module")
+def quick_run(routing, tmp_path_factory):
+    """One ``--quick`` run for every test that reads its output (it starts real clusters)."""
     require_redis_server()  # the cache-aware+redis configuration
-    assert routing.main(["--quick", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "routing.png").stat().st_size > 0
-    data = json.loads((tmp_path / "routing.json").read_text())
+    out = tmp_path_factory.mktemp("routing")
+    assert routing.main(["--quick", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_quick_run_reports_every_config_with_every_request_completed(routing, quick_run):
+    assert (quick_run / "routing.png").stat().st_size > 0
+    data = json.loads((quick_run / "routing.json").read_text())
     assert [r["rate"] for r in data["runs"]] == ["16"]  # --quick: one rate
     results, verdict = data["runs"][0]["results"], data["runs"][0]["verdict"]
     assert set(results) == set(routing.CONFIGS)
@@ -118,3 +126,21 @@ def test_quick_run_reports_every_config_with_every_request_completed(routing, tm
     assert verdict["every_request_exact"]
     assert set(data["targets"]) == set(verdict["targets"])
     assert {"cpu_count", "python", "torch", "date"} <= set(data["machine"])
+
+
+def _keys(report: dict) -> dict[str, set[str]]:
+    """The report's keys, and one level down those of its dict-valued entries and its last run."""
+    out = {"": set(report)}
+    out.update({k: set(v) for k, v in report.items() if isinstance(v, dict)})
+    out["runs[-1]"] = set(report["runs"][-1])
+    out["runs[-1].results[*]"] = {k for res in report["runs"][-1]["results"].values() for k in res}
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_quick_run_has_the_key_structure_of_the_committed_full_run(quick_run):
+    # A quick run lacks none of the full run's keys: it runs every configuration (redis-server is
+    # required) and repeats its one rate too (--saturation-repeats 1 still records ``repeats``).
+    full = json.loads((Path(__file__).parents[1] / "benchmarks/results/routing.json").read_text())
+    quick = json.loads((quick_run / "routing.json").read_text())
+    assert _keys(quick) == _keys(full)

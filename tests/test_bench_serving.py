@@ -7,6 +7,7 @@ The quick run starts a real cluster (gateway, scheduler, detokenizer processes) 
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -58,15 +59,22 @@ def test_bench_serving_parses_its_flags(serving):
         ["--quick", "--rates", "2", "inf", "--threads", "1", "--concurrency", "1", "4"]
         + ["--requests-per-client", "3"]
     )
-    assert args.quick and args.rates == ["2", "inf"] and args.threads == 1
+    assert args.quick and args.rates == [2.0, math.inf] and args.threads == 1
     assert args.concurrency == [1, 4] and args.requests_per_client == 3
 
 
+@pytest.fixture(scope="module")
+def quick_run(serving, tmp_path_factory):
+    """One ``--quick`` run for every test that reads its output (it starts a real cluster)."""
+    out = tmp_path_factory.mktemp("serving")
+    assert serving.main(["--quick", "--out", str(out)]) == 0
+    return out
+
+
 @pytest.mark.timeout(240)
-def test_quick_run_reports_both_systems_with_exact_token_counts(serving, tmp_path):
-    assert serving.main(["--quick", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "serving.png").stat().st_size > 0
-    data = json.loads((tmp_path / "serving.json").read_text())
+def test_quick_run_reports_both_systems_with_exact_token_counts(quick_run):
+    assert (quick_run / "serving.png").stat().st_size > 0
+    data = json.loads((quick_run / "serving.json").read_text())
     results = data["results"]
     assert set(results) == {"served", "inprocess"}
     rates = data["config"]["rates"]
@@ -116,3 +124,16 @@ def test_quick_run_reports_both_systems_with_exact_token_counts(serving, tmp_pat
     assert "closed_loop_max_tpot_ms_p50_added" in data["verdict"]
     assert data["verdict"]["every_request_exact"]
     assert {"cpu_count", "torch_threads", "python", "torch", "date"} <= set(data["machine"])
+
+
+def _keys(report: dict) -> dict[str, set[str]]:
+    """The report's keys, and one level down those of its dict-valued entries."""
+    return {"": set(report)} | {k: set(v) for k, v in report.items() if isinstance(v, dict)}
+
+
+@pytest.mark.timeout(240)
+def test_quick_run_has_the_key_structure_of_the_committed_full_run(quick_run):
+    # A quick run lacks none of the full run's keys: fewer rates and concurrencies, the same report.
+    full = json.loads((Path(__file__).parents[1] / "benchmarks/results/serving.json").read_text())
+    quick = json.loads((quick_run / "serving.json").read_text())
+    assert _keys(quick) == _keys(full)

@@ -4,6 +4,7 @@ No timing is asserted here: speed goals live in the benchmarks' own output.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,14 @@ load = load_benchmark
 @pytest.fixture(scope="module")
 def policy_sim():
     return load("policy_sim")
+
+
+@pytest.fixture(scope="module")
+def policy_sim_quick(policy_sim, tmp_path_factory) -> tuple[Path, dict]:
+    """One ``--quick`` run for every test that reads its output."""
+    out = tmp_path_factory.mktemp("policy_sim")
+    assert policy_sim.main(["--quick", "--out", str(out), "--seed", "1"]) == 0
+    return out, json.loads((out / "policy_sim.json").read_text())
 
 
 def test_lpm_with_in_batch_dedup_prefills_the_shared_prompt_once(policy_sim):
@@ -29,11 +38,25 @@ def test_fairness_never_lets_a_younger_request_overtake_an_overdue_one(policy_si
     assert r["overtaken_while_overdue"] == 0
 
 
-def test_policy_sim_quick_writes_json_and_png(policy_sim, tmp_path):
-    assert policy_sim.main(["--quick", "--out", str(tmp_path), "--seed", "1"]) == 0
-    data = json.loads((tmp_path / "policy_sim.json").read_text())
+def test_policy_sim_quick_writes_json_and_png(policy_sim_quick):
+    out, data = policy_sim_quick
     assert "cost model" in json.dumps(data).lower()
-    assert (tmp_path / "policy_sim.png").stat().st_size > 0
+    assert (out / "policy_sim.png").stat().st_size > 0
+
+
+def test_policy_sim_quick_has_the_committed_full_runs_key_structure(policy_sim_quick):
+    """Same layout as benchmarks/results/policy_sim.json (the full run): top-level keys, the keys of
+    each dict-valued entry, and the kinds of result row (with and without a fairness timeout)."""
+    committed = json.loads(
+        (Path(__file__).resolve().parents[1] / "benchmarks/results/policy_sim.json").read_text()
+    )
+    quick = policy_sim_quick[1]
+
+    def key_structure(doc: dict) -> dict:
+        return {k: sorted(v) if isinstance(v, dict) else None for k, v in doc.items()}
+
+    assert key_structure(quick) == key_structure(committed)
+    assert {frozenset(r) for r in quick["results"]} == {frozenset(r) for r in committed["results"]}
 
 
 def test_scheduler_overhead_runs_with_invariant_checks():

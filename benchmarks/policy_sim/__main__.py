@@ -1,0 +1,11 @@
+"""``python benchmarks/policy_sim [flags]``: the same run as ``radixserve bench policy_sim [flags]``."""
+
+import sys
+from pathlib import Path
+
+# Python put this folder first on sys.path, where its modules (plot.py, ...) would shadow top-level
+# ones; the package is imported from benchmarks/ instead.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+from policy_sim import main  # noqa: E402
+
+raise SystemExit(main())
