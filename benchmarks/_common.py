@@ -325,3 +325,19 @@ def save_figure(fig: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def rate_label(rate: float) -> str:
+    """A request rate as the JSON and tables name it: "2", "0.5", "inf" (all at once)."""
+    return f"{rate:g}" if math.isfinite(rate) else "inf"
+
+
+def proc_cpu_seconds(stat_path: str) -> float | None:
+    """User + system CPU time of a process or thread (``/proc/PID/stat``, ``/proc/PID/task/TID/stat``);
+    None when it cannot be read (the process or thread ended)."""
+    try:
+        with open(stat_path) as f:
+            fields_ = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None

@@ -105,7 +105,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks share benchmarks/_*.py
 import _common as common
-from _common import SPECIAL_IDS  # re-exported: the tests check prompts against it
+from _common import SPECIAL_IDS, rate_label  # re-exported: the tests use them
 
 from .analysis import compare, judge_saturation, overall, public_record, saturation_lite, summarize
 from .cli import parse_args
@@ -129,7 +129,7 @@ from .settings import (
 )
 from .sweep import run
 from .table import format_table, print_report
-from .workload import at_rate, build_workload, ideal_hit_rate, kv_tokens, rate_label, workload_summary
+from .workload import at_rate, build_workload, ideal_hit_rate, kv_tokens, workload_summary
 
 __all__ = [
     "BASELINE",

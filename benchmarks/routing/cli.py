@@ -8,9 +8,9 @@ import sys
 from collections.abc import Sequence
 
 import _common as common
+from _common import rate_label
 
 from .settings import BASELINE, CONFIGS, FULL, QUICK
-from .workload import rate_label
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -5,17 +5,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import _common as common
+
 from .cluster import RedisServer
 
 
 def _cpu_seconds(stat_path: str) -> float:
-    """User + system CPU time of a process or thread (``/proc/PID/stat``, ``/proc/PID/task/TID/stat``)."""
-    try:
-        with open(stat_path) as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    except FileNotFoundError:  # a thread that ended
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return common.proc_cpu_seconds(stat_path) or 0.0  # 0: a thread that ended
 
 
 class CpuMeter:

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import _common as common
+from _common import rate_label
 from _machine import machine_info
 
 from .analysis import compare, judge_saturation, overall, saturation_lite
 from .runner import run_config
 from .settings import BASELINE, POLICY, gateway_defaults
-from .workload import at_rate, build_workload, kv_tokens, rate_label, workload_summary
+from .workload import at_rate, build_workload, kv_tokens, workload_summary
 
 
 def pod_engine_args(args: argparse.Namespace, wl: dict) -> dict:

@@ -49,10 +49,6 @@ def at_rate(wl: dict, base_rate: float, rate: float) -> dict:
     return {**wl, "requests": [{**r, "arrival": r["arrival"] * scale} for r in wl["requests"]]}
 
 
-def rate_label(rate: float) -> str:
-    return f"{rate:g}" if math.isfinite(rate) else "inf"
-
-
 def ideal_hit_rate(reqs: list[dict], page_size: int) -> float:
     """Every tenant on one pod that never evicts it: each request after the tenant's first hits its
     page-aligned prefix (the scheduler caches whole pages)."""

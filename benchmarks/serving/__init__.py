@@ -70,7 +70,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks share benchmarks/_*.py
 import _common as common
-from _common import SPECIAL_IDS  # re-exported: the tests check prompts against it
+from _common import SPECIAL_IDS, rate_label  # re-exported: the tests use them
 
 from .analysis import compare, itl_samples, median_summary, public_record, summarize
 from .cli import parse_args
@@ -86,7 +86,6 @@ from .workload import (
     closed_seed,
     engine_args,
     parse_rate,
-    rate_label,
     rate_seed,
     workload_summary,
 )

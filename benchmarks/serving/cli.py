@@ -7,9 +7,10 @@ import sys
 from collections.abc import Sequence
 
 import _common as common
+from _common import rate_label
 
 from .settings import FULL, QUICK
-from .workload import parse_rate, rate_label
+from .workload import parse_rate
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -6,28 +6,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import _common as common
+from _common import rate_label
 
 from . import inprocess, served
 from .analysis import median_summary, meter_record, public_record, summarize
 from .settings import SYSTEMS
-from .workload import rate_label
 
 
 def _proc_cpu_s(pid: int) -> float:
-    """A process's CPU time (all threads, user + system) from /proc; NaN where unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields_ = f.read().rsplit(")", 1)[1].split()
-        return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return float("nan")
+    """A process's CPU time (all threads); NaN where unreadable."""
+    seconds = common.proc_cpu_seconds(f"/proc/{pid}/stat")
+    return float("nan") if seconds is None else seconds
 
 
 def _cluster_cpu(cluster: Any) -> dict[str, float]:

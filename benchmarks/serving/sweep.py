@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import _common as common
+from _common import rate_label
 from _machine import machine_info
 
 from .analysis import compare
@@ -17,7 +18,6 @@ from .workload import (
     build_workload,
     closed_seed,
     engine_args,
-    rate_label,
     rate_seed,
     workload_summary,
 )

@@ -16,10 +16,6 @@ def parse_rate(s: str) -> float:
     return r
 
 
-def rate_label(r: float) -> str:
-    return "inf" if math.isinf(r) else f"{r:g}"
-
-
 def build_workload(
     num_requests: int,
     rate: float,
