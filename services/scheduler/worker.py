@@ -190,7 +190,7 @@ class EngineWorker:
             raise ValueError("rid is empty")
         if any(t < 0 or t >= self.vocab_size for t in msg.input_ids):
             raise ValueError(f"input_ids must be in [0, {self.vocab_size})")
-        req = Req(msg.rid, list(msg.input_ids), msg.sampling)
+        req = Req(msg.rid, np.asarray(msg.input_ids, dtype=np.int32), msg.sampling)
         self.scheduler.check_admissible(req)  # reads the config only
         with self._lock:
             if msg.rid in self._rids:
