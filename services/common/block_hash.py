@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import xxhash
 
 DEFAULT_BLOCK_SIZE = 16
@@ -24,7 +25,7 @@ def root_hash(model_name: str) -> int:
     return xxhash.xxh3_64_intdigest(b"radixserve/v1:" + model_name.encode())
 
 
-def chain(parent: int, tokens: Sequence[int] | np.ndarray, block_size: int) -> list[int]:
+def chain(parent: int, tokens: Sequence[int] | npt.NDArray[np.integer], block_size: int) -> list[int]:
     """Hashes of the full blocks of ``tokens``, chained from ``parent`` (a trailing partial block is
     ignored)."""
     arr = np.asarray(tokens, dtype="<u4")
@@ -41,7 +42,7 @@ def chain(parent: int, tokens: Sequence[int] | np.ndarray, block_size: int) -> l
 
 
 def block_hashes(
-    tokens: Sequence[int] | np.ndarray, model_name: str, block_size: int = DEFAULT_BLOCK_SIZE
+    tokens: Sequence[int] | npt.NDArray[np.integer], model_name: str, block_size: int = DEFAULT_BLOCK_SIZE
 ) -> list[int]:
     """Hashes of every full block of ``tokens`` from the start of the sequence."""
     return chain(root_hash(model_name), tokens, block_size)

@@ -14,13 +14,39 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Literal, TypedDict, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ENV_PREFIX = "RADIXSERVE_"
 
-C = TypeVar("C")
+T = TypeVar("T")
+C = TypeVar("C", bound="DataclassInstance")
+
+
+class _Meta(TypedDict):
+    """What ``setting`` keeps in a field's metadata."""
+
+    help: str
+    choices: Sequence[str] | None
+    required: bool
+    negation: tuple[str, str] | None
+
+
+class _FlagArgs(TypedDict, total=False):
+    """The keyword arguments ``add_flags`` hands ``add_argument``."""
+
+    dest: str
+    help: str
+    required: bool
+    default: object
+    action: Literal["store_true"] | type[argparse.Action]
+    nargs: Literal["+"]
+    type: Callable[[str], object]
+    choices: Sequence[str]
 
 
 def env_name(dest: str) -> str:
@@ -28,25 +54,43 @@ def env_name(dest: str) -> str:
 
 
 def setting(
-    default: Any,
+    default: T,
     help: str,
     *,
     choices: Sequence[str] | None = None,
     required: bool = False,
     negation: tuple[str, str] | None = None,
-) -> Any:
+) -> T:
     """A config field that is also a flag. ``negation``: (flag, help) of a second flag that sets
     a ``bool | None`` field to False (``--enable-overlap`` for ``disable_overlap``)."""
-    meta = {"help": help, "choices": choices, "required": required, "negation": negation}
+    meta: _Meta = {"help": help, "choices": choices, "required": required, "negation": negation}
     return dataclasses.field(default=default, metadata=meta)
 
 
-def _fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
+def _fields(cls: type[DataclassInstance]) -> list[tuple[dataclasses.Field[object], object]]:
     hints = typing.get_type_hints(cls)
     return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
 
 
-def _base(hint: Any) -> Any:
+def _config_class(hint: object) -> type[DataclassInstance] | None:
+    """``hint`` if it is a nested config (a dataclass), else None."""
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+
+
+def _meta(f: dataclasses.Field[object]) -> _Meta | None:
+    """The ``setting`` metadata of ``f``; None if it is not a flag."""
+    meta = f.metadata
+    if "help" not in meta:
+        return None
+    return {
+        "help": meta["help"],
+        "choices": meta["choices"],
+        "required": meta["required"],
+        "negation": meta["negation"],
+    }
+
+
+def _base(hint: object) -> object:
     """``int | None`` -> int; ``tuple[str, ...]`` -> tuple; others as they are."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
@@ -54,34 +98,38 @@ def _base(hint: Any) -> Any:
     return typing.get_origin(hint) or hint
 
 
-def flag_fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
+def flag_fields(cls: type[DataclassInstance]) -> dict[str, dataclasses.Field[object]]:
     """Every field of ``cls`` (and of the configs nested in it) that is a flag, by name."""
-    out: dict[str, dataclasses.Field[Any]] = {}
+    out: dict[str, dataclasses.Field[object]] = {}
     for f, hint in _fields(cls):
-        if dataclasses.is_dataclass(hint):
-            out.update(flag_fields(hint))
+        if (nested := _config_class(hint)) is not None:
+            out.update(flag_fields(nested))
         elif "help" in f.metadata:
             out[f.name] = f
     return out
 
 
-def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type[DataclassInstance]
+) -> None:
     """One flag per ``setting`` field of ``cls``, nested configs included, defaults from the class."""
     for f, hint in _fields(cls):
-        if dataclasses.is_dataclass(hint):
-            add_flags(parser, hint)
+        if (nested := _config_class(hint)) is not None:
+            add_flags(parser, nested)
             continue
-        if "help" not in f.metadata:
+        meta = _meta(f)
+        if meta is None:
             continue
-        meta, base = f.metadata, _base(hint)
+        base = _base(hint)
         flag = "--" + f.name.replace("_", "-")
-        kw: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
+        kw: _FlagArgs = {"dest": f.name, "help": meta["help"]}
         if meta["required"]:
             kw["required"] = True
         else:
             kw["default"] = f.default
         if base is bool and meta["negation"] is not None:  # bool | None: two flags, None when neither
-            parser.add_argument(flag, action="store_true", **kw)
+            kw["action"] = "store_true"
+            parser.add_argument(flag, **kw)
             neg, neg_help = meta["negation"]
             parser.add_argument(neg, dest=f.name, action="store_false", default=None, help=neg_help)
         elif base is bool:
@@ -89,9 +137,11 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
             parser.add_argument(flag, **kw)
         else:
             if base is tuple:
-                kw.update(nargs="+", type=str)
-            else:
+                kw["nargs"], kw["type"] = "+", str
+            elif callable(base):  # int, float, str: the field's type parses the flag's value
                 kw["type"] = base
+            else:
+                raise ValueError(f"{cls.__name__}.{f.name}: no flag for a field of type {hint!r}")
             if meta["choices"]:
                 kw["choices"] = meta["choices"]
             if not meta["required"] and f.default is not None and "(default" not in meta["help"]:
@@ -101,17 +151,17 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
 
 def from_args(cls: type[C], args: argparse.Namespace) -> C:
     """``cls`` from parsed flags (nested configs too); fields that are not flags keep their default."""
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for f, hint in _fields(cls):
-        if dataclasses.is_dataclass(hint):
-            values[f.name] = from_args(hint, args)
+        if (nested := _config_class(hint)) is not None:
+            values[f.name] = from_args(nested, args)
         elif "help" in f.metadata and hasattr(args, f.name):
             v = getattr(args, f.name)
             values[f.name] = tuple(v) if _base(hint) is tuple and v is not None else v
     return cls(**values)
 
 
-def env_var(cls: type, name: str) -> str:
+def env_var(cls: type[DataclassInstance], name: str) -> str:
     """The environment variable of ``cls``'s setting ``name`` (KeyError if it has none)."""
     if name not in flag_fields(cls):
         raise KeyError(f"{cls.__name__} has no setting {name!r}")
@@ -133,11 +183,16 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
             action.default = raw.strip().lower() in ("1", "true", "yes", "on")
         elif action.nargs in ("+", "*"):
-            action.default = [action.type(x) if action.type else x for x in raw.split()]  # type: ignore[operator]
+            action.default = [_convert(action, x) for x in raw.split()]
         else:
-            action.default = action.type(raw) if action.type else raw  # type: ignore[operator]
+            action.default = _convert(action, raw)
         action.required = False
     return parser.parse_args(argv)
+
+
+def _convert(action: argparse.Action, raw: str) -> object:
+    """``raw`` parsed by the flag's type (add_flags gives every valued flag a callable one)."""
+    return action.type(raw) if callable(action.type) else raw
 
 
 def demo_model_dir() -> Path:

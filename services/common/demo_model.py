@@ -18,7 +18,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 ARCHS = ("llama", "qwen2", "qwen3")
 SIZES = ("tiny", "small")
@@ -43,12 +46,34 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+
+class Shape(TypedDict):
+    """A demo model's shape: keyword arguments of the transformers config."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    initializer_range: float
+
+
+class _ConfigArgs(Shape):
+    """Every arch's config arguments but the special token ids."""
+
+    vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    dtype: str
+
+
 # Shapes per size. "tiny": tests (~0.3M params). "small": CPU benchmarks (~27M params).
 # initializer_range is far above the usual 0.02 so a random model's logits are not flat: it gives a
 # last-position logit std of ~1.6 (tiny) / ~2.2 (small), greedy decoding that varies with the prompt
 # and does not lock onto one repeated token, and clear top-1 margins (stable greedy comparisons).
-SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": dict(
+SHAPES: dict[str, Shape] = {
+    "tiny": Shape(
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -57,7 +82,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         intermediate_size=128,
         initializer_range=0.2,
     ),
-    "small": dict(
+    "small": Shape(
         hidden_size=512,
         num_hidden_layers=8,
         num_attention_heads=8,
@@ -113,7 +138,7 @@ def _corpus() -> list[str]:
     return texts
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE):
+def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
     """A byte-level BPE ``PreTrainedTokenizerFast`` with ChatML special tokens and chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -147,20 +172,22 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     )
 
 
-def model_config(arch: str, size: str, vocab_size: int, ids: dict[str, Any], dtype: str = "float32") -> Any:
-    """The transformers config of the demo model ``arch`` / ``size`` (``ids``: special token ids)."""
+def model_config(
+    arch: str, size: str, vocab_size: int, ids: dict[str, Any], dtype: str = "float32"
+) -> PretrainedConfig:
+    """The transformers config of the demo model ``arch`` / ``size`` (``ids``: special token ids,
+    keyword arguments of the config: ``save_random_model`` hands them over)."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    common: dict[str, Any] = dict(
+    common = _ConfigArgs(
         vocab_size=vocab_size,
         max_position_embeddings=2048,
         rms_norm_eps=1e-6,
         dtype=dtype,
         **SHAPES[size],
-        **ids,
     )
     if arch == "llama":
-        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
+        rope: dict[str, str | float] = {"rope_type": "default", "rope_theta": 10000.0}
         if size == "tiny":  # exercise llama3-style rope scaling
             rope = {
                 "rope_type": "llama3",
@@ -170,16 +197,20 @@ def model_config(arch: str, size: str, vocab_size: int, ids: dict[str, Any], dty
                 "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 256,
             }
-        return LlamaConfig(tie_word_embeddings=False, rope_parameters=rope, **common)
+        return LlamaConfig(tie_word_embeddings=False, rope_parameters=rope, **common, **ids)
     rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
     if arch == "qwen2":  # Qwen2 always has q/k/v bias
-        return Qwen2Config(tie_word_embeddings=True, rope_parameters=rope, **common)
+        # transformers: Qwen2Config has no head_dim field; it takes it (like any extra attribute)
+        # through **kwargs its generated signature does not show.
+        return Qwen2Config(tie_word_embeddings=True, rope_parameters=rope, **common, **ids)  # type: ignore[misc]
     if arch == "qwen3":  # Qwen3 has q/k RMSNorm; head_dim is set explicitly by SHAPES
-        return Qwen3Config(tie_word_embeddings=True, rope_parameters=rope, **common)
+        return Qwen3Config(tie_word_embeddings=True, rope_parameters=rope, **common, **ids)
     raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
 
 
-def make_demo_model(path: str | os.PathLike, arch: str = "llama", size: str = "tiny", seed: int = 0) -> Path:
+def make_demo_model(
+    path: str | os.PathLike[str], arch: str = "llama", size: str = "tiny", seed: int = 0
+) -> Path:
     """Write a random-weight HF model folder for ``arch`` / ``size`` to ``path``; return the path."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
@@ -189,14 +220,15 @@ def make_demo_model(path: str | os.PathLike, arch: str = "llama", size: str = "t
 
 
 def save_random_model(
-    path: str | os.PathLike,
-    make_config: Callable[[int, dict[str, Any]], Any],
+    path: str | os.PathLike[str],
+    make_config: Callable[[int, dict[str, Any]], PretrainedConfig],
     dtype: str = "float32",
     seed: int = 0,
 ) -> Path:
     """Write a random-weight HF folder with the demo tokenizer: ``make_config(vocab_size,
     special_token_ids)`` returns the transformers config (benchmarks pass other shapes, e.g.
-    Qwen3-0.6B's); weights seeded with ``seed``, stored in ``dtype``."""
+    Qwen3-0.6B's); weights seeded with ``seed``, stored in ``dtype``. The ids are the config's
+    keyword arguments (``bos_token_id``, ``eos_token_id``, ``pad_token_id``)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -204,10 +236,10 @@ def save_random_model(
     path.mkdir(parents=True, exist_ok=True)
 
     tokenizer = build_tokenizer()
-    ids = dict(
-        bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
-        eos_token_id=[tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(EOS)],
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
+    ids: dict[str, int | list[int]] = dict(
+        bos_token_id=_token_id(tokenizer, BOS),
+        eos_token_id=[_token_id(tokenizer, IM_END), _token_id(tokenizer, EOS)],
+        pad_token_id=_token_id(tokenizer, PAD),
     )
     config = make_config(len(tokenizer), ids)
 
@@ -218,3 +250,9 @@ def save_random_model(
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+def _token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
+    tid = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(tid, int)  # one token in, one id out
+    return tid

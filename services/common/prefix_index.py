@@ -23,28 +23,34 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    import redis
+
+# A pod's load report (its heartbeat): a JSON object (Redis stores it as JSON text).
+Load: TypeAlias = dict[str, object]
 
 
 class PrefixIndex(Protocol):
     def apply(
         self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False
     ) -> None: ...
-    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> bool: ...
+    def heartbeat(self, pod: str, load: Load, ttl_s: float) -> bool: ...
     def remove_pod(self, pod: str) -> None: ...
     def match(self, hashes: Sequence[int]) -> dict[str, int]: ...
-    def live_pods(self) -> dict[str, dict[str, Any]]: ...
+    def live_pods(self) -> dict[str, Load]: ...
     def sweep(self) -> list[str]: ...
 
 
 class InMemoryPrefixIndex:
-    def __init__(self, clock: Any = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._pods_of: dict[int, set[str]] = {}  # block hash -> pods holding it
         self._blocks_of: dict[str, set[int]] = {}  # pod -> its block hashes
-        self._heartbeats: dict[str, tuple[dict[str, Any], float]] = {}  # pod -> (load, expires at)
+        self._heartbeats: dict[str, tuple[Load, float]] = {}  # pod -> (load, expires at)
 
     def apply(self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False) -> None:
         if cleared:
@@ -69,7 +75,7 @@ class InMemoryPrefixIndex:
                 if not pods:
                     del self._pods_of[h]
 
-    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> bool:
+    def heartbeat(self, pod: str, load: Load, ttl_s: float) -> bool:
         now = self._clock()
         prev = self._heartbeats.get(pod)
         self._heartbeats[pod] = (load, now + ttl_s)
@@ -93,7 +99,7 @@ class InMemoryPrefixIndex:
                 counts[p] = i + 1
         return counts
 
-    def live_pods(self) -> dict[str, dict[str, Any]]:
+    def live_pods(self) -> dict[str, Load]:
         now = self._clock()
         return {p: load for p, (load, exp) in self._heartbeats.items() if exp > now}
 
@@ -214,7 +220,7 @@ class RedisPrefixIndex:
         while int(self._clear(args=[self.ns, pod, self.CHUNK])) > 0:
             pass
 
-    def heartbeat(self, pod: str, load: dict[str, Any], ttl_s: float) -> bool:
+    def heartbeat(self, pod: str, load: Load, ttl_s: float) -> bool:
         key = f"{self.ns}p:{pod}:hb"
         pipe = self.redis.pipeline(transaction=True)  # one round trip (SET ... GET needs Redis 6.2)
         pipe.exists(key)
@@ -236,15 +242,15 @@ class RedisPrefixIndex:
         flat = self._match(args=[self.ns, *hashes])
         return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
-    def live_pods(self) -> dict[str, dict[str, Any]]:
-        pods = sorted(map(str, self.redis.smembers(f"{self.ns}pods")))  # type: ignore[arg-type]
+    def live_pods(self) -> dict[str, Load]:
+        pods = sorted(map(str, self.redis.smembers(f"{self.ns}pods")))
         if not pods:
             return {}
         loads = self.redis.mget([f"{self.ns}p:{p}:hb" for p in pods])
         return {p: json.loads(v) for p, v in zip(pods, loads, strict=True) if v is not None}
 
     def sweep(self) -> list[str]:
-        pods = sorted(map(str, self.redis.smembers(f"{self.ns}pods")))  # type: ignore[arg-type]
+        pods = sorted(map(str, self.redis.smembers(f"{self.ns}pods")))
         if not pods:
             return []
         beats = self.redis.mget([f"{self.ns}p:{p}:hb" for p in pods])
@@ -272,7 +278,7 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def _check_connection_args(pool: Any, shown_url: str) -> None:
+def _check_connection_args(pool: redis.ConnectionPool, shown_url: str) -> None:
     # redis-py hands unknown URL query parameters to the connection class as they are, so a typo
     # (or ssl_ca_certs on a redis:// URL) would only fail at connect time, with a TypeError, on
     # every attempt: the router would degrade to least-load for good with a vague warning.

@@ -8,7 +8,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from enum import Enum
+from typing import Final, Literal, TypeAlias
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -71,7 +72,7 @@ def is_serving(address: str, timeout: float = 1.0) -> bool:
 
 
 # ------------------------------------------------------------------------------- sampling
-def sampling_to_proto(sp: SamplingParams, skip_special_tokens: bool = True) -> Any:
+def sampling_to_proto(sp: SamplingParams, skip_special_tokens: bool = True) -> pb.SamplingParams:
     msg = pb.SamplingParams(
         max_new_tokens=sp.max_new_tokens,
         temperature=sp.temperature,
@@ -88,7 +89,7 @@ def sampling_to_proto(sp: SamplingParams, skip_special_tokens: bool = True) -> A
     return msg
 
 
-def sampling_from_proto(msg: Any, default_max_new_tokens: int | None = None) -> SamplingParams:
+def sampling_from_proto(msg: pb.SamplingParams, default_max_new_tokens: int | None = None) -> SamplingParams:
     """Unset optional fields keep SamplingParams' defaults (max_new_tokens: the given default)."""
     sp = SamplingParams()
     if default_max_new_tokens is not None:
@@ -103,7 +104,14 @@ def sampling_from_proto(msg: Any, default_max_new_tokens: int | None = None) -> 
 
 
 # ------------------------------------------------------------------------ stream sender
-_CLOSE = object()
+class _Close(Enum):
+    CLOSE = "close"
+
+
+_CLOSE: Final = _Close.CLOSE  # queued by close(): the end of the call
+
+# A queued message (opaque to the sender: gRPC serializes it) and what to run once it is taken.
+_Item: TypeAlias = tuple[object, Callable[[], None] | None]
 
 
 class StreamSender:
@@ -118,13 +126,13 @@ class StreamSender:
     def __init__(
         self,
         address: str,
-        open_call: Callable[[grpc.Channel], Callable[..., Any]],
+        open_call: Callable[[grpc.Channel], Callable[..., object]],
         max_queued: int = 100_000,
         name: str = "sender",
     ) -> None:
         self.address = address
         self._open_call = open_call
-        self._queue: queue.Queue[Any] = queue.Queue()
+        self._queue: queue.Queue[_Item | Literal[_Close.CLOSE]] = queue.Queue()
         self._max_queued = max_queued
         self._closed = False
         self.dropped = 0  # messages dropped while the peer was unreachable
@@ -132,7 +140,7 @@ class StreamSender:
         self._thread = threading.Thread(target=self._run, name=f"{name}->{address}", daemon=True)
         self._thread.start()
 
-    def send(self, message: Any, on_taken: Callable[[], None] | None = None) -> None:
+    def send(self, message: object, on_taken: Callable[[], None] | None = None) -> None:
         """Queue ``message``; ``on_taken`` runs (on the sender thread) once it leaves this process's
         queue: handed to gRPC for writing, or dropped."""
         if self._closed:
@@ -140,7 +148,11 @@ class StreamSender:
         self._queue.put((message, on_taken))
         while self._queue.qsize() > self._max_queued:
             try:
-                _, dropped_cb = self._queue.get_nowait()
+                item = self._queue.get_nowait()
+                if item is _CLOSE:  # close() raced with this send: the end of the call stays queued
+                    self._queue.put(item)
+                    break
+                _, dropped_cb = item
                 if dropped_cb is not None:
                     dropped_cb()
                 self.dropped += 1
@@ -157,7 +169,7 @@ class StreamSender:
             self._queue.put(_CLOSE)
             self._thread.join(timeout)
 
-    def _messages(self, done: list[bool]) -> Iterator[Any]:
+    def _messages(self, done: list[bool]) -> Iterator[object]:
         while True:
             item = self._queue.get()
             if item is _CLOSE:

@@ -77,8 +77,12 @@ class SamplingParams:
 
 
 def _in_range(name: str, value: object, lo: float, hi: float, low_open: bool = False) -> None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = number and (lo < value if low_open else lo <= value) and value <= hi  # type: ignore[operator]  # NaN fails
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (lo < value if low_open else lo <= value)
+        and value <= hi  # NaN fails
+    )
     if not ok:
         raise SamplingError(
             name, f"{name} must be a number in {'(' if low_open else '['}{lo:g}, {hi:g}], got {value!r}"

@@ -16,10 +16,17 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the SDK is imported only when tracing is on
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import SpanKind, Tracer
+    from opentelemetry.util.types import AttributeValue
 
 _enabled = False
-_provider: Any = None
+_provider: TracerProvider | None = None
 
 # Wall-clock nanoseconds for a time.monotonic() reading (spans need epoch times).
 _MONO_TO_WALL_NS = time.time_ns() - time.monotonic_ns()
@@ -40,9 +47,10 @@ def setup_tracing(service_name: str) -> bool:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or service_name})
-    _provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
-    _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    trace.set_tracer_provider(_provider)
+    provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    _provider = provider
     _enabled = True
     return True
 
@@ -51,13 +59,13 @@ def enabled() -> bool:
     return _enabled
 
 
-def tracer() -> Any:
+def tracer() -> Tracer:
     from opentelemetry import trace
 
     return trace.get_tracer("radixserve")
 
 
-def inject(context: Any = None) -> dict[str, str]:
+def inject(context: Context | None = None) -> dict[str, str]:
     """The current (or given) span context as W3C headers, for a message's trace_context field."""
     from opentelemetry.propagate import inject as _inject
 
@@ -66,7 +74,7 @@ def inject(context: Any = None) -> dict[str, str]:
     return carrier
 
 
-def extract(carrier: Any) -> Any:
+def extract(carrier: Mapping[str, str]) -> Context:
     """A context from W3C headers (a dict, a proto map, or HTTP headers)."""
     from opentelemetry.propagate import extract as _extract
 
@@ -79,24 +87,24 @@ def wall_ns(monotonic_s: float) -> int:
 
 def span_between(
     name: str,
-    parent: Any,
+    parent: Context | None,
     start_s: float,
     end_s: float,
-    attributes: dict[str, Any] | None = None,
-    kind: Any = None,
-) -> Any:
+    attributes: Mapping[str, AttributeValue] | None = None,
+    kind: SpanKind | None = None,
+) -> Context:
     """A finished span over [start_s, end_s] (time.monotonic() readings) under ``parent``; returns it
-    (ended) so callers can parent further spans on it."""
+    (ended) in a context, so callers can parent further spans on it. ``kind``: the tracer's default
+    (INTERNAL) when None."""
     from opentelemetry import trace
 
-    kwargs: dict[str, Any] = {
-        "context": parent,
-        "start_time": wall_ns(start_s),
-        "attributes": attributes or {},
-    }
-    if kind is not None:
-        kwargs["kind"] = kind
-    span = tracer().start_span(name, **kwargs)
+    span = tracer().start_span(
+        name,
+        context=parent,
+        kind=trace.SpanKind.INTERNAL if kind is None else kind,
+        attributes=attributes or {},
+        start_time=wall_ns(start_s),
+    )
     span.end(end_time=wall_ns(max(end_s, start_s)))
     return trace.set_span_in_context(span, parent)
 

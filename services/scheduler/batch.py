@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
+import numpy.typing as npt
 
 from radixserve.scheduler.req import Req
 
 
-def _empty() -> np.ndarray:
+def _empty() -> npt.NDArray[np.int64]:
     return np.zeros(0, dtype=np.int64)
 
 
@@ -23,15 +24,15 @@ class ForwardMode(Enum):
 class ScheduleBatch:
     mode: ForwardMode
     reqs: list[Req]
-    input_ids: np.ndarray  # tokens to feed, concatenated over requests (int32)
-    positions: np.ndarray  # their positions in their sequences (int64)
-    out_slots: np.ndarray  # KV slot each fed token writes (int64)
-    prefix_lens: np.ndarray  # per request: tokens already in KV before this step
-    extend_lens: np.ndarray  # per request: tokens fed this step (1 for decode)
+    input_ids: npt.NDArray[np.int32]  # tokens to feed, concatenated over requests
+    positions: npt.NDArray[np.int64]  # their positions in their sequences
+    out_slots: npt.NDArray[np.int64]  # KV slot each fed token writes
+    prefix_lens: npt.NDArray[np.int64]  # per request: tokens already in KV before this step
+    extend_lens: npt.NDArray[np.int64]  # per request: tokens fed this step (1 for decode)
     # Set when the batch is launched (BatchScheduler._commit), per request:
-    token_index: np.ndarray = field(default_factory=_empty)  # output index of its token, -1: none
-    future_ids: np.ndarray = field(default_factory=_empty)  # FutureMap id of its token, -1: none
-    epochs: np.ndarray = field(default_factory=_empty)  # req.retractions at launch
+    token_index: npt.NDArray[np.int64] = field(default_factory=_empty)  # output index of its token, -1: none
+    future_ids: npt.NDArray[np.int64] = field(default_factory=_empty)  # FutureMap id of its token, -1: none
+    epochs: npt.NDArray[np.int64] = field(default_factory=_empty)  # req.retractions at launch
 
     @property
     def size(self) -> int:
@@ -42,7 +43,9 @@ class ScheduleBatch:
         return len(self.input_ids)
 
     @classmethod
-    def extend(cls, reqs: list[Req], extend_lens: list[int], out_slots: np.ndarray) -> ScheduleBatch:
+    def extend(
+        cls, reqs: list[Req], extend_lens: list[int], out_slots: npt.NDArray[np.int64]
+    ) -> ScheduleBatch:
         prefix = np.fromiter((r.kv_len for r in reqs), dtype=np.int64, count=len(reqs))
         lens = np.asarray(extend_lens, dtype=np.int64)
         ids = np.concatenate([r.fill_ids()[p : p + n] for r, p, n in zip(reqs, prefix, lens, strict=True)])
@@ -52,7 +55,7 @@ class ScheduleBatch:
         return cls(ForwardMode.EXTEND, reqs, ids, positions, out_slots, prefix, lens)
 
     @classmethod
-    def decode(cls, reqs: list[Req], out_slots: np.ndarray) -> ScheduleBatch:
+    def decode(cls, reqs: list[Req], out_slots: npt.NDArray[np.int64]) -> ScheduleBatch:
         n = len(reqs)
         ids = np.fromiter((r.output_ids[-1] for r in reqs), dtype=np.int32, count=n)
         positions = np.fromiter((r.kv_len for r in reqs), dtype=np.int64, count=n)

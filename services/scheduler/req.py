@@ -8,6 +8,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from radixserve.common.sampling import SamplingParams
 
@@ -24,7 +25,7 @@ class FinishReason(str, Enum):
 @dataclass(eq=False, slots=True)
 class Req:
     rid: str
-    origin_ids: np.ndarray  # prompt token ids (int32)
+    origin_ids: npt.NDArray[np.int32]  # prompt token ids (__post_init__ makes any ints int32)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
@@ -48,7 +49,7 @@ class Req:
     num_cached_tokens: int = 0  # prompt tokens served from cache at first admission
     retractions: int = 0
     finish_reason: FinishReason | None = None
-    _fill_cache: np.ndarray | None = None
+    _fill_cache: npt.NDArray[np.int32] | None = None
 
     def __post_init__(self) -> None:
         self.origin_ids = np.asarray(self.origin_ids, dtype=np.int32)
@@ -64,7 +65,7 @@ class Req:
         """Tokens in the sequence so far: prompt plus outputs."""
         return len(self.origin_ids) + len(self.output_ids)
 
-    def fill_ids(self) -> np.ndarray:
+    def fill_ids(self) -> npt.NDArray[np.int32]:
         """Prompt + outputs as one array (built lazily; outputs only grow)."""
         n = self.seq_len
         cached = self._fill_cache

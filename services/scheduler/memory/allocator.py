@@ -14,6 +14,7 @@ corruption (two owners of one page).
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 
 class OutOfPagesError(RuntimeError):
@@ -55,7 +56,7 @@ class PagedAllocator:
         return (self.num_pages + 1) * self.page_size
 
     # ------------------------------------------------------------- alloc/free
-    def alloc_pages(self, n: int) -> np.ndarray:
+    def alloc_pages(self, n: int) -> npt.NDArray[np.int64]:
         """Take ``n`` free pages; returns their ids (int64)."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} pages")
@@ -66,21 +67,21 @@ class PagedAllocator:
         self._is_free[pages] = False
         return pages
 
-    def free_pages(self, pages: np.ndarray) -> None:
+    def free_pages(self, pages: npt.NDArray[np.integer]) -> None:
         """Return pages to the pool. Raises on a double free or a foreign page."""
         n = len(pages)
         if n == 0:
             return
-        pages = np.asarray(pages, dtype=np.int64)
-        if pages.min() < 1 or pages.max() > self.num_pages:
+        ids = np.asarray(pages, dtype=np.int64)
+        if ids.min() < 1 or ids.max() > self.num_pages:
             raise ValueError("free of a page outside the pool")
-        if self._is_free[pages].any() or len(np.unique(pages)) != n:
+        if self._is_free[ids].any() or len(np.unique(ids)) != n:
             raise ValueError("double free of a KV page")
-        self._is_free[pages] = True
-        self._stack[self._top : self._top + n] = pages
+        self._is_free[ids] = True
+        self._stack[self._top : self._top + n] = ids
         self._top += n
 
-    def free_slots(self, slots: np.ndarray) -> None:
+    def free_slots(self, slots: npt.NDArray[np.integer]) -> None:
         """Free the pages that a page-aligned run of slots covers."""
         if len(slots) == 0:
             return
@@ -90,7 +91,7 @@ class PagedAllocator:
         else:
             self.free_pages(np.asarray(slots[::ps]) // ps)
 
-    def pages_to_slots(self, pages: np.ndarray) -> np.ndarray:
+    def pages_to_slots(self, pages: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """All slots of the given pages, in order."""
         ps = self.page_size
         if ps == 1:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from radixserve.common.service_config import ENGINE_DEFAULTS
 from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator, pages_for
@@ -104,8 +105,8 @@ class KVCacheManager:
 
     def unadmit(self, req: Req) -> None:
         """Undo ``admit`` for a request that got no pages after all."""
-        assert req.req_pool_idx is not None and req.alloc_len == req.cached_len
-        self.cache.unlock(req.last_node)  # type: ignore[arg-type]
+        assert req.req_pool_idx is not None and req.last_node is not None and req.alloc_len == req.cached_len
+        self.cache.unlock(req.last_node)
         self.req_to_token.free(req.req_pool_idx)
         req.req_pool_idx = req.last_node = None
         req.cached_len = req.kv_len = req.alloc_len = 0
@@ -121,7 +122,7 @@ class KVCacheManager:
     def pages_to_extend(self, req: Req, n: int) -> int:
         return pages_for(req.alloc_len + n, self.page_size) - pages_for(req.alloc_len, self.page_size)
 
-    def alloc_extend(self, req: Req, n: int) -> np.ndarray:
+    def alloc_extend(self, req: Req, n: int) -> npt.NDArray[np.int64]:
         """Slots for tokens ``[alloc_len, alloc_len + n)`` of ``req``; evicts if needed."""
         ps, a, row = self.page_size, req.alloc_len, req.req_pool_idx
         assert row is not None
@@ -131,7 +132,7 @@ class KVCacheManager:
             )
         self._ensure_free_pages(self.pages_to_extend(req, n))
         in_last = min(n, (-a) % ps)  # room left on the request's last, partial page
-        parts = []
+        parts: list[npt.NDArray[np.int64]] = []
         if in_last:
             last = int(self.req_to_token.host[row, a - 1])
             parts.append(np.arange(last + 1, last + 1 + in_last, dtype=np.int64))
@@ -148,7 +149,7 @@ class KVCacheManager:
         ps = self.page_size
         return sum(1 for r in reqs if r.alloc_len % ps == 0)
 
-    def alloc_decode(self, reqs: Sequence[Req]) -> np.ndarray:
+    def alloc_decode(self, reqs: Sequence[Req]) -> npt.NDArray[np.int64]:
         """One slot per request for its next token, in one vectorised step."""
         ps = self.page_size
         rows = np.fromiter((r.req_pool_idx for r in reqs), dtype=np.int64, count=len(reqs))
@@ -202,7 +203,8 @@ class KVCacheManager:
             else:
                 evictable += len(node)
             if node.lock_ref:
-                assert node.parent is cache.root or node.parent.lock_ref >= node.lock_ref  # type: ignore[union-attr]
+                assert node.parent is not None
+                assert node.parent is cache.root or node.parent.lock_ref >= node.lock_ref
             np.add.at(owner, node.value[::ps] // ps, 1)
         assert evictable == cache.evictable_size, (evictable, cache.evictable_size)
         assert protected == cache.protected_size, (protected, cache.protected_size)

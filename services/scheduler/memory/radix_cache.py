@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from radixserve.common.block_hash import chain
 from radixserve.scheduler.memory.allocator import PagedAllocator
@@ -57,7 +58,9 @@ _node_ids = itertools.count()
 class TreeNode:
     __slots__ = ("blocks", "children", "depth", "id", "key", "last_access", "lock_ref", "parent", "value")
 
-    def __init__(self, key: np.ndarray, value: np.ndarray, parent: TreeNode | None) -> None:
+    def __init__(
+        self, key: npt.NDArray[np.int32], value: npt.NDArray[np.int64], parent: TreeNode | None
+    ) -> None:
         self.key = key  # token ids (int32), length a multiple of page_size
         self.value = value  # KV slots (int64), same length
         self.parent = parent
@@ -75,18 +78,24 @@ class TreeNode:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
 
 
+def _parent(node: TreeNode) -> TreeNode:
+    """The parent of ``node``, which is not the root (every walk up a path stops at the root)."""
+    assert node.parent is not None, "walked past the root"
+    return node.parent
+
+
 class MatchResult(NamedTuple):
-    slots: np.ndarray  # KV slots of the matched prefix; len(slots) is the match length
+    slots: npt.NDArray[np.int64]  # KV slots of the matched prefix; len(slots) is the match length
     node: TreeNode  # deepest matched node: the one to lock
 
 
 class InsertResult(NamedTuple):
     present_len: int  # leading tokens that were already cached (caller's slots there are duplicates)
     node: TreeNode  # node ending exactly at the inserted key's end
-    slots: np.ndarray  # the tree's slots for the whole key
+    slots: npt.NDArray[np.int64]  # the tree's slots for the whole key
 
 
-def common_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
+def common_len(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32], page_size: int) -> int:
     """Length of the common prefix of a and b, floored to a page boundary."""
     n = min(len(a), len(b))
     if a[:n].tobytes() != b[:n].tobytes():  # memcmp first: most compares match fully
@@ -147,10 +156,10 @@ class RadixCache:
         return self.evictable_size + self.protected_size
 
     # ------------------------------------------------------------------ match
-    def _child_key(self, tokens: np.ndarray) -> bytes:
+    def _child_key(self, tokens: npt.NDArray[np.int32]) -> bytes:
         return tokens[: self.page_size].tobytes()
 
-    def _walk(self, tokens: np.ndarray) -> tuple[TreeNode, int, list[np.ndarray]]:
+    def _walk(self, tokens: npt.NDArray[np.int32]) -> tuple[TreeNode, int, list[npt.NDArray[np.int64]]]:
         """Follow ``tokens`` down as far as they match (page aligned), touching the path.
 
         A match that ends inside a node splits it there, so the returned node ends exactly at
@@ -158,7 +167,7 @@ class RadixCache:
         """
         ps = self.page_size
         node, pos, now = self.root, 0, self._tick()
-        parts: list[np.ndarray] = []
+        parts: list[npt.NDArray[np.int64]] = []
         while pos < len(tokens):
             child = node.children.get(self._child_key(tokens[pos:]))
             if child is None:
@@ -171,10 +180,10 @@ class RadixCache:
             node, pos = child, pos + n
         return node, pos, parts
 
-    def match_prefix(self, tokens: np.ndarray) -> MatchResult:
+    def match_prefix(self, tokens: npt.NDArray[np.integer]) -> MatchResult:
         """Longest cached prefix of ``tokens`` (page aligned); splits a node a match ends inside."""
-        tokens = np.asarray(tokens, dtype=np.int32)
-        node, _, parts = self._walk(tokens[: len(tokens) - len(tokens) % self.page_size])
+        ids = np.asarray(tokens, dtype=np.int32)
+        node, _, parts = self._walk(ids[: len(ids) - len(ids) % self.page_size])
         if not parts:
             return MatchResult(_EMPTY_SLOTS, node)
         return MatchResult(parts[0] if len(parts) == 1 else np.concatenate(parts), node)
@@ -201,24 +210,24 @@ class RadixCache:
         return upper
 
     # ----------------------------------------------------------------- insert
-    def insert(self, tokens: np.ndarray, slots: np.ndarray) -> InsertResult:
+    def insert(self, tokens: npt.NDArray[np.integer], slots: npt.NDArray[np.integer]) -> InsertResult:
         """Cache ``tokens`` whose KV sits in ``slots``. Call only after the KV is written.
 
         The tree takes ownership of the slots past ``present_len``; the caller still owns
         (and must free) its slots in ``[its own cached prefix, present_len)``.
         """
         ps = self.page_size
-        tokens = np.asarray(tokens, dtype=np.int32)
-        if len(tokens) % ps or len(tokens) != len(slots):
+        ids = np.asarray(tokens, dtype=np.int32)
+        if len(ids) % ps or len(ids) != len(slots):
             raise ValueError("insert needs a page-aligned key and one slot per token")
-        node, pos, parts = self._walk(tokens)
+        node, pos, parts = self._walk(ids)
         present = pos
-        if pos < len(tokens):
-            leaf = TreeNode(tokens[pos:].copy(), np.asarray(slots[pos:], dtype=np.int64).copy(), node)
+        if pos < len(ids):
+            leaf = TreeNode(ids[pos:].copy(), np.asarray(slots[pos:], dtype=np.int64).copy(), node)
             leaf.last_access = self._clock
             leaf.depth = pos
             if self.block_size:
-                self._hash_blocks(leaf, tokens)
+                self._hash_blocks(leaf, ids)
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_size += len(leaf)
             self.version += 1
@@ -227,14 +236,15 @@ class RadixCache:
         tree_slots = np.concatenate(parts) if parts else _EMPTY_SLOTS
         return InsertResult(present, node, tree_slots)
 
-    def _hash_blocks(self, leaf: TreeNode, tokens: np.ndarray) -> None:
+    def _hash_blocks(self, leaf: TreeNode, tokens: npt.NDArray[np.int32]) -> None:
         """Hash the full blocks ending in the new ``leaf``; ``tokens`` is its whole path's key."""
         bs = self.block_size
         first, last = leaf.depth // bs + 1, (leaf.depth + len(leaf)) // bs  # block numbers (1-based)
         if last < first:
             return
         start = (first - 1) * bs
-        leaf.blocks = chain(self._block_hash_ending_at(leaf.parent, start), tokens[start : last * bs], bs)  # type: ignore[arg-type]
+        assert leaf.parent is not None
+        leaf.blocks = chain(self._block_hash_ending_at(leaf.parent, start), tokens[start : last * bs], bs)
         self.block_events.append(("stored", leaf.blocks))
 
     def _block_hash_ending_at(self, node: TreeNode, end: int) -> int:
@@ -242,7 +252,7 @@ class RadixCache:
         if end == 0:
             return self._root_block_hash
         while not node.depth < end <= node.depth + len(node):
-            node = node.parent  # type: ignore[assignment]
+            node = _parent(node)
         bs = self.block_size
         return node.blocks[(end - (node.depth // bs + 1) * bs) // bs]
 
@@ -253,7 +263,7 @@ class RadixCache:
                 self.evictable_size -= len(node)
                 self.protected_size += len(node)
             node.lock_ref += 1
-            node = node.parent  # type: ignore[assignment]
+            node = _parent(node)
 
     def unlock(self, node: TreeNode) -> None:
         while node is not self.root:
@@ -263,7 +273,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 self.protected_size -= len(node)
                 self.evictable_size += len(node)
-            node = node.parent  # type: ignore[assignment]
+            node = _parent(node)
 
     # ------------------------------------------------------------------ evict
     def want(self, nodes: Iterable[TreeNode]) -> None:
@@ -273,7 +283,7 @@ class RadixCache:
         for node in nodes:
             while node is not self.root and node not in wanted:
                 wanted.add(node)
-                node = node.parent  # type: ignore[assignment]
+                node = _parent(node)
         self.wanted = wanted
 
     def wanted_evictable_size(self) -> int:
@@ -346,12 +356,14 @@ class RadixCache:
         """Cache what the request wrote, free its private pages, release its lock and row."""
         self._take_written(req)
         self._free_private(req)
-        self.unlock(req.last_node)  # type: ignore[arg-type]
+        assert req.last_node is not None
+        self.unlock(req.last_node)
         self._drop_row(req)
 
     def _drop_row(self, req: Req) -> None:
         """The request holds no KV any more: give back its table row."""
-        self.req_to_token.free(req.req_pool_idx)  # type: ignore[arg-type]
+        assert req.req_pool_idx is not None
+        self.req_to_token.free(req.req_pool_idx)
         req.req_pool_idx = req.last_node = None
         req.cached_len = req.kv_len = req.alloc_len = 0
 
@@ -377,8 +389,9 @@ class RadixCache:
 
     def _free_private(self, req: Req) -> None:
         if req.alloc_len > req.cached_len:
+            assert req.req_pool_idx is not None
             ps = self.page_size
-            slots = self.req_to_token.read(req.req_pool_idx, req.cached_len, req.alloc_len)  # type: ignore[arg-type]
+            slots = self.req_to_token.read(req.req_pool_idx, req.cached_len, req.alloc_len)
             self.allocator.free_pages(slots[::ps] // ps)
 
 
@@ -387,10 +400,10 @@ class NoCache(RadixCache):
 
     disabled = True
 
-    def match_prefix(self, tokens: np.ndarray) -> MatchResult:
+    def match_prefix(self, tokens: npt.NDArray[np.integer]) -> MatchResult:
         return MatchResult(_EMPTY_SLOTS, self.root)
 
-    def insert(self, tokens: np.ndarray, slots: np.ndarray) -> InsertResult:
+    def insert(self, tokens: npt.NDArray[np.integer], slots: npt.NDArray[np.integer]) -> InsertResult:
         raise RuntimeError("the prefix cache is disabled")
 
     def evict(self, num_tokens: int) -> int:

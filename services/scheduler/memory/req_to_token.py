@@ -20,6 +20,7 @@ it. On CPU the mirror is the host array itself (a zero-copy view), so there is n
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 
@@ -34,7 +35,8 @@ class ReqToTokenPool:
         self._free_rows = list(range(max_running - 1, -1, -1))
         self._row_free = np.ones(max_running, dtype=bool)
         self.device_table: torch.Tensor = torch.from_numpy(self.host)  # the mirror (CPU: this array)
-        self._log: list[tuple[np.ndarray, np.ndarray]] | None = None  # (rows, cols) written since sync
+        # (rows, cols) written since the last sync
+        self._log: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] | None = None
 
     @property
     def num_free(self) -> int:
@@ -53,22 +55,26 @@ class ReqToTokenPool:
         self._row_free[row] = True
         self._free_rows.append(row)
 
-    def write(self, row: int, start: int, slots: np.ndarray) -> None:
+    def write(self, row: int, start: int, slots: npt.NDArray[np.integer]) -> None:
         """Set the slots of tokens ``[start, start + len(slots))`` of ``row``."""
         end = start + len(slots)
         if end > self.max_context:
             raise ValueError(f"context {end} exceeds max_context {self.max_context}")
         self.host[row, start:end] = slots
         if self._log is not None and end > start:
-            self._log.append((np.full(end - start, row, dtype=np.int64), np.arange(start, end)))
+            self._log.append(
+                (np.full(end - start, row, dtype=np.int64), np.arange(start, end, dtype=np.int64))
+            )
 
-    def write_tokens(self, rows: np.ndarray, cols: np.ndarray, slots: np.ndarray) -> None:
+    def write_tokens(
+        self, rows: npt.NDArray[np.integer], cols: npt.NDArray[np.integer], slots: npt.NDArray[np.integer]
+    ) -> None:
         """Scatter one slot per (row, col): the decode step's write, one call per batch."""
         self.host[rows, cols] = slots
         if self._log is not None and len(rows):
             self._log.append((np.asarray(rows, np.int64), np.asarray(cols, np.int64)))
 
-    def read(self, row: int, start: int, end: int) -> np.ndarray:
+    def read(self, row: int, start: int, end: int) -> npt.NDArray[np.int64]:
         return self.host[row, start:end].astype(np.int64)
 
     # ------------------------------------------------------------------ device mirror
@@ -79,7 +85,7 @@ class ReqToTokenPool:
         self.device_table = torch.from_numpy(self.host).to(device)
         self._log = []
 
-    def take_pending(self) -> np.ndarray | None:
+    def take_pending(self) -> npt.NDArray[np.int64] | None:
         """Every write since the last call as one int64 array ``[rows, cols, slots]`` to send to the
         device (None: nothing to send, or no mirror). Slots are read now, not at write time, so a
         cell written twice sends its latest slot both times."""

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 
 import numpy as np
+import numpy.typing as npt
 
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.allocator import pages_for
@@ -70,7 +71,8 @@ class PrefillAdder:
         self.num_running = len(running)
         self.reqs: list[Req] = []
         self.extend_lens: list[int] = []
-        self.out_slots: list[np.ndarray] = []  # per admitted request, the slots its new tokens write
+        # per admitted request, the slots its new tokens write
+        self.out_slots: list[npt.NDArray[np.int64]] = []
         self.chunked: Req | None = None  # the request cut short in this batch, if any
 
     def _decode_reserve(self, req: Req) -> int:  # decode_reserve() for one request, minus the overhead

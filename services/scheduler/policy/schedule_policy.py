@@ -102,10 +102,11 @@ class SchedulePolicy:
                 root = node
             else:
                 kids[node.parent].append(node)
+        assert root is not None  # every path above ends at the root
         # Post-order: a node's heaviest subtrees first, then the requests that end on it
         # (requests with no cached prefix end on the root and so come last).
         out: list[Req] = []
-        stack: list[tuple[TreeNode, bool]] = [(root, False)]  # type: ignore[list-item]
+        stack: list[tuple[TreeNode, bool]] = [(root, False)]
         while stack:
             node, expanded = stack.pop()
             if expanded:
