@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from radixserve.common.sampling import find_stop
 
@@ -27,6 +27,12 @@ LOST_START = (
     "the detokenizer never saw this request's start (it restarted mid-request?): its text cannot be"
     " rebuilt; retry the request"
 )
+
+
+class Tokenizer(Protocol):
+    """What detokenizing needs of a Hugging Face tokenizer: decoding many sequences in one call."""
+
+    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = ...) -> list[str]: ...
 
 
 @dataclass(slots=True)
@@ -79,7 +85,7 @@ class TokenUpdate:
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, max_finished_memory: int = 100_000) -> None:
+    def __init__(self, tokenizer: Tokenizer, max_finished_memory: int = 100_000) -> None:
         self.tokenizer = tokenizer
         self.states: dict[str, DecodeState] = {}
         # Requests ended here by a stop string while their scheduler may still send tokens until
@@ -155,11 +161,10 @@ class IncrementalDetokenizer:
     def _flush(self, st: DecodeState) -> None:
         """The request ended: what is held back for an incomplete character goes out as it is."""
         if st.read_offset < len(st.ids):
-            decode = self.tokenizer.decode
-            old = decode(
-                st.ids[st.prefix_offset : st.read_offset], skip_special_tokens=st.skip_special_tokens
+            old, new = self.tokenizer.batch_decode(
+                [st.ids[st.prefix_offset : st.read_offset], st.ids[st.prefix_offset :]],
+                skip_special_tokens=st.skip_special_tokens,
             )
-            new = decode(st.ids[st.prefix_offset :], skip_special_tokens=st.skip_special_tokens)
             st.text += new[len(old) :]
             st.read_offset = len(st.ids)
 

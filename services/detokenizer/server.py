@@ -9,20 +9,20 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from concurrent import futures
-from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from radixserve.common import telemetry
 from radixserve.common.rpc import SERVER_OPTIONS, StreamSender, add_health, pb, pb_grpc
-from radixserve.detokenizer.incremental import IncrementalDetokenizer, TextDelta, TokenUpdate
+from radixserve.detokenizer.incremental import IncrementalDetokenizer, TextDelta, Tokenizer, TokenUpdate
 
 log = logging.getLogger(__name__)
 
 
-def updates_from_proto(batch: Any) -> list[TokenUpdate]:
+def updates_from_proto(batch: pb.TokenBatch) -> list[TokenUpdate]:
     out = []
     for e in batch.reqs:
         u = TokenUpdate(e.rid, e.reply_to, list(e.token_ids), e.finish_reason, e.error)
@@ -34,7 +34,7 @@ def updates_from_proto(batch: Any) -> list[TokenUpdate]:
     return out
 
 
-def text_to_proto(d: TextDelta) -> Any:
+def text_to_proto(d: TextDelta) -> pb.RequestText:
     return pb.RequestText(
         rid=d.rid,
         text=d.text,
@@ -71,7 +71,7 @@ class DetokenizerMetrics:
 
 
 class DetokenizerService(pb_grpc.DetokenizerServicer):
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.detok = IncrementalDetokenizer(tokenizer)
         self._lock = threading.Lock()  # one stream per scheduler, one detokenizer state
         self._senders: dict[str, StreamSender] = {}
@@ -79,12 +79,14 @@ class DetokenizerService(pb_grpc.DetokenizerServicer):
         self.tracing = telemetry.enabled()
         self._traced: dict[str, tuple[dict[str, str], float]] = {}  # rid -> (trace headers, first seen)
 
-    def PushTokens(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:
+    def PushTokens(
+        self, request_iterator: Iterator[pb.TokenBatch], context: grpc.ServicerContext
+    ) -> pb.PushReply:
         for batch in request_iterator:
             self.handle(batch)
         return pb.PushReply()
 
-    def handle(self, batch: Any) -> None:
+    def handle(self, batch: pb.TokenBatch) -> None:
         t0 = time.perf_counter()
         updates = updates_from_proto(batch)
         if self.tracing:
@@ -94,7 +96,7 @@ class DetokenizerService(pb_grpc.DetokenizerServicer):
                     self._traced[e.rid] = (dict(e.options.trace_context), now)
         with self._lock:
             deltas = self.detok.process(updates)
-            by_gateway: dict[str, list[Any]] = defaultdict(list)
+            by_gateway: dict[str, list[pb.RequestText]] = defaultdict(list)
             for d in deltas:
                 by_gateway[d.reply_to].append(text_to_proto(d))
             for gateway, reqs in by_gateway.items():
@@ -121,6 +123,7 @@ class DetokenizerService(pb_grpc.DetokenizerServicer):
                 first_seen,
                 time.monotonic(),
                 {
+                    "radixserve.rid": d.rid,  # the gateway's request id, with the choice's index
                     "gen_ai.usage.output_tokens": d.completion_tokens,
                     "gen_ai.response.finish_reasons": [d.finish_reason],
                     "radixserve.matched_stop": d.matched_stop,

@@ -1,9 +1,10 @@
 """The gateway's core, shared by the HTTP and the gRPC front: tokenize, pick a scheduler, submit
 with ``reply_to`` naming this gateway, and fan the detokenizer's results back to each client.
 
-One client request with ``n`` choices is ``n`` scheduler requests (rids ``<id>-<i>``) whose results
-share one queue. Whatever ends a client's wait early (disconnect, error, a stop string the
-detokenizer found) aborts what is still running on the scheduler.
+One client request (its lifecycle: session.py) with ``n`` choices is ``n`` scheduler requests whose
+results share one queue; their rids are the request's id with the choice's index (``<rid>-<i>``).
+Whatever ends a client's wait early (disconnect, error, a stop string the detokenizer found) aborts
+what is still running on the scheduler.
 """
 
 from __future__ import annotations
@@ -11,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -23,6 +22,7 @@ from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
 from radixserve.common.rpc import pb, sampling_to_proto
 from radixserve.common.sampling import SamplingError, SamplingParams
 from radixserve.common.service_config import GatewayConfig
+from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.router import CacheAwareRouter, LeastLoadRouter, RoundRobinRouter, Router
 from radixserve.tokenizer.scheduler_pool import SchedulerHandle, SchedulerPool
@@ -30,65 +30,36 @@ from radixserve.tokenizer.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
-
-class ApiError(Exception):
-    """An error a client sees: HTTP status + OpenAI error body, or the matching gRPC status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-_FROM_GRPC = {
-    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    grpc.StatusCode.ALREADY_EXISTS: (400, "invalid_request_error"),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    grpc.StatusCode.UNAVAILABLE: (503, "server_error"),
-    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "server_error"),
-}
-
-
-def internal_error(metrics: GatewayMetrics, exc: BaseException) -> ApiError:
-    """An unexpected exception as the error a client sees: a 500 with an id, logged and counted."""
-    error_id = uuid.uuid4().hex[:12]
-    metrics.internal_errors.inc()
-    log.error("internal error %s: %r", error_id, exc, exc_info=exc)
-    return ApiError(
-        500, f"internal error {error_id} (logged); this is a bug, not your request", "server_error"
-    )
-
-
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens"}  # SamplingParams' names where the API's differ
 
+Delivery = tuple[int, pb.RequestText | ApiError]  # a choice's index, and its next text or its failure
 
-def error_from_grpc(e: grpc.aio.AioRpcError, where: str) -> ApiError:
-    status, type_ = _FROM_GRPC.get(e.code(), (500, "server_error"))
-    msg = e.details() or e.code().name
-    return ApiError(status, msg if status < 500 else f"{where}: {msg}", type_)
+
+def scheduler_rid(rid: str, index: int) -> str:
+    """The rid of a request's choice on the scheduler and the detokenizer: the request's id with the
+    choice's index, since a request with ``n`` choices (or several prompts) is that many scheduler
+    requests, and both services keep their state by rid (unique across the deployment)."""
+    return f"{rid}-{index}"
+
+
+def retry_rid(rid: str) -> str:
+    """A re-sent scheduler request's rid: its own, since the pod it left (or the detokenizer, which
+    may hold its start) can still know the old one."""
+    return f"{rid}.retry"
 
 
 @dataclass(eq=False, slots=True)
 class Choice:
     """One scheduler request: a choice of a client request."""
 
-    rid: str
+    rid: str  # scheduler_rid(the request's id, index), retry_rid'd per re-send
     index: int
     scheduler: SchedulerHandle
-    queue: asyncio.Queue[tuple[int, Any]]  # (index, pb.RequestText | ApiError), shared by a request's choices
+    queue: asyncio.Queue[Delivery]  # shared by a request's choices
     prompt_tokens: int
-    prompt_index: int = 0  # which prompt of a multi-prompt request
-    request: Any = None  # the pb.TokenizedRequest sent (again, if its scheduler fails before it starts)
-    trace: RequestTrace | None = None
+    prompt_index: int  # which prompt of a multi-prompt request
+    request: pb.TokenizedRequest  # what was sent (again, if its scheduler fails before it starts)
+    trace: RequestTrace
     submitted: bool = False  # its scheduler accepted it (before that it cannot know it)
     retried: bool = False  # re-sent once already
     released: bool = False  # the client is done with it
@@ -144,7 +115,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.live_in_index: set[str] | None = None  # Redis: pods with a live heartbeat (None: unknown)
         self.choices: dict[str, Choice] = {}  # live rids of this gateway
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.pool.start()
@@ -158,7 +129,7 @@ class Gateway:
             t.cancel()
         await self.pool.close()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -228,7 +199,7 @@ class Gateway:
         msg = (
             "the response was lost between the gateway's services (a detokenizer restart?); retry the request"
         )
-        c.queue.put_nowait((c.index, ApiError(503, msg, "server_error")))
+        c.queue.put_nowait((c.index, retryable(msg)))
 
     def candidates(self) -> list[SchedulerHandle]:
         healthy = self.pool.healthy()
@@ -258,25 +229,25 @@ class Gateway:
     # -------------------------------------------------------------------------- requests
     async def submit(
         self,
+        rid: str,
         input_ids: list[int],
         sp: SamplingParams,
-        n: int = 1,
-        skip_special_tokens: bool = True,
-        trace: RequestTrace | None = None,
-        queue: asyncio.Queue[tuple[int, Any]] | None = None,
+        n: int,
+        skip_special_tokens: bool,
+        trace: RequestTrace,
+        queue: asyncio.Queue[Delivery],
         prompt_index: int = 0,
     ) -> list[Choice]:
-        """Send ``n`` requests for one prompt to one scheduler; raises ApiError.
+        """Send ``n`` requests for one prompt of request ``rid`` to one scheduler; raises ApiError.
 
-        The choices' results go to ``queue`` (a new one if None) indexed ``prompt_index * n + i``.
-        A scheduler that cannot be reached (UNAVAILABLE: gone, or draining) is left out of routing
-        and the choices go to another one, once."""
+        The choices' results go to ``queue`` indexed ``prompt_index * n + i``. A scheduler that
+        cannot be reached (UNAVAILABLE: gone, or draining) is left out of routing and the choices go
+        to another one, once."""
         try:
             sp.validate()
         except SamplingError as e:  # the same ranges and words for HTTP, gRPC and the Engine
             raise ApiError(400, str(e), param=_OPENAI_NAMES.get(e.param, e.param)) from e
-        queue = queue if queue is not None else asyncio.Queue()
-        trace_context = trace.carrier() if trace is not None else {}
+        trace_context = trace.carrier()
         requests = []
         for i in range(n):
             sp_i = replace(sp, seed=sp.seed + i) if sp.seed is not None and n > 1 else sp
@@ -291,11 +262,11 @@ class Gateway:
         failed: SchedulerHandle | None = None
         while True:
             h = self._route(input_ids, trace, avoid=failed)
-            base = uuid.uuid4().hex
-            choices = [
-                Choice(f"{base}-{i}", prompt_index * n + i, h, queue, len(input_ids), prompt_index, r, trace)
-                for i, r in enumerate(requests)
-            ]
+            choices = []
+            for k, r in enumerate(requests, start=prompt_index * n):
+                # The failed pod may have taken some of them already: the second try's rids are new.
+                wire_rid = scheduler_rid(rid, k) if failed is None else retry_rid(scheduler_rid(rid, k))
+                choices.append(Choice(wire_rid, k, h, queue, len(input_ids), prompt_index, r, trace))
             for c in choices:
                 self._register(c, h)
             s0 = time.monotonic()
@@ -313,25 +284,23 @@ class Gateway:
                     raise error_from_grpc(e, f"scheduler {h.address}") from e
                 self.pool.unreachable(h, f"Submit: {e.details()}")
                 self.metrics.retries.labels("submit").inc()
-                if trace is not None:
-                    trace.child("retry", s0, time.monotonic(), _retry_attrs(h, f"Submit: {e.code().name}"))
+                trace.child("retry", s0, time.monotonic(), _retry_attrs(h, f"Submit: {e.code().name}"))
                 failed = h
                 continue
             now = time.monotonic()
             for c in choices:
                 c.submitted, c.heard_at = True, now
-            if trace is not None:
-                trace.child(
-                    "submit", s0, time.monotonic(), {"radixserve.pod": h.address, "radixserve.choices": n}
-                )
+            trace.child(
+                "submit", s0, time.monotonic(), {"radixserve.pod": h.address, "radixserve.choices": n}
+            )
             return choices
 
     def _route(
-        self, input_ids: Sequence[int], trace: RequestTrace | None, avoid: SchedulerHandle | None = None
+        self, input_ids: Sequence[int], trace: RequestTrace, avoid: SchedulerHandle | None = None
     ) -> SchedulerHandle:
         candidates = [h for h in self.candidates() if h is not avoid]
         if not candidates:
-            raise ApiError(503, "no scheduler is available", "server_error")
+            raise retryable("no scheduler is available")
         r0 = time.monotonic()
         h = self.router.choose(input_ids, candidates)
         r1 = time.monotonic()
@@ -339,8 +308,7 @@ class Gateway:
         if decision is not None:
             self.metrics.route_decisions.labels(self.router.name, decision.reason).inc()
             self.metrics.route_seconds.observe(decision.seconds)
-        if trace is not None:
-            trace.routed(decision, self.router.name, r0, r1)
+        trace.routed(decision, self.router.name, r0, r1)
         return h
 
     def _register(self, c: Choice, h: SchedulerHandle) -> None:
@@ -360,15 +328,11 @@ class Gateway:
         try:
             h = self._route(list(c.request.input_ids), c.trace, avoid=failed if avoid else None)
         except ApiError as e:
-            err = (
-                _went_away(failed, why)
-                if avoid
-                else ApiError(503, f"{why}; retry the request", "server_error")
-            )
+            err = _went_away(failed, why) if avoid else retryable(f"{why}; retry the request")
             c.queue.put_nowait((c.index, err))
             log.info("request %s: no scheduler to re-send it to (%s)", c.rid, e.message)
             return
-        old, c.rid = c.rid, f"{c.rid}.retry"
+        old, c.rid = c.rid, retry_rid(c.rid)
         c.request.rid = c.rid
         self._register(c, h)
         self.metrics.retries.labels("down" if avoid else "lost start").inc()
@@ -387,25 +351,8 @@ class Gateway:
             self._abort(h, [c.rid], "client disconnected")
             return
         log.info("request %s: %s before its first token; re-sent to %s", old, why, h.address)
-        if c.trace is not None:
-            attrs = {**_retry_attrs(failed, why), "radixserve.retry.to": h.address}
-            c.trace.child("retry", t0, time.monotonic(), attrs)
-
-    async def events(self, choices: list[Choice]) -> AsyncIterator[list[tuple[int, Any]]]:
-        """Results as they come, a list of (choice index, pb.RequestText) at a time, until every choice
-        has finished; raises ApiError if a choice failed (its scheduler went away, ...)."""
-        queue = choices[0].queue
-        left = len(choices)
-        while left:
-            got = [await queue.get()]
-            while not queue.empty():
-                got.append(queue.get_nowait())
-            for _, item in got:
-                if isinstance(item, ApiError):
-                    raise item
-                if item.finish_reason:
-                    left -= 1
-            yield got
+        attrs = {**_retry_attrs(failed, why), "radixserve.retry.to": h.address}
+        c.trace.child("retry", t0, time.monotonic(), attrs)
 
     def release(self, choices: list[Choice], reason: str) -> None:
         """The client is done with these choices: abort those still running (no-op for ended ones)."""
@@ -433,7 +380,7 @@ class Gateway:
         self._spawn(call())
 
     # ------------------------------------------------------------------ from the detokenizer
-    def deliver(self, batch: Any, via: object) -> None:
+    def deliver(self, batch: pb.TextBatch, via: object) -> None:
         early: dict[SchedulerHandle, list[str]] = {}
         for t in batch.reqs:
             c = self.choices.get(t.rid)
@@ -466,11 +413,7 @@ class Gateway:
         if not lost:
             return
         log.warning("a detokenizer stream ended: failing the %d requests it was delivering", len(lost))
-        err = ApiError(
-            503,
-            "the detokenizer delivering this response went away mid-request; retry the request",
-            "server_error",
-        )
+        err = retryable("the detokenizer delivering this response went away mid-request; retry the request")
         by_pod: dict[SchedulerHandle, list[str]] = {}
         for c in lost:
             del self.choices[c.rid]
@@ -514,10 +457,8 @@ class Gateway:
 
 
 def _went_away(h: SchedulerHandle, why: str) -> ApiError:
-    return ApiError(
-        503, f"scheduler {h.address} went away mid-request ({why}); retry the request", "server_error"
-    )
+    return retryable(f"scheduler {h.address} went away mid-request ({why}); retry the request")
 
 
-def _retry_attrs(h: SchedulerHandle, why: str) -> dict[str, Any]:
+def _retry_attrs(h: SchedulerHandle, why: str) -> dict[str, str]:
     return {"radixserve.retry.from": h.address, "radixserve.retry.reason": why}

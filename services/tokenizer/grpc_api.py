@@ -1,17 +1,21 @@
-"""The gateway's gRPC face: public Generate (server-streaming) and the detokenizer's Deliver stream."""
+"""The gateway's gRPC face: public Generate (server-streaming) and the detokenizer's Deliver stream.
+
+A Generate call's lifecycle (submit, results, abort on cancel, usage) is its RequestSession's
+(session.py); this module turns a GenerateRequest into a session and its outputs into
+GenerateResponses: one per delivery when streaming, else one with the whole text.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
 
 from radixserve.common.rpc import pb, pb_grpc, sampling_from_proto
-from radixserve.tokenizer import openai_api as api
-from radixserve.tokenizer.gateway import ApiError, Gateway
-from radixserve.tokenizer.gateway import internal_error as _internal
-from radixserve.tokenizer.tracing import RequestTrace
+from radixserve.tokenizer.errors import ApiError
+from radixserve.tokenizer.gateway import Gateway
+from radixserve.tokenizer.session import RequestSession
 
 GENERATE_DEFAULT_MAX_TOKENS = 16  # as /v1/completions
 
@@ -28,7 +32,9 @@ class GatewayService(pb_grpc.GatewayServicer):
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
 
-    async def Deliver(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def Deliver(
+        self, request_iterator: AsyncIterator[pb.TextBatch], context: grpc.aio.ServicerContext
+    ) -> pb.DeliverReply:
         via = object()  # this stream: the requests whose text comes through it
         try:
             async for batch in request_iterator:
@@ -39,83 +45,71 @@ class GatewayService(pb_grpc.GatewayServicer):
             self.gw.delivery_broke(via)
         return pb.DeliverReply()
 
-    async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
         gw = self.gw
-        choices = []
-        trace = RequestTrace(
+        session = RequestSession(
+            gw,
             "radixserve.v1.Gateway/Generate",
             {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)},
             {"gen_ai.request.model": request.model or gw.model_name, "radixserve.stream": request.stream},
+            gone="client cancelled",
         )
-        usage, reasons, error = None, [], None
         try:
-            if request.model and request.model != gw.model_name:
-                raise ApiError(
-                    404, f"model {request.model!r} is not served here (this server serves {gw.model_name!r})"
-                )
-            which = request.WhichOneof("input")
-            if which == "text":
-                ids = gw.encode(request.text)
-            elif which == "input_ids":
-                ids = list(request.input_ids.ids)
-            elif which == "chat":
-                ids = gw.encode_chat([{"role": m.role, "content": m.content} for m in request.chat.messages])
-            else:
-                raise ApiError(400, "one of text, input_ids or chat is required")
-            if not ids:
-                raise ApiError(400, "the input is empty", param=which)
-            sp = sampling_from_proto(request.sampling, GENERATE_DEFAULT_MAX_TOKENS)
-            s = request.sampling
-            skip = s.skip_special_tokens if s.HasField("skip_special_tokens") else True
-            trace.child("tokenize", trace.start, time.monotonic())
-            choices = await gw.submit(ids, sp, 1, skip, trace=trace)
-            text: list[str] = []
-            tokens: list[int] = []
-            async for got in gw.events(choices):
-                trace.result()
-                for _, t in got:
-                    if t.finish_reason == "abort":
-                        raise ApiError(503, t.error or "the request was aborted")
-                    pb_usage = None
-                    if t.finish_reason:
-                        reasons.append(t.finish_reason)
-                        usage = api.usage(t.prompt_tokens, t.completion_tokens, t.cached_tokens)
-                        pb_usage = pb.Usage(
-                            prompt_tokens=t.prompt_tokens,
-                            completion_tokens=t.completion_tokens,
-                            cached_tokens=t.cached_tokens,
-                        )
-                    if request.stream:
-                        yield pb.GenerateResponse(
-                            rid=t.rid,
-                            text=t.text,
-                            token_ids=t.token_ids,
-                            finish_reason=t.finish_reason,
-                            usage=pb_usage,
-                        )
-                    else:
-                        text.append(t.text)
-                        tokens += t.token_ids
-                        if t.finish_reason:
-                            yield pb.GenerateResponse(
-                                rid=t.rid,
-                                text="".join(text),
-                                token_ids=tokens,
-                                finish_reason=t.finish_reason,
-                                usage=pb_usage,
-                            )
-        except ApiError as e:
-            error = e.message
+            async with session:
+                ids = self._input_ids(request)
+                sp = sampling_from_proto(request.sampling, GENERATE_DEFAULT_MAX_TOKENS)
+                s = request.sampling
+                skip = s.skip_special_tokens if s.HasField("skip_special_tokens") else True
+                session.trace.child("tokenize", session.trace.start, time.monotonic())
+                await session.submit([ids], sp, 1, skip)
+                text: list[str] = []
+                tokens: list[int] = []
+                async for outputs in session:
+                    for o in outputs:
+                        if request.stream:
+                            yield _response(session, o.text, o.token_ids, o.finish_reason)
+                            continue
+                        text.append(o.text)
+                        tokens += o.token_ids
+                        if o.finish_reason is not None:
+                            yield _response(session, "".join(text), tokens, o.finish_reason)
+        except ApiError as e:  # an unexpected exception is one too (a 500: INTERNAL), see RequestSession
             await context.abort(_TO_GRPC.get(e.status, grpc.StatusCode.INTERNAL), e.message)
-        except Exception as e:  # a bug, not bad input: logged with an id the client also gets
-            if isinstance(e, grpc.aio.AbortError):
-                raise
-            err = _internal(gw.metrics, e)
-            error = err.message
-            await context.abort(grpc.StatusCode.INTERNAL, err.message)
-        finally:  # also when the client cancels the call
-            if choices:
-                gw.release(choices, "client cancelled")
-            if usage is None and error is None:
-                error = "client cancelled"
-            trace.end(usage, reasons, error)
+
+    def _input_ids(self, request: pb.GenerateRequest) -> list[int]:
+        gw = self.gw
+        if request.model and request.model != gw.model_name:
+            raise ApiError(
+                404, f"model {request.model!r} is not served here (this server serves {gw.model_name!r})"
+            )
+        which = request.WhichOneof("input")
+        if which == "text":
+            ids = gw.encode(request.text)
+        elif which == "input_ids":
+            ids = list(request.input_ids.ids)
+        elif which == "chat":
+            ids = gw.encode_chat([{"role": m.role, "content": m.content} for m in request.chat.messages])
+        else:
+            raise ApiError(400, "one of text, input_ids or chat is required")
+        if not ids:
+            raise ApiError(400, "the input is empty", param=which)
+        return ids
+
+
+def _response(
+    session: RequestSession, text: str, token_ids: list[int], finish_reason: str | None
+) -> pb.GenerateResponse:
+    """A GenerateResponse of the request's one choice; the last one (finished) carries the usage."""
+    usage = None
+    if finish_reason is not None:
+        u = session.usage()
+        usage = pb.Usage(
+            prompt_tokens=u.prompt_tokens,
+            completion_tokens=u.completion_tokens,
+            cached_tokens=u.cached_tokens,
+        )
+    return pb.GenerateResponse(
+        rid=session.rid, text=text, token_ids=token_ids, finish_reason=finish_reason or "", usage=usage
+    )

@@ -15,7 +15,9 @@ One schema per endpoint, strict and bounded, so bad input is a 400 that names th
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Literal, TypedDict
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -68,7 +70,7 @@ class _Sampling(_Strict):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, object] | None = None
 
     def sampling_params(self, max_new_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -95,7 +97,7 @@ class _Sampling(_Strict):
                 return name, f"{name}={value!r} is not supported by this server (only {neutral[0]!r})"
         return None
 
-    def _optional_features(self) -> list[tuple[str, Any, tuple[Any, ...]]]:
+    def _optional_features(self) -> list[tuple[str, object, tuple[object, ...]]]:
         rf = self.response_format
         return [
             ("presence_penalty", self.presence_penalty, (0.0,)),
@@ -122,7 +124,7 @@ class CompletionRequest(_Sampling):
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     suffix: Text | None = None
 
-    def _optional_features(self) -> list[tuple[str, Any, tuple[Any, ...]]]:
+    def _optional_features(self) -> list[tuple[str, object, tuple[object, ...]]]:
         return [
             *super()._optional_features(),
             ("echo", self.echo, (False,)),
@@ -154,11 +156,11 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(le=MAX_TOKENS)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Text | dict[str, Any] | None = None
+    tools: list[dict[str, object]] | None = None
+    tool_choice: Text | dict[str, object] | None = None
     parallel_tool_calls: bool | None = None
 
-    def _optional_features(self) -> list[tuple[str, Any, tuple[Any, ...]]]:
+    def _optional_features(self) -> list[tuple[str, object, tuple[object, ...]]]:
         return [
             *super()._optional_features(),
             ("logprobs", self.logprobs, (None, False)),
@@ -168,7 +170,73 @@ class ChatCompletionRequest(_Sampling):
         ]
 
 
-def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+# ---------------------------------------------------------------------------------- responses
+class CachedTokens(TypedDict):
+    cached_tokens: int
+
+
+class UsageBody(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: CachedTokens
+
+
+class CompletionChoice(TypedDict):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: str | None
+
+
+class AssistantMessage(TypedDict, total=False):
+    role: str
+    content: str
+
+
+class ChatChoice(TypedDict):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: str | None
+
+
+class ChatDeltaChoice(TypedDict):
+    index: int
+    delta: AssistantMessage
+    logprobs: None
+    finish_reason: str | None
+
+
+class _Body(TypedDict):
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: Sequence[CompletionChoice | ChatChoice | ChatDeltaChoice]
+
+
+class Body(_Body, total=False):
+    """A response, or a chunk of a streamed one (chunks have ``usage`` with include_usage only)."""
+
+    usage: UsageBody | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceText:
+    """A finished choice of a non-streamed response."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+def response_id(rid: str, chat: bool) -> str:
+    """The OpenAI id of request ``rid``'s response (and of each chunk of it): the request's own id."""
+    return f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
+
+
+def usage(prompt: int, completion: int, cached: int) -> UsageBody:
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -177,34 +245,32 @@ def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     }
 
 
-def completion_body(
-    rid: str, model: str, choices: list[dict[str, Any]], use: dict[str, Any]
-) -> dict[str, Any]:
+def completion_body(rid: str, model: str, choices: Sequence[ChoiceText], use: UsageBody) -> Body:
     return {
-        "id": f"cmpl-{rid}",
+        "id": response_id(rid, chat=False),
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"index": c["index"], "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
+            {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
             for c in choices
         ],
         "usage": use,
     }
 
 
-def chat_body(rid: str, model: str, choices: list[dict[str, Any]], use: dict[str, Any]) -> dict[str, Any]:
+def chat_body(rid: str, model: str, choices: Sequence[ChoiceText], use: UsageBody) -> Body:
     return {
-        "id": f"chatcmpl-{rid}",
+        "id": response_id(rid, chat=True),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "choices": [
             {
-                "index": c["index"],
-                "message": {"role": "assistant", "content": c["text"]},
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
                 "logprobs": None,
-                "finish_reason": c["finish_reason"],
+                "finish_reason": c.finish_reason,
             }
             for c in choices
         ],
@@ -214,9 +280,9 @@ def chat_body(rid: str, model: str, choices: list[dict[str, Any]], use: dict[str
 
 def completion_chunk(
     rid: str, model: str, created: int, index: int, text: str, finish_reason: str | None
-) -> dict[str, Any]:
+) -> Body:
     return {
-        "id": f"cmpl-{rid}",
+        "id": response_id(rid, chat=False),
         "object": "text_completion",
         "created": created,
         "model": model,
@@ -225,10 +291,10 @@ def completion_chunk(
 
 
 def chat_chunk(
-    rid: str, model: str, created: int, index: int, delta: dict[str, str], finish_reason: str | None
-) -> dict[str, Any]:
+    rid: str, model: str, created: int, index: int, delta: AssistantMessage, finish_reason: str | None
+) -> Body:
     return {
-        "id": f"chatcmpl-{rid}",
+        "id": response_id(rid, chat=True),
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
@@ -236,7 +302,19 @@ def chat_chunk(
     }
 
 
-def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+def usage_chunk(rid: str, model: str, created: int, chat: bool, use: UsageBody) -> Body:
+    """The last chunk of a stream with include_usage: no choices, the request's usage."""
+    return {
+        "id": response_id(rid, chat),
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": use,
+    }
+
+
+def validation_message(errors: Sequence[Mapping[str, object]]) -> tuple[str, str | None]:
     """A pydantic error list as one message a client can act on, and the offending field."""
     first = errors[0]
     if first.get("type") == "json_invalid":
@@ -249,14 +327,15 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return msgs, _where(first)
 
 
-def _where(e: dict[str, Any]) -> str:
+def _where(e: Mapping[str, object]) -> str:
     # union branches appear in the location as their type ("str", "list[int]"): not a field name
-    loc = [
+    loc = e.get("loc", ())
+    parts = [
         str(x)
-        for x in e.get("loc", ())
+        for x in (loc if isinstance(loc, (list, tuple)) else ())
         if x != "body" and not (isinstance(x, str) and ("[" in x or x in _TYPES))
     ]
-    return ".".join(loc) or "body"
+    return ".".join(parts) or "body"
 
 
 _TYPES = {"str", "int", "float", "bool"}

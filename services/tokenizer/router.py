@@ -26,9 +26,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
+from radixserve.common.prefix_index import PrefixIndex
 from radixserve.common.service_config import ROUTERS, RoutingConfig
 from radixserve.tokenizer.scheduler_pool import SchedulerHandle
 
@@ -140,7 +141,7 @@ class CacheAwareRouter(_Recorder):
 
     def __init__(
         self,
-        index: Any,
+        index: PrefixIndex,
         model_name: str,
         block_size: int = DEFAULT_BLOCK_SIZE,
         balance_abs: int = ROUTING.balance_abs_threshold,
@@ -168,7 +169,7 @@ class CacheAwareRouter(_Recorder):
         self._index_down_until = 0.0
         self._n = itertools.count()
 
-    def _new_prefix_rank(self, c: SchedulerHandle, tokens: int, now: float) -> tuple[Any, ...]:
+    def _new_prefix_rank(self, c: SchedulerHandle, tokens: int, now: float) -> tuple[bool, int, int, int]:
         """Sort key of the pods for a prompt that matches nowhere: smallest is best."""
         ws = self.working_set.blocks(c.address, now) * self.block_size
         capacity = c.load.kv_capacity_tokens if c.load is not None else 0

@@ -79,8 +79,8 @@ class SchedulerPool:
     def start(self) -> None:
         for h in self.handles:
             h.channel = grpc.aio.insecure_channel(h.address, options=CHANNEL_OPTIONS)
-            h.stub = pb_grpc.SchedulerStub(h.channel)
-            self._tasks.append(asyncio.create_task(self._watch(h)))
+            h.stub = stub = pb_grpc.SchedulerStub(h.channel)
+            self._tasks.append(asyncio.create_task(self._watch(h, stub)))
 
     def healthy(self) -> list[SchedulerHandle]:
         return [h for h in self.handles if h.healthy and not (h.load and h.load.draining)]
@@ -93,12 +93,12 @@ class SchedulerPool:
             log.warning("scheduler %s is unreachable (%s)", h.address, why)
             h.healthy = False
 
-    async def _watch(self, h: SchedulerHandle) -> None:
+    async def _watch(self, h: SchedulerHandle, stub: pb_grpc.SchedulerStub) -> None:
         backoff = 0.05
         index = self.memory_index
         request = pb.WatchRequest(interval_s=self._interval, kv_events=index is not None)
         while True:
-            call = h.stub.Watch(request, wait_for_ready=True)
+            call = stub.Watch(request, wait_for_ready=True)
             try:
                 while True:
                     # Waiting for a pod to come up has no limit; a pod that was up and goes quiet

@@ -7,21 +7,31 @@
       deliver                          first to last result back at the gateway
 
 Attributes follow the OpenTelemetry GenAI conventions where they fit (gen_ai.*), ours are
-radixserve.*: cached tokens, chosen pod, routing policy / reason / matched blocks, TTFT.
+radixserve.*: the request's id (``radixserve.request_id``: the detokenizer's span and the scheduler's
+logs know it as the prefix of their rid), cached tokens, chosen pod, routing policy / reason / matched
+blocks, TTFT.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+from opentelemetry.util.types import AttributeValue
 
 from radixserve.common import telemetry
+from radixserve.tokenizer.router import Decision
+
+if TYPE_CHECKING:
+    from radixserve.tokenizer.session import Usage
+
+Attributes = Mapping[str, AttributeValue]
 
 
 class RequestTrace:
     def __init__(
-        self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any], start: float | None = None
+        self, name: str, carrier: Mapping[str, str], attributes: Attributes, start: float | None = None
     ) -> None:
         """``start``: when the request began (time.monotonic()), if before now (e.g. tokenization)."""
         self.on = telemetry.enabled()
@@ -47,13 +57,13 @@ class RequestTrace:
         """What travels to the scheduler (and on to the detokenizer) in trace_context."""
         return telemetry.inject(self.ctx) if self.on else {}
 
-    def child(self, name: str, start: float, end: float, attributes: dict[str, Any] | None = None) -> None:
+    def child(self, name: str, start: float, end: float, attributes: Attributes | None = None) -> None:
         if self.on:
-            telemetry.span_between(name, self.ctx, start, end, attributes)
+            telemetry.span_between(name, self.ctx, start, end, dict(attributes or {}))
 
-    def routed(self, decision: Any, policy: str, start: float, end: float) -> None:
+    def routed(self, decision: Decision | None, policy: str, start: float, end: float) -> None:
         if self.on and decision is not None:
-            attrs = {
+            attrs: Attributes = {
                 "radixserve.pod": decision.pod,
                 "radixserve.route.policy": policy,
                 "radixserve.route.reason": decision.reason,
@@ -68,7 +78,7 @@ class RequestTrace:
             self.first_result = now
         self.last_result = now
 
-    def end(self, usage: dict[str, Any] | None, finish_reasons: list[str], error: str | None = None) -> None:
+    def end(self, usage: Usage | None, finish_reasons: list[str], error: str | None = None) -> None:
         if not self.on:
             return
         if self.first_result is not None and self.last_result is not None:
@@ -77,9 +87,9 @@ class RequestTrace:
         if usage is not None:
             self.span.set_attributes(
                 {
-                    "gen_ai.usage.input_tokens": usage["prompt_tokens"],
-                    "gen_ai.usage.output_tokens": usage["completion_tokens"],
-                    "radixserve.cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+                    "gen_ai.usage.input_tokens": usage.prompt_tokens,
+                    "gen_ai.usage.output_tokens": usage.completion_tokens,
+                    "radixserve.cached_tokens": usage.cached_tokens,
                 }
             )
         if finish_reasons:
