@@ -85,6 +85,7 @@ class SchedulerTracer:
             req.arrival_time,
             end,
             {
+                "radixserve.rid": req.rid,  # the gateway's request id, with the choice's index
                 "radixserve.pod": self.pod,
                 "radixserve.schedule_policy": self.policy,
                 "radixserve.cached_tokens": req.num_cached_tokens,
