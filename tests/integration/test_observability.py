@@ -94,6 +94,10 @@ def test_one_trace_spans_all_three_services_correctly_parented_and_honours_the_c
     assert 0 < a["radixserve.ttft_s"] < 30 and "radixserve.cached_tokens" in a
     s = attrs(sched)
     assert s["gen_ai.usage.output_tokens"] == 8 and s["radixserve.prefill_chunks"] >= 1
+    # One request id end to end: the response's, the gateway's, the scheduler's and the detokenizer's.
+    rid = a["radixserve.request_id"]
+    assert r.json()["id"] == f"cmpl-{rid}"
+    assert s["radixserve.rid"] == attrs(detok)["radixserve.rid"] == f"{rid}-0"
 
 
 def scrape(url: str) -> dict[str, float]:
