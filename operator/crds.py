@@ -11,29 +11,44 @@ from __future__ import annotations
 import copy
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, TypeVar
+
+from radixserve.operator.manifests import Obj
 
 GROUP = "radixserve.io"
 VERSION = "v1alpha1"
 
-Schema = dict[str, Any]
+Schema = Obj  # an OpenAPI v3 schema node
+JsonT = TypeVar("JsonT")  # a JSON value: what a schema describes
 
 
-def _int(minimum: int = 0, default: int | None = None, **kw: Any) -> Schema:
+class _PrinterColumnFields(TypedDict):
+    name: str
+    type: str
+    jsonPath: str
+
+
+class PrinterColumn(_PrinterColumnFields, total=False):
+    """One of a CRD version's ``additionalPrinterColumns`` (kubectl get's columns)."""
+
+    priority: int  # 1: only with kubectl get -o wide
+
+
+def _int(minimum: int = 0, default: int | None = None, **kw: object) -> Schema:
     s: Schema = {"type": "integer", "minimum": minimum, **kw}
     if default is not None:
         s["default"] = default
     return s
 
 
-def _str(default: str | None = None, **kw: Any) -> Schema:
+def _str(default: str | None = None, **kw: object) -> Schema:
     s: Schema = {"type": "string", **kw}
     if default is not None:
         s["default"] = default
     return s
 
 
-def _obj(props: dict[str, Schema], *, default: dict[str, Any] | None = None, **kw: Any) -> Schema:
+def _obj(props: dict[str, Schema], *, default: Obj | None = None, **kw: object) -> Schema:
     s: Schema = {"type": "object", "properties": props, **kw}
     if default is not None:
         s["default"] = default
@@ -243,9 +258,9 @@ def _crd(
     scope: str,
     spec: Schema,
     status: Schema,
-    columns: list[dict[str, Any]],
+    columns: list[PrinterColumn],
     short: list[str],
-) -> dict[str, Any]:
+) -> Obj:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -287,7 +302,7 @@ def _crd(
     }
 
 
-def _cond(name: str) -> dict[str, Any]:
+def _cond(name: str) -> PrinterColumn:
     return {"name": name, "type": "string", "jsonPath": f'.status.conditions[?(@.type=="{name}")].status'}
 
 
@@ -332,7 +347,7 @@ GPU_NODE_POOL_CRD = _crd(
 CRDS = {"inferenceservices": INFERENCE_SERVICE_CRD, "gpunodepools": GPU_NODE_POOL_CRD}
 
 
-def apply_defaults(schema: Schema, value: Any) -> Any:
+def apply_defaults(schema: Schema, value: JsonT) -> JsonT:
     """A defaulted deep copy of ``value``, as the API server's structural defaulting would give.
 
     Nested defaults apply only where the parent exists, which is why the parents above carry
@@ -342,7 +357,7 @@ def apply_defaults(schema: Schema, value: Any) -> Any:
     return _fill_defaults(schema, copy.deepcopy(value))
 
 
-def _fill_defaults(schema: Schema, value: Any) -> Any:
+def _fill_defaults(schema: Schema, value: JsonT) -> JsonT:
     """:func:`apply_defaults` in place, on a copy it owns."""
     if schema.get("type") == "object" and isinstance(value, dict):
         for key, sub in schema.get("properties", {}).items():
@@ -351,11 +366,11 @@ def _fill_defaults(schema: Schema, value: Any) -> Any:
             if key in value:
                 value[key] = _fill_defaults(sub, value[key])
     elif schema.get("type") == "array" and isinstance(value, list) and "items" in schema:
-        value = [_fill_defaults(schema["items"], v) for v in value]
+        value[:] = [_fill_defaults(schema["items"], v) for v in value]
     return value
 
 
-def schema_problems(schema: Schema, value: Any, where: str = "spec") -> list[str]:
+def schema_problems(schema: Schema, value: object, where: str = "spec") -> list[str]:
     """What the API server's OpenAPI validation would refuse in ``value`` (types, ranges, enums,
     required fields), and the unknown fields it would prune or, with strict field validation,
     refuse: the operator's own check, for a spec that reached it anyway (an older CRD, a cluster
@@ -386,10 +401,11 @@ def schema_problems(schema: Schema, value: Any, where: str = "spec") -> list[str
         out.append(f"{where}: {value!r} is above the maximum {schema['maximum']}")
     if "minLength" in schema and isinstance(value, str) and len(value) < schema["minLength"]:
         out.append(f"{where}: must not be empty")
-    if kind == "array" and "items" in schema:
+    if kind == "array" and isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             out += schema_problems(schema["items"], item, f"{where}[{i}]")
-    if kind == "object" and not schema.get("x-kubernetes-preserve-unknown-fields"):
+    keeps_unknown_fields = schema.get("x-kubernetes-preserve-unknown-fields")
+    if kind == "object" and isinstance(value, dict) and not keeps_unknown_fields:
         props = schema.get("properties")
         extra = schema.get("additionalProperties")
         for key, item in value.items():
@@ -403,7 +419,7 @@ def schema_problems(schema: Schema, value: Any, where: str = "spec") -> list[str
     return out
 
 
-def render(crd: dict[str, Any]) -> str:
+def render(crd: Obj) -> str:
     import yaml
 
     header = "# Generated by `python -m radixserve.operator.crds helm/radixserve/crds`; do not edit.\n"

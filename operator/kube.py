@@ -7,11 +7,11 @@ of the generated typed models. kopf runs sync handlers in a thread pool, so bloc
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from kubernetes import client, config
 
-Obj = dict[str, Any]
+from radixserve.operator.manifests import Obj
+
 FIELD_MANAGER = "radixserve-operator"
 REQUEST_TIMEOUT = (5.0, 30.0)  # connect, read (s): a hung API call must not hold a kopf worker forever
 
@@ -65,7 +65,7 @@ class Kube:
         self,
         method: str,
         url: str,
-        body: Any = None,
+        body: Obj | None = None,
         query: dict[str, str] | None = None,
         content_type: str = "",
     ) -> Obj:

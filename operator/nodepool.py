@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from radixserve.operator.manifests import POOL_LABEL
-
-Obj = dict[str, Any]
+from radixserve.operator.manifests import POOL_LABEL, Obj
 
 
 def node_matches(node: Obj, node_selector: dict[str, str]) -> bool:
@@ -52,7 +48,7 @@ def leave_patch(node: Obj, pool: str, taint: Obj | None) -> Obj | None:
     return patch
 
 
-def _quantity(value: Any) -> int:
+def _quantity(value: object) -> int:
     """GPU counts are whole numbers ("8", 8); anything odd counts as none."""
     try:
         return int(str(value))

@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-Load = dict[str, Any]
+from radixserve.operator.manifests import Obj
+
+Load = Obj  # one scheduler's heartbeat, as it published it: waiting, running, KV use, ...
 
 
 class LoadSource(Protocol):
@@ -62,7 +64,7 @@ class ScalePolicy:
     down_window_s: float = 300.0
 
     @classmethod
-    def from_spec(cls, auto: dict[str, Any]) -> ScalePolicy:
+    def from_spec(cls, auto: Obj) -> ScalePolicy:
         return cls(
             min_replicas=int(auto["minReplicas"]),
             max_replicas=int(auto["maxReplicas"]),
@@ -73,6 +75,16 @@ class ScalePolicy:
 
     def clamp(self, n: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, n))
+
+
+def scheduler_replicas(spec: Obj, status: Obj) -> int:
+    """The scheduler count in force for a defaulted InferenceService spec and its status: the
+    autoscaler's last decision (within bounds) or the spec's."""
+    auto = spec["autoscaling"]
+    if not auto["enabled"]:
+        return int(spec["scheduler"]["replicas"])
+    desired = (status.get("autoscaling") or {}).get("desiredReplicas") or spec["scheduler"]["replicas"]
+    return ScalePolicy.from_spec(auto).clamp(int(desired))
 
 
 def total_waiting(loads: dict[str, Load]) -> int:

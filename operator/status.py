@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
 
+from radixserve.operator.manifests import Obj
 from radixserve.operator.validation import Problem
-
-Obj = dict[str, Any]
 
 
 def now_iso() -> str:

@@ -7,7 +7,9 @@ condition with the reason and message below instead of an exception.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from radixserve.operator.manifests import Obj
 
 
 class Problem(NamedTuple):
@@ -15,7 +17,7 @@ class Problem(NamedTuple):
     message: str
 
 
-def validate(spec: dict[str, Any], pool: dict[str, Any] | None, chart_redis_url: str) -> list[Problem]:
+def validate(spec: Obj, pool: Obj | None, chart_redis_url: str) -> list[Problem]:
     """``spec`` is defaulted (crds.apply_defaults); ``pool`` is the named GPUNodePool or None."""
     problems: list[Problem] = []
     bad = problems.append
@@ -74,7 +76,7 @@ def validate(spec: dict[str, Any], pool: dict[str, Any] | None, chart_redis_url:
     return problems
 
 
-def gpu_shortfall(needed: int, pool_status: dict[str, Any] | None, requested_by_others: int) -> str | None:
+def gpu_shortfall(needed: int, pool_status: Obj | None, requested_by_others: int) -> str | None:
     """A message when the pool cannot hold ``needed`` more GPUs, else None.
 
     ``requested_by_others``: GPUs our other InferenceServices already hold in the pool. Before the
