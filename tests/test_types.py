@@ -1,7 +1,7 @@
 """``mypy --strict`` is clean on the strict set: ``services/common`` (its generated pb stubs aside),
-the scheduler's ``memory/`` and ``policy/`` packages and the core types they share (``req``,
-``batch``, ``config``), and the ``EngineWorker`` (``worker``). pyproject.toml's ``[tool.mypy]`` names the set; the modules they import are
-read for their types, their own errors not reported.
+the scheduler's ``memory/`` and ``policy/`` packages, the core types they share (``req``, ``batch``,
+``config``) and the ``EngineWorker`` (``worker``). pyproject.toml's ``[tool.mypy]`` names the set;
+the modules they import are read for their types, their own errors not reported.
 
 mypy cannot follow the editable install's import hook (``radixserve`` is ``services/`` through
 setuptools' package-dir), so it runs in a folder where ``radixserve`` is a link to ``services/``.
