@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.common.config import env_var
+from radixserve.common.config import CACHE_DIR_ENV, env_name, env_var
 from radixserve.common.service_config import DetokenizerConfig, GatewayConfig, SchedulerPodConfig
 
 Obj = dict[str, Any]
@@ -87,25 +87,18 @@ def endpoints(ctx: BuildContext) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------------- ConfigMap
-# spec field -> the service setting it sets (each variable's name comes from the setting: env_var).
-_ENGINE_ENV = {
-    key: env_var(SchedulerPodConfig, name)
-    for key, name in {
-        "pageSize": "page_size",
-        "chunkedPrefillSize": "chunked_prefill_size",
-        "maxRunningRequests": "max_running_requests",
-        "maxTotalTokens": "max_total_tokens",
-        "memFraction": "mem_fraction",
-        "schedulePolicy": "schedule_policy",
-        "fairnessTimeout": "fairness_timeout",
-        "dtype": "dtype",
-        "attentionBackend": "attention_backend",
-    }.items()
-}
-_ROUTING_ENV = {
-    "balanceAbsThreshold": env_var(GatewayConfig, "balance_abs_threshold"),
-    "balanceRelThreshold": env_var(GatewayConfig, "balance_rel_threshold"),
-}
+# The spec's engine and routing fields are these service settings, camelCased (pageSize: page_size);
+# each variable's name comes from the setting (env_var).
+_ENGINE_SETTINGS = (
+    *("page_size", "chunked_prefill_size", "max_running_requests", "max_total_tokens", "mem_fraction"),
+    *("schedule_policy", "fairness_timeout", "dtype", "attention_backend"),
+)
+_ROUTING_SETTINGS = ("balance_abs_threshold", "balance_rel_threshold")
+
+
+def _camel(setting: str) -> str:
+    first, *rest = setting.split("_")
+    return first + "".join(w.title() for w in rest)
 
 
 def model_path(spec: Obj) -> str:
@@ -123,25 +116,25 @@ def engine_settings(ctx: BuildContext) -> dict[str, str]:
     """The ConfigMap's data: RADIXSERVE_* variables every component reads (each ignores the rest)."""
     spec = ctx.spec
     data = {
-        "RADIXSERVE_MODEL": model_path(spec),
-        "RADIXSERVE_HOST": "0.0.0.0",
-        "RADIXSERVE_BLOCK_SIZE": str(spec["routing"]["blockSize"]),
-        "RADIXSERVE_ROUTER": spec["routing"]["policy"],
-        "RADIXSERVE_DRAIN_TIMEOUT": str(spec["scheduler"]["drainTimeoutSeconds"]),
-        "RADIXSERVE_CACHE_DIR": f"{CACHE_DIR}/radixserve",
+        env_name("model"): model_path(spec),
+        env_var(SchedulerPodConfig, "host"): "0.0.0.0",
+        env_var(GatewayConfig, "block_size"): str(spec["routing"]["blockSize"]),
+        env_var(GatewayConfig, "router"): spec["routing"]["policy"],
+        env_var(SchedulerPodConfig, "drain_timeout"): str(spec["scheduler"]["drainTimeoutSeconds"]),
+        CACHE_DIR_ENV: f"{CACHE_DIR}/radixserve",
         "HOME": CACHE_DIR,  # Hugging Face and torch caches land in the writable emptyDir
     }
     if spec["model"].get("servedModelName"):
-        data["RADIXSERVE_SERVED_MODEL_NAME"] = spec["model"]["servedModelName"]
+        data[env_name("served_model_name")] = spec["model"]["servedModelName"]
     engine = spec["scheduler"]["engine"]
-    for key, var in _ENGINE_ENV.items():
-        if engine.get(key) is not None:
-            data[var] = str(engine[key])
+    for name in _ENGINE_SETTINGS:
+        if engine.get(_camel(name)) is not None:
+            data[env_var(SchedulerPodConfig, name)] = str(engine[_camel(name)])
     if engine.get("overlap") is not None:
-        data["RADIXSERVE_DISABLE_OVERLAP"] = "false" if engine["overlap"] else "true"
-    for key, var in _ROUTING_ENV.items():
-        if spec["routing"].get(key) is not None:
-            data[var] = str(spec["routing"][key])
+        data[env_var(SchedulerPodConfig, "disable_overlap")] = "false" if engine["overlap"] else "true"
+    for name in _ROUTING_SETTINGS:
+        if spec["routing"].get(_camel(name)) is not None:
+            data[env_var(GatewayConfig, name)] = str(spec["routing"][_camel(name)])
     tracing = spec["tracing"]
     if tracing.get("otlpEndpoint"):
         data["OTEL_EXPORTER_OTLP_ENDPOINT"] = tracing["otlpEndpoint"]
@@ -166,14 +159,19 @@ def _meta(ctx: BuildContext, suffix: str, component: str) -> Obj:
     return {"name": child_name(ctx, suffix), "namespace": ctx.namespace, "labels": labels(ctx, component)}
 
 
+def _env(config: type, setting: str, value: str) -> Obj:
+    """A container env entry setting ``config``'s ``setting`` (its RADIXSERVE_* name)."""
+    return {"name": env_var(config, setting), "value": value}
+
+
 def _redis_env(ctx: BuildContext) -> list[Obj]:
     redis = ctx.spec["redis"]
     if redis["mode"] == "chart":
-        return [{"name": "RADIXSERVE_PREFIX_INDEX", "value": ctx.chart_redis_url}]
+        return [_env(SchedulerPodConfig, "prefix_index", ctx.chart_redis_url)]
     if redis["mode"] == "external":
         ref = redis["urlSecretRef"]
         key = {"name": ref["name"], "key": ref.get("key") or "url"}
-        return [{"name": "RADIXSERVE_PREFIX_INDEX", "valueFrom": {"secretKeyRef": key}}]
+        return [{"name": env_var(SchedulerPodConfig, "prefix_index"), "valueFrom": {"secretKeyRef": key}}]
     return []
 
 
@@ -331,12 +329,12 @@ def config_hash(ctx: BuildContext) -> str:
 def gateway_deployment(ctx: BuildContext) -> Obj:
     spec = ctx.spec
     env = [
-        {"name": "RADIXSERVE_PORT", "value": str(GATEWAY_HTTP_PORT)},
-        {"name": "RADIXSERVE_GRPC_PORT", "value": str(GATEWAY_GRPC_PORT)},
+        _env(GatewayConfig, "port", str(GATEWAY_HTTP_PORT)),
+        _env(GatewayConfig, "grpc_port", str(GATEWAY_GRPC_PORT)),
         # The detokenizer dials the gateway back: its own pod IP is what it can reach.
-        {"name": "RADIXSERVE_ADVERTISE_ADDRESS", "value": f"$(POD_IP):{GATEWAY_GRPC_PORT}"},
-        {"name": "RADIXSERVE_SCHEDULERS", "value": " ".join(scheduler_addresses(ctx))},
-        *(_redis_env(ctx) or [{"name": "RADIXSERVE_PREFIX_INDEX", "value": "memory"}]),
+        _env(GatewayConfig, "advertise_address", f"$(POD_IP):{GATEWAY_GRPC_PORT}"),
+        _env(GatewayConfig, "schedulers", " ".join(scheduler_addresses(ctx))),
+        *(_redis_env(ctx) or [_env(GatewayConfig, "prefix_index", "memory")]),
     ]
     ports = [
         {"name": "http", "containerPort": GATEWAY_HTTP_PORT, "protocol": "TCP"},
@@ -359,8 +357,8 @@ def gateway_deployment(ctx: BuildContext) -> Obj:
 def detokenizer_deployment(ctx: BuildContext) -> Obj:
     spec = ctx.spec
     env = [
-        {"name": "RADIXSERVE_PORT", "value": str(DETOKENIZER_PORT)},
-        {"name": "RADIXSERVE_METRICS_PORT", "value": str(DETOKENIZER_METRICS_PORT)},
+        _env(DetokenizerConfig, "port", str(DETOKENIZER_PORT)),
+        _env(DetokenizerConfig, "metrics_port", str(DETOKENIZER_METRICS_PORT)),
     ]
     ports = [
         {"name": "grpc", "containerPort": DETOKENIZER_PORT, "protocol": "TCP"},
@@ -410,11 +408,11 @@ def scheduler_statefulset(ctx: BuildContext) -> Obj:
     sched = ctx.spec["scheduler"]
     host = _svc_host(ctx, "scheduler")
     env = [
-        {"name": "RADIXSERVE_PORT", "value": str(SCHEDULER_PORT)},
-        {"name": "RADIXSERVE_METRICS_PORT", "value": str(SCHEDULER_METRICS_PORT)},
-        {"name": "RADIXSERVE_ADVERTISE_ADDRESS", "value": f"$(POD_NAME).{host}:{SCHEDULER_PORT}"},
-        {"name": "RADIXSERVE_DETOKENIZER", "value": f"{_svc_host(ctx, 'detokenizer')}:{DETOKENIZER_PORT}"},
-        {"name": "RADIXSERVE_DEVICE", "value": sched["device"]},
+        _env(SchedulerPodConfig, "port", str(SCHEDULER_PORT)),
+        _env(SchedulerPodConfig, "metrics_port", str(SCHEDULER_METRICS_PORT)),
+        _env(SchedulerPodConfig, "advertise_address", f"$(POD_NAME).{host}:{SCHEDULER_PORT}"),
+        _env(SchedulerPodConfig, "detokenizer", f"{_svc_host(ctx, 'detokenizer')}:{DETOKENIZER_PORT}"),
+        _env(SchedulerPodConfig, "device", sched["device"]),
         *_redis_env(ctx),
     ]
     ports = [

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 ENV_PREFIX = "RADIXSERVE_"
+CACHE_DIR_ENV = ENV_PREFIX + "CACHE_DIR"  # where the demo model is written (not a flag)
 
 T = TypeVar("T")
 C = TypeVar("C", bound="DataclassInstance")
@@ -196,7 +197,7 @@ def _convert(action: argparse.Action, raw: str) -> object:
 
 
 def demo_model_dir() -> Path:
-    root = os.environ.get("RADIXSERVE_CACHE_DIR") or os.path.join(
+    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "radixserve"
     )
     return Path(root) / "demo-model"

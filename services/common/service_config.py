@@ -5,13 +5,14 @@ A field declared with ``setting(default, help)`` is a command-line flag (``page_
 manifests set); a field whose type is another config contributes that config's flags. The
 services' ``__main__`` modules build their parsers from these classes (``config.add_flags``), the
 operator names its variables through ``config.env_var``, and the benchmarks read the defaults from
-here, so a default is written once. Pure data: importing this module costs nothing.
+here, so a default is written once. Pure data: it imports no service code.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE
 from radixserve.common.config import setting
 
 # A prefill step delays every other request's next token (and a new request's first) until it is
@@ -22,6 +23,10 @@ from radixserve.common.config import setting
 # 256, 7.4 s with 2048).
 CUDA_CHUNKED_PREFILL_SIZE = 2048
 CPU_CHUNKED_PREFILL_SIZE = 256
+
+# At SIGTERM a scheduler finishes its running requests for this long; a gateway gives its open
+# responses as long (they are the same requests).
+DRAIN_TIMEOUT_S = 30.0
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 ROUTERS = ("cache-aware", "least-load", "round-robin")
@@ -105,14 +110,14 @@ class SchedulerPodConfig:
         None, "HOST:PORT others reach this pod at (default localhost:PORT)"
     )
     torch_threads: int = setting(0, "torch intra-op threads (0: torch's default)")
-    drain_timeout: float = setting(30.0, "seconds to finish requests at SIGTERM")
+    drain_timeout: float = setting(DRAIN_TIMEOUT_S, "seconds to finish requests at SIGTERM")
     prefix_index: str = setting(
         "",
         "redis:// or rediss:// URL to publish KV block events and heartbeats to (default: none;"
         " gateways with an in-memory index get them over Watch)",
     )
     metrics_port: int = setting(9400, "Prometheus /metrics port (0: off)")
-    block_size: int = setting(16, "tokens per hashed block (0: no block events)")
+    block_size: int = setting(DEFAULT_BLOCK_SIZE, "tokens per hashed block (0: no block events)")
     heartbeat_interval: float = setting(1.0, "seconds between heartbeats (Redis)")
     heartbeat_ttl: float = setting(5.0, "seconds a heartbeat stays valid (Redis)")
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -126,7 +131,7 @@ class RoutingConfig:
         '"memory" (fed by the schedulers\' Watch streams; one gateway) or a redis:// / rediss:// URL'
         " (password in the URL)",
     )
-    block_size: int = setting(16, "tokens per hashed block (as the schedulers)")
+    block_size: int = setting(DEFAULT_BLOCK_SIZE, "tokens per hashed block (as the schedulers)")
     balance_abs_threshold: int = setting(
         16, "cache-aware: route to the least loaded pod when loads differ by more than this ..."
     )
@@ -155,7 +160,7 @@ class GatewayConfig:
         None, "HOST:PORT the detokenizer reaches the gRPC port at (default localhost:GRPC_PORT)"
     )
     drain_timeout: float = setting(
-        30.0, "at SIGTERM, seconds open responses get to finish (match the schedulers')"
+        DRAIN_TIMEOUT_S, "at SIGTERM, seconds open responses get to finish (match the schedulers')"
     )
     lost_response_check: float = setting(
         10.0,

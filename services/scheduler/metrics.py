@@ -77,9 +77,11 @@ class _EngineCollector(Collector):
 
 
 class SchedulerMetrics:
-    def __init__(self, service: SchedulerService) -> None:
+    """The counters the engine thread feeds (EngineWorker), and, once ``collect_from`` names the
+    servicer, the gauges read from the pod at scrape time."""
+
+    def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        r.register(_EngineCollector(service))
         self.batch_size = Histogram(
             "radixserve_batch_size", "Requests per engine step", ["mode"], registry=r, buckets=_SIZE_BUCKETS
         )
@@ -106,6 +108,9 @@ class SchedulerMetrics:
         self.requests = Counter(
             "radixserve_scheduler_requests", "Requests ended, by finish reason", ["finish_reason"], registry=r
         )
+
+    def collect_from(self, service: SchedulerService) -> None:
+        self.registry.register(_EngineCollector(service))
 
     def on_batch(self, batch: ScheduleBatch, start: float, end: float) -> None:
         mode = "prefill" if batch.mode is ForwardMode.EXTEND else "decode"

@@ -66,9 +66,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self.out = StreamSender(
             detokenizer, lambda ch: pb_grpc.DetokenizerStub(ch).PushTokens, name="scheduler"
         )
-        self.metrics = SchedulerMetrics(self)
+        self.metrics = SchedulerMetrics()
         tracer = SchedulerTracer(address, engine.config.schedule_policy) if telemetry.enabled() else None
         self.worker = EngineWorker(engine, address, self._emit, self.metrics, tracer)
+        self.metrics.collect_from(self)
         self.scheduler = engine.scheduler
         cache = engine.scheduler.kv.cache
         if block_size > 0 and not cache.disabled:
@@ -161,8 +162,11 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         return self.worker.drain(timeout_s)
 
     def close(self) -> None:
-        self.worker.close()
-        self.out.close()
+        self.worker.stop()
+        try:
+            self.out.close()  # flush the final updates to the detokenizer before the engine goes
+        finally:
+            self.worker.close()
 
 
 def _to_proto(u: TokenUpdate) -> pb.RequestTokens:

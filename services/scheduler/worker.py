@@ -401,11 +401,15 @@ class EngineWorker:
                     return
             time.sleep(poll_s)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """End the engine thread (after its current iteration); its last updates are emitted."""
         self.stopped.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(10)
+
+    def close(self) -> None:
+        self.stop()
         if self.tracer is not None:
             self.tracer.close()
         self.engine.shutdown()

@@ -210,6 +210,16 @@ class Gateway:
         return [h for h in healthy if h.address in live] or healthy
 
     # --------------------------------------------------------------------------- prompts
+    def check_model(self, name: str) -> None:
+        """Both front ends: a request for another model is a 404 (OpenAI's model_not_found)."""
+        if name != self.model_name:
+            raise ApiError(
+                404,
+                f"model {name!r} is not served here (this server serves {self.model_name!r})",
+                param="model",
+                code="model_not_found",
+            )
+
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 

@@ -15,9 +15,8 @@ import grpc
 from radixserve.common.rpc import pb, pb_grpc, sampling_from_proto
 from radixserve.tokenizer.errors import ApiError
 from radixserve.tokenizer.gateway import Gateway
+from radixserve.tokenizer.openai_api import COMPLETIONS_DEFAULT_MAX_TOKENS
 from radixserve.tokenizer.session import RequestSession
-
-GENERATE_DEFAULT_MAX_TOKENS = 16  # as /v1/completions
 
 _TO_GRPC = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -59,7 +58,7 @@ class GatewayService(pb_grpc.GatewayServicer):
         try:
             async with session:
                 ids = self._input_ids(request)
-                sp = sampling_from_proto(request.sampling, GENERATE_DEFAULT_MAX_TOKENS)
+                sp = sampling_from_proto(request.sampling, COMPLETIONS_DEFAULT_MAX_TOKENS)
                 s = request.sampling
                 skip = s.skip_special_tokens if s.HasField("skip_special_tokens") else True
                 session.trace.child("tokenize", session.trace.start, time.monotonic())
@@ -80,10 +79,8 @@ class GatewayService(pb_grpc.GatewayServicer):
 
     def _input_ids(self, request: pb.GenerateRequest) -> list[int]:
         gw = self.gw
-        if request.model and request.model != gw.model_name:
-            raise ApiError(
-                404, f"model {request.model!r} is not served here (this server serves {gw.model_name!r})"
-            )
+        if request.model:  # empty: the one model served here
+            gw.check_model(request.model)
         which = request.WhichOneof("input")
         if which == "text":
             ids = gw.encode(request.text)

@@ -26,7 +26,6 @@ from radixserve.tokenizer.errors import ApiError, internal_error
 from radixserve.tokenizer.gateway import Gateway
 from radixserve.tokenizer.session import Output, RequestSession
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_BODY_BYTES = 8 * 2**20  # 413 above this, before parsing
 MAX_JSON_DEPTH = 32  # the schemas nest 5 deep; far deeper is an attack on the parser
 RETRY_AFTER_S = 1  # a 503 is retryable: another scheduler, or the same one restarted, can serve it
@@ -113,7 +112,7 @@ class OpenAIRoutes:
         self._check(body)
         t0 = time.monotonic()
         prompts = _prompts(self.gw, body.prompt)
-        max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+        max_tokens = body.max_tokens if body.max_tokens is not None else api.COMPLETIONS_DEFAULT_MAX_TOKENS
         return await self._serve(
             request, body, prompts, max_tokens, chat=False, tokenized=(t0, time.monotonic())
         )
@@ -126,18 +125,11 @@ class OpenAIRoutes:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:  # OpenAI: up to the context length
             ctx = self.gw.max_context()
-            max_tokens = max(1, ctx - len(ids)) if ctx else COMPLETIONS_DEFAULT_MAX_TOKENS
+            max_tokens = max(1, ctx - len(ids)) if ctx else api.COMPLETIONS_DEFAULT_MAX_TOKENS
         return await self._serve(request, body, [ids], max_tokens, chat=True, tokenized=(t0, t1))
 
     def _check(self, body: api.CompletionRequest | api.ChatCompletionRequest) -> None:
-        gw = self.gw
-        if body.model != gw.model_name:
-            raise ApiError(
-                404,
-                f"model {body.model!r} is not served here (this server serves {gw.model_name!r})",
-                param="model",
-                code="model_not_found",
-            )
+        self.gw.check_model(body.model)
         refused = body.unsupported()
         if refused is not None:
             raise ApiError(400, refused[1], param=refused[0], code="unsupported_parameter")

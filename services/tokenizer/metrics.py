@@ -13,7 +13,7 @@ class GatewayMetrics:
         r = self.registry
         self.requests = Counter(
             "radixserve_requests",
-            "Client requests by endpoint and HTTP status",
+            "HTTP requests by endpoint and status (gRPC Generate: radixserve_requests_finished)",
             ["endpoint", "status"],
             registry=r,
         )

@@ -28,6 +28,8 @@ MAX_PROMPTS = 256  # prompts in one /v1/completions request
 MAX_MESSAGES = 4096
 MAX_LOGPROBS = 20
 
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (gRPC Generate: the same)
+
 
 def _valid_unicode(s: str) -> str:
     try:

@@ -18,6 +18,7 @@ import grpc
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex
 from radixserve.common.rpc import CHANNEL_OPTIONS, pb, pb_grpc
+from radixserve.common.service_config import GatewayConfig
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +27,19 @@ log = logging.getLogger(__name__)
 class SchedulerHandle:
     address: str
     channel: grpc.aio.Channel | None = None
-    stub: pb_grpc.SchedulerStub | None = None
+    rpc: pb_grpc.SchedulerStub | None = None  # set when the pool starts
     healthy: bool = False
     load: pb.Load | None = None  # the last report
     outstanding: set[str] = field(default_factory=set)  # rids this gateway sent here, not ended
     pending_aborts: dict[str, str] = field(default_factory=dict)  # rid -> reason, for when it is back
     sent: int = 0  # requests this gateway sent here since the pod's last load report
     routed_tokens: int = 0  # uncached prompt tokens this gateway sent here since the last load report
+
+    @property
+    def stub(self) -> pb_grpc.SchedulerStub:
+        """The pod's Scheduler service (the pool has started: every handle has one)."""
+        assert self.rpc is not None, f"scheduler {self.address}: the pool has not started"
+        return self.rpc
 
     @property
     def busy(self) -> int:
@@ -65,7 +72,7 @@ class SchedulerPool:
         on_down: Callable[[SchedulerHandle, str], None],
         watch_interval_s: float = 0.2,
         memory_index: InMemoryPrefixIndex | None = None,
-        stale_s: float = 5.0,
+        stale_s: float = GatewayConfig().scheduler_stale_after,
         on_up: Callable[[SchedulerHandle], None] | None = None,
     ) -> None:
         self.handles = [SchedulerHandle(a) for a in addresses]
@@ -79,7 +86,7 @@ class SchedulerPool:
     def start(self) -> None:
         for h in self.handles:
             h.channel = grpc.aio.insecure_channel(h.address, options=CHANNEL_OPTIONS)
-            h.stub = stub = pb_grpc.SchedulerStub(h.channel)
+            h.rpc = stub = pb_grpc.SchedulerStub(h.channel)
             self._tasks.append(asyncio.create_task(self._watch(h, stub)))
 
     def healthy(self) -> list[SchedulerHandle]:
