@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TypedDict, TypeVar
 
+from radixserve.common.service_config import DRAIN_TIMEOUT_S, ROUTERS, ROUTING_DEFAULTS, SCHEDULE_POLICIES
 from radixserve.operator.manifests import Obj
 
 GROUP = "radixserve.io"
@@ -91,7 +92,7 @@ ENGINE_SCHEMA = _obj(
         "maxRunningRequests": _int(1, description="--max-running-requests"),
         "maxTotalTokens": _int(1, description="KV pool size in tokens (--max-total-tokens)"),
         "memFraction": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1},
-        "schedulePolicy": _str(enum=["lpm", "fcfs", "dfs-weight"]),
+        "schedulePolicy": _str(enum=list(SCHEDULE_POLICIES)),
         "fairnessTimeout": {"type": "number", "minimum": 0, "description": "seconds (--fairness-timeout)"},
         "overlap": {"type": "boolean", "description": "overlap scheduling (default: on for CUDA)"},
         "dtype": _str(),
@@ -137,17 +138,21 @@ INFERENCE_SERVICE_SPEC = _obj(
                 "gpusPerReplica": _int(0, 1),
                 "nodePool": _str(description="name of a GPUNodePool"),
                 "resources": _RESOURCES,
-                "drainTimeoutSeconds": _int(0, 30),
+                "drainTimeoutSeconds": _int(0, int(DRAIN_TIMEOUT_S)),
                 "engine": ENGINE_SCHEMA,
             },
             default={},
         ),
         "routing": _obj(
             {
-                "policy": _str(default="cache-aware", enum=["cache-aware", "least-load", "round-robin"]),
+                "policy": _str(default=ROUTING_DEFAULTS.router, enum=list(ROUTERS)),
                 "balanceAbsThreshold": _int(0),
                 "balanceRelThreshold": {"type": "number", "minimum": 1},
-                "blockSize": _int(0, 16, description="tokens per hashed block (gateway and schedulers)"),
+                "blockSize": _int(
+                    0,
+                    ROUTING_DEFAULTS.block_size,
+                    description="tokens per hashed block (gateway and schedulers)",
+                ),
             },
             default={},
         ),

@@ -15,7 +15,7 @@ import argparse
 import types
 from collections.abc import Sequence
 
-from radixserve.common.service_config import ROUTERS, RoutingConfig
+from radixserve.common.service_config import ROUTERS, ROUTING_DEFAULTS
 
 
 def _cmd_make_demo_model(args: argparse.Namespace) -> int:
@@ -156,10 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, help="gateway gRPC port for Generate (default: a free one)")
     p.add_argument("--schedulers", type=int, default=1, help="scheduler processes")
     p.add_argument("--torch-threads", type=int, help="per scheduler (default: (cores - 1) / schedulers)")
-    p.add_argument("--router", choices=ROUTERS, default=RoutingConfig().router)
+    p.add_argument("--router", choices=ROUTERS, default=ROUTING_DEFAULTS.router)
     p.add_argument(
         "--prefix-index",
-        default=RoutingConfig().prefix_index,
+        default=ROUTING_DEFAULTS.prefix_index,
         help='"memory" (in the gateway) or a redis:// URL (schedulers publish there)',
     )
     p.add_argument("scheduler_args", nargs=argparse.REMAINDER, help="-- then scheduler flags")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import _common as common
 import numpy as np
 
 from radixserve.common.service_config import ENGINE_DEFAULTS
@@ -17,7 +18,6 @@ ARRIVAL_EPS_S = 1e-6
 
 # Page size and prefill budget are the engine's defaults (the simulated engine runs as shipped); KV
 # pool, running-request limit, context and chunk size are each workload's own.
-E = ENGINE_DEFAULTS
 
 BURST = {
     "num_shared": 24,
@@ -28,11 +28,11 @@ BURST = {
     "output_len": (64, 128),
 }
 BURST_MEMORY = MemoryConfig(
-    max_total_tokens=9000, page_size=E.page_size, max_running_requests=64, max_context_len=4096
+    max_total_tokens=9000, page_size=ENGINE_DEFAULTS.page_size, max_running_requests=64, max_context_len=4096
 )
 BURST_SCHED = {
     "chunked_prefill_size": 4096,
-    "max_prefill_tokens": E.max_prefill_tokens,
+    "max_prefill_tokens": ENGINE_DEFAULTS.max_prefill_tokens,
     "max_running_requests": 64,
 }
 
@@ -52,11 +52,14 @@ POISSON_RATE = {0.25: 4.0, 0.5: 5.0, 0.75: 7.0, 0.9: 8.0}
 POISSON_P = (0.25, 0.5, 0.75, 0.9)
 POISSON_P_QUICK = (0.5,)
 POISSON_MEMORY = MemoryConfig(
-    max_total_tokens=16000, page_size=E.page_size, max_running_requests=128, max_context_len=4096
+    max_total_tokens=16000,
+    page_size=ENGINE_DEFAULTS.page_size,
+    max_running_requests=128,
+    max_context_len=4096,
 )
 POISSON_SCHED = {
     "chunked_prefill_size": 4096,
-    "max_prefill_tokens": E.max_prefill_tokens,
+    "max_prefill_tokens": ENGINE_DEFAULTS.max_prefill_tokens,
     "max_running_requests": 128,
 }
 
@@ -87,12 +90,12 @@ def make_burst32(seed: int) -> list[Spec]:
     kinds = kinds[rng.permutation(len(kinds))]
     specs = []
     for i, kind in enumerate(kinds):
-        out = int(rng.integers(b["output_len"][0], b["output_len"][1] + 1))
+        out = common.draw_len(rng, b["output_len"])
         if kind == "shared":
-            q = random_tokens(rng, int(rng.integers(b["question_len"][0], b["question_len"][1] + 1)))
+            q = random_tokens(rng, common.draw_len(rng, b["question_len"]))
             prompt, group, shared = np.concatenate([system, q]), "shared0", len(system)
         else:
-            prompt = random_tokens(rng, int(rng.integers(b["unrelated_len"][0], b["unrelated_len"][1] + 1)))
+            prompt = random_tokens(rng, common.draw_len(rng, b["unrelated_len"]))
             group, shared = "unrelated", 0
         specs.append(Spec(f"b{i:02d}", prompt, out, i * ARRIVAL_EPS_S, group, shared))
     return specs
@@ -106,13 +109,13 @@ def make_poisson(seed: int, p: float, n: int, rate: float) -> list[Spec]:
     specs = []
     for i in range(n):
         t += float(rng.exponential(1.0 / rate))
-        out = int(rng.integers(c["output_len"][0], c["output_len"][1] + 1))
+        out = common.draw_len(rng, c["output_len"])
         if rng.random() < p:
             k = int(rng.integers(len(systems)))
-            q = random_tokens(rng, int(rng.integers(c["question_len"][0], c["question_len"][1] + 1)))
+            q = random_tokens(rng, common.draw_len(rng, c["question_len"]))
             prompt, group, shared = np.concatenate([systems[k], q]), f"shared{k}", len(systems[k])
         else:
-            prompt = random_tokens(rng, int(rng.integers(c["unrelated_len"][0], c["unrelated_len"][1] + 1)))
+            prompt = random_tokens(rng, common.draw_len(rng, c["unrelated_len"]))
             group, shared = "unrelated", 0
         specs.append(Spec(f"p{i:04d}", prompt, out, t, group, shared))
     return specs

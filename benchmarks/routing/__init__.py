@@ -105,7 +105,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks share benchmarks/_*.py
 import _common as common
-from _common import SPECIAL_IDS, rate_label  # re-exported: the tests use them
+from _common import SPECIAL_IDS, rate_label  # part of the package's names (the tests use some)
 
 from .analysis import compare, judge_saturation, overall, public_record, saturation_lite, summarize
 from .cli import parse_args

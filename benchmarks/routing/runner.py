@@ -64,20 +64,6 @@ async def _send(
     return Traffic(records, monitor, times, cpu_used, live_reasons, [])
 
 
-def drive_traffic(
-    cluster: Any,
-    wl: dict,
-    addresses: list[str],
-    attribution: Attribution,
-    cpu: CpuMeter,
-    args: argparse.Namespace,
-) -> Traffic:
-    with common.Meter() as meter:
-        traffic = asyncio.run(_send(cluster, wl, addresses, attribution, cpu, args))
-    traffic.loadavg_1m_before_after = meter.loadavg_before_after()
-    return traffic
-
-
 def where_requests_went(traffic: Traffic, wl: dict, attribution: Attribution, summary: dict) -> dict:
     """The routing section of a result: each request's pod (set on its record too) and the pods'
     view of tenants, prefixes and load, with the gateway's own decisions."""
@@ -133,7 +119,10 @@ def run_config(
             previous.join()
         addresses = [s.grpc_address or "" for s in cluster.schedulers]
         attribution = Attribution(wl, BLOCK_SIZE)
-        traffic = drive_traffic(cluster, wl, addresses, attribution, CpuMeter(cluster, redis_srv), args)
+        cpu = CpuMeter(cluster, redis_srv)
+        with common.Meter() as meter:
+            traffic = asyncio.run(_send(cluster, wl, addresses, attribution, cpu, args))
+        traffic.loadavg_1m_before_after = meter.loadavg_before_after()
         check_alive(cluster, "after the traffic")
         summary = summarize(traffic.records)
         routing = where_requests_went(traffic, wl, attribution, summary)

@@ -1,6 +1,6 @@
 """The benchmark's fixed settings: its configurations, targets and the full / ``--quick`` presets.
 
-Router names and routing defaults come from the gateway's own config (``RoutingConfig``,
+Router names and routing defaults come from the gateway's own config (``ROUTING_DEFAULTS``,
 ``ROUTERS``), so the benchmark measures what the gateway would run.
 """
 
@@ -10,9 +10,9 @@ import math
 
 import _common as common
 
-from radixserve.common.service_config import ROUTERS, RoutingConfig
+from radixserve.common.service_config import ROUTERS, ROUTING_DEFAULTS
 
-GATEWAY_ROUTING = RoutingConfig()  # the gateway's defaults, as `radixserve serve` starts it
+GATEWAY_ROUTING = ROUTING_DEFAULTS  # the gateway's defaults, as `radixserve serve` starts it
 BLOCK_SIZE = GATEWAY_ROUTING.block_size  # the gateway's and schedulers' default --block-size
 BASELINE = "round-robin"
 CONFIGS = (*ROUTERS, "cache-aware+redis")

@@ -70,7 +70,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks share benchmarks/_*.py
 import _common as common
-from _common import SPECIAL_IDS, rate_label  # re-exported: the tests use them
+from _common import SPECIAL_IDS, rate_label  # part of the package's names (the tests use some)
 
 from .analysis import compare, itl_samples, median_summary, public_record, summarize
 from .cli import parse_args

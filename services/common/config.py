@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import types
 import typing
@@ -80,15 +81,7 @@ def _config_class(hint: object) -> type[DataclassInstance] | None:
 
 def _meta(f: dataclasses.Field[object]) -> _Meta | None:
     """The ``setting`` metadata of ``f``; None if it is not a flag."""
-    meta = f.metadata
-    if "help" not in meta:
-        return None
-    return {
-        "help": meta["help"],
-        "choices": meta["choices"],
-        "required": meta["required"],
-        "negation": meta["negation"],
-    }
+    return typing.cast(_Meta, f.metadata) if "help" in f.metadata else None
 
 
 def _base(hint: object) -> object:
@@ -99,13 +92,14 @@ def _base(hint: object) -> object:
     return typing.get_origin(hint) or hint
 
 
+@functools.cache  # the operator names variables through it on every build
 def flag_fields(cls: type[DataclassInstance]) -> dict[str, dataclasses.Field[object]]:
     """Every field of ``cls`` (and of the configs nested in it) that is a flag, by name."""
     out: dict[str, dataclasses.Field[object]] = {}
     for f, hint in _fields(cls):
         if (nested := _config_class(hint)) is not None:
             out.update(flag_fields(nested))
-        elif "help" in f.metadata:
+        elif _meta(f) is not None:
             out[f.name] = f
     return out
 
@@ -156,7 +150,7 @@ def from_args(cls: type[C], args: argparse.Namespace) -> C:
     for f, hint in _fields(cls):
         if (nested := _config_class(hint)) is not None:
             values[f.name] = from_args(nested, args)
-        elif "help" in f.metadata and hasattr(args, f.name):
+        elif _meta(f) is not None and hasattr(args, f.name):
             v = getattr(args, f.name)
             values[f.name] = tuple(v) if _base(hint) is tuple and v is not None else v
     return cls(**values)

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from enum import Enum
-from typing import Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -129,8 +129,12 @@ class StreamSender:
         open_call: Callable[[grpc.Channel], Callable[..., object]],
         max_queued: int = 100_000,
         name: str = "sender",
+        encode: Callable[[Any], object] | None = None,
     ) -> None:
+        """``encode``: turns what ``send`` was given into the message to write, on the sender
+        thread (the engine thread hands over plain objects and goes on)."""
         self.address = address
+        self._encode = encode
         self._open_call = open_call
         self._queue: queue.Queue[_Item | Literal[_Close.CLOSE]] = queue.Queue()
         self._max_queued = max_queued
@@ -178,7 +182,7 @@ class StreamSender:
             msg, on_taken = item
             if on_taken is not None:
                 on_taken()
-            yield msg
+            yield msg if self._encode is None else self._encode(msg)
 
     def _run(self) -> None:
         backoff = 0.05

@@ -175,6 +175,10 @@ class GatewayConfig:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
 
 
+ROUTING_DEFAULTS = RoutingConfig()
+GATEWAY_DEFAULTS = GatewayConfig()
+
+
 @dataclass(frozen=True, slots=True)
 class DetokenizerConfig:
     """``python -m radixserve.detokenizer``."""

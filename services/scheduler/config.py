@@ -11,42 +11,39 @@ from dataclasses import dataclass, field
 from radixserve.common.service_config import CUDA_CHUNKED_PREFILL_SIZE, ENGINE_DEFAULTS, SCHEDULE_POLICIES
 from radixserve.scheduler.memory.manager import MemoryConfig
 
-POLICIES = SCHEDULE_POLICIES
-E = ENGINE_DEFAULTS  # the knobs a user sets are the engine's (service_config.EngineConfig): its defaults
-
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(max_total_tokens=65536))
-    policy: str = E.schedule_policy
+    policy: str = ENGINE_DEFAULTS.schedule_policy
     # A request waiting longer than this (seconds) is admitted ahead of cache order. None: off.
-    fairness_timeout: float | None = E.fairness_timeout
+    fairness_timeout: float | None = ENGINE_DEFAULTS.fairness_timeout
     # Requests that have waited more than (1 - fairness_lead) * fairness_timeout go first (oldest
     # first) before they are overdue, so the memory they need is not handed to younger requests:
     # without a lead an overdue request can wait for older decodes to drain the pool. Larger: a
     # tighter bound, more fcfs-like order (fewer prefix hits). 0.1 met the bound in policy_sim.
-    fairness_lead: float = E.fairness_lead
+    fairness_lead: float = ENGINE_DEFAULTS.fairness_lead
     # Above this many waiting requests, lpm / dfs-weight order costs more than it wins: use fcfs.
     lpm_fcfs_threshold: int = 128
     # In-batch prefix de-duplication: a waiting request that shares at least this many
     # not-yet-cached tokens with one already chosen waits a step, then hits the cache. 0: off.
     dedup_min_tokens: int = 32
-    max_prefill_tokens: int = E.max_prefill_tokens  # new tokens per prefill batch
+    max_prefill_tokens: int = ENGINE_DEFAULTS.max_prefill_tokens  # new tokens per prefill batch
     chunked_prefill_size: int | None = CUDA_CHUNKED_PREFILL_SIZE  # None: no chunking
     max_running_requests: int | None = None  # None: the memory config's table rows
-    max_waiting_requests: int = E.max_waiting_requests
+    max_waiting_requests: int = ENGINE_DEFAULTS.max_waiting_requests
     # After this many prefill batches in a row, run one decode batch (decodes never starve).
     max_consecutive_prefills: int = 4
     # Decode reserve: each running request is expected to need new_token_ratio * remaining tokens.
-    init_new_token_ratio: float = E.init_new_token_ratio
+    init_new_token_ratio: float = ENGINE_DEFAULTS.init_new_token_ratio
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay_steps: int = 600  # decode steps from init to min
     retract_ratio_step: float = 0.2  # added to the ratio on every retraction
     clip_max_new_tokens: int = 4096  # cap on the per-request reserve estimate
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown schedule policy {self.policy!r}; choose one of {POLICIES}")
+        if self.policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"unknown schedule policy {self.policy!r}; choose one of {SCHEDULE_POLICIES}")
         if self.fairness_timeout is not None and self.fairness_timeout < 0:
             raise ValueError("fairness_timeout must be >= 0")
         if not 0 <= self.fairness_lead <= 1:

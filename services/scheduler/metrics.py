@@ -28,8 +28,9 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.service
-        sched, kv = s.scheduler, s.scheduler.kv
-        lo = s.load()
+        sched = s.worker.scheduler
+        kv = sched.kv
+        lo = s.worker.load()
         yield GaugeMetricFamily("radixserve_scheduler_waiting_requests", "Requests waiting", value=lo.waiting)
         yield GaugeMetricFamily("radixserve_scheduler_running_requests", "Requests running", value=lo.running)
         yield GaugeMetricFamily("radixserve_kv_capacity_tokens", "KV pool capacity", value=kv.capacity)

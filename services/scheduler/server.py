@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1.health import HealthServicer
 
 from radixserve.common import telemetry
-from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, root_hash
+from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE
 from radixserve.common.rpc import (
     SERVER_OPTIONS,
     StreamSender,
@@ -64,16 +64,17 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self.load_interval_s = load_interval_s
         self.publisher: RedisPublisher | None = None  # when the pod publishes to Redis
         self.out = StreamSender(
-            detokenizer, lambda ch: pb_grpc.DetokenizerStub(ch).PushTokens, name="scheduler"
+            detokenizer,
+            lambda ch: pb_grpc.DetokenizerStub(ch).PushTokens,
+            name="scheduler",
+            encode=self._token_batch,  # protobuf is built on the sender thread, not the engine's
         )
         self.metrics = SchedulerMetrics()
         tracer = SchedulerTracer(address, engine.config.schedule_policy) if telemetry.enabled() else None
-        self.worker = EngineWorker(engine, address, self._emit, self.metrics, tracer)
+        self.worker = EngineWorker(
+            engine, address, self._emit, self.metrics, tracer, block_size=block_size, model_name=model_name
+        )
         self.metrics.collect_from(self)
-        self.scheduler = engine.scheduler
-        cache = engine.scheduler.kv.cache
-        if block_size > 0 and not cache.disabled:
-            cache.enable_block_events(block_size, root_hash(model_name))
 
     def start(self) -> None:
         self.worker.start()
@@ -136,8 +137,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):
 
     # ------------------------------------------------------------------ worker <-> protobuf
     def _emit(self, updates: list[TokenUpdate], on_taken: Callable[[], None] | None) -> None:
-        batch = pb.TokenBatch(reqs=[_to_proto(u) for u in updates], scheduler=self.address)
-        self.out.send(batch, on_taken=on_taken)
+        self.out.send(updates, on_taken=on_taken)
+
+    def _token_batch(self, updates: list[TokenUpdate]) -> pb.TokenBatch:
+        return pb.TokenBatch(reqs=[_to_proto(u) for u in updates], scheduler=self.address)
 
     def load(self) -> pb.Load:
         return pb.Load(**dataclasses.asdict(self.worker.load()))
@@ -174,17 +177,12 @@ def _to_proto(u: TokenUpdate) -> pb.RequestTokens:
         rid=u.rid, token_ids=u.token_ids, finish_reason=u.finish_reason, error=u.error, reply_to=u.reply_to
     )
     if u.options is not None:
-        o = u.options
-        e.options.CopyFrom(
-            pb.DetokenizeOptions(
-                stop=list(o.stop),
-                skip_special_tokens=o.skip_special_tokens,
-                prompt_tokens=o.prompt_tokens,
-                cached_tokens=u.cached_tokens,
-            )
-        )
+        o, eo = u.options, e.options
+        eo.stop.extend(o.stop)
+        eo.skip_special_tokens = o.skip_special_tokens
+        eo.prompt_tokens, eo.cached_tokens = o.prompt_tokens, u.cached_tokens
         if o.trace_context:
-            e.options.trace_context.update(o.trace_context)
+            eo.trace_context.update(o.trace_context)
     return e
 
 

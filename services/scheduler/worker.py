@@ -25,11 +25,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, root_hash
 from radixserve.common.sampling import SamplingParams
 from radixserve.scheduler.batch import ScheduleBatch
 from radixserve.scheduler.batch_scheduler import QueueFullError
@@ -73,16 +74,6 @@ class Abort:
 class MatchPrefix:
     input_ids: list[int]
     answer: futures.Future[int]
-
-
-@dataclass(frozen=True, slots=True)
-class _Admit:
-    """A checked ``Submit`` on its way to the engine thread."""
-
-    live: _Live
-
-
-Message = _Admit | Abort | MatchPrefix
 
 
 class ShuttingDown(Exception):
@@ -136,7 +127,10 @@ class _Live:
     options: DetokenizeOptions
     sent: int = 0  # output tokens already sent
     first: bool = True
-    trace: dict[str, str] | None = field(default=None)
+
+
+# A checked Submit (as the _Live it becomes) on its way to the engine thread, or another message.
+Message = _Live | Abort | MatchPrefix
 
 
 class EngineWorker:
@@ -147,7 +141,11 @@ class EngineWorker:
         emit: Emit,
         metrics: SchedulerMetrics,
         tracer: SchedulerTracer | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        model_name: str = "",
     ) -> None:
+        """``block_size`` > 0: the radix cache reports its full blocks (hashed from ``model_name``'s
+        root) as events, published to ``events`` after every iteration."""
         self.engine = engine
         self.scheduler = engine.scheduler
         self.loop = engine.loop
@@ -156,6 +154,9 @@ class EngineWorker:
         self.metrics = metrics
         self.tracer = tracer
         self.events = EventHub()  # the radix cache's block events, for Watch streams and Redis
+        cache = engine.scheduler.kv.cache
+        if block_size > 0 and not cache.disabled:
+            cache.enable_block_events(block_size, root_hash(model_name))
         self.vocab_size = engine.model_config.vocab_size
         engine.loop.on_batch = self._on_batch
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
@@ -168,7 +169,7 @@ class EngineWorker:
         self._queued_adds = 0  # in the inbox, not yet in the waiting queue
         self._live: dict[str, _Live] = {}  # engine thread only
         self.draining = False
-        self.stopped = threading.Event()  # set by close()
+        self.stopped = threading.Event()  # set by stop()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.steps = 0
         self.error: BaseException | None = None
@@ -188,9 +189,10 @@ class EngineWorker:
             raise ShuttingDown(f"scheduler {self.address} is shutting down")
         if not msg.rid:
             raise ValueError("rid is empty")
-        if any(t < 0 or t >= self.vocab_size for t in msg.input_ids):
+        ids = np.asarray(msg.input_ids, dtype=np.int64)  # range-checked before the int32 Req holds
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"input_ids must be in [0, {self.vocab_size})")
-        req = Req(msg.rid, np.asarray(msg.input_ids, dtype=np.int32), msg.sampling)
+        req = Req(msg.rid, ids.astype(np.int32), msg.sampling)
         self.scheduler.check_admissible(req)  # reads the config only
         with self._lock:
             if msg.rid in self._rids:
@@ -207,7 +209,7 @@ class EngineWorker:
             prompt_tokens=len(msg.input_ids),
             trace_context=trace,
         )
-        self._put(_Admit(_Live(req, msg.reply_to, options, trace=trace)))
+        self._put(_Live(req, msg.reply_to, options))
 
     def abort(self, rids: list[str], reason: str) -> int:
         """End these requests (those still here); returns how many were here."""
@@ -278,19 +280,20 @@ class EngineWorker:
             self._abort_all(f"scheduler {self.address} failed: {e!r}")
 
     def _drain_inbox(self) -> None:
+        if self._inbox.empty():  # most iterations (the engine thread is the only consumer)
+            return
         updates: list[TokenUpdate] = []
         while True:
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(msg, _Admit):
-                self._admit(msg.live, updates)
+            if isinstance(msg, _Live):
+                self._admit(msg, updates)
             elif isinstance(msg, Abort):
                 self.scheduler.abort(msg.rid, FinishReason.ABORT)
                 lv = self._live.pop(msg.rid, None)
                 if lv is not None:
-                    self._forget(msg.rid)
                     updates.append(self._final(lv, msg.reason))
             else:
                 m = self.scheduler.kv.cache.match_prefix(np.asarray(msg.input_ids, dtype=np.int32))
@@ -304,12 +307,12 @@ class EngineWorker:
         try:
             self.scheduler.add(lv.req)
         except Exception as e:  # the queue filled between the check and here
-            self._forget(lv.req.rid)
             updates.append(self._final(lv, str(e)))
             return
         self._live[lv.req.rid] = lv
-        if lv.trace is not None and self.tracer is not None:
-            self.tracer.track(lv.req.rid, lv.trace)
+        trace = lv.options.trace_context  # set only when this pod traces
+        if trace is not None and self.tracer is not None:
+            self.tracer.track(lv.req.rid, trace)
 
     def _emit_step(self, finished: list[Req]) -> None:
         updates = []
@@ -323,16 +326,17 @@ class EngineWorker:
         for r in finished:
             lv = live.pop(r.rid, None)
             if lv is not None:
-                self._forget(r.rid)
                 reason = r.finish_reason.value if r.finish_reason else FinishReason.ABORT.value
                 updates.append(self._final(lv, "" if reason != "abort" else "aborted", reason))
         if updates:
             self._send(updates)
 
     def _final(self, lv: _Live, error: str, reason: str = FinishReason.ABORT.value) -> TokenUpdate:
+        """The request's last update; it is no longer here (but held for holds() until sent)."""
         r = lv.req
+        self._forget(r.rid)
         self.metrics.requests.labels(reason).inc()
-        if lv.trace is not None and self.tracer is not None:
+        if lv.options.trace_context is not None and self.tracer is not None:
             self.tracer.finish(r, reason)
         known = r.known_len - r.prompt_len
         return self._update(lv, r.output_ids[lv.sent : known], reason, error)
@@ -344,7 +348,7 @@ class EngineWorker:
             lv.first = False
             self.metrics.prompt_tokens.inc(lv.req.prompt_len)
             self.metrics.cache_hit_tokens.inc(lv.req.num_cached_tokens)
-            if lv.trace is not None and self.tracer is not None:
+            if lv.options.trace_context is not None and self.tracer is not None:
                 self.tracer.first_token(lv.req.rid)
         lv.sent += len(tokens)
         return u
@@ -370,7 +374,6 @@ class EngineWorker:
             with contextlib.suppress(Exception):  # the loop is already broken; the client's error matters
                 self.scheduler.abort(rid, FinishReason.ABORT)
             updates.append(self._final(lv, reason))
-            self._forget(rid)
         self._live.clear()
         if updates:
             self._send(updates)

@@ -77,7 +77,6 @@ class Gateway:
     ) -> None:
         from transformers import AutoTokenizer
 
-        self.config = config
         self.lost_check_s = config.lost_response_check
         reply_to = config.advertise_address or f"localhost:{config.grpc_port}"
         routing = config.routing
@@ -191,8 +190,7 @@ class Gateway:
                         self.lost(c)
 
     def lost(self, c: Choice) -> None:
-        del self.choices[c.rid]
-        c.scheduler.outstanding.discard(c.rid)
+        self._unregister(c)
         self._abort(c.scheduler, [c.rid], "response lost")  # a no-op unless it is somehow still there
         self.metrics.lost_responses.inc()
         log.warning("request %s: its scheduler ended it but the response never came; failing it", c.rid)
@@ -327,6 +325,13 @@ class Gateway:
         h.outstanding.add(c.rid)
         h.sent += 1  # counted in the pod's load until its next report
 
+    def _unregister(self, c: Choice) -> bool:
+        """``c`` is no longer this gateway's to wait for; False if it already was not."""
+        if self.choices.pop(c.rid, None) is None:
+            return False
+        c.scheduler.outstanding.discard(c.rid)
+        return True
+
     async def _resend(self, c: Choice, failed: SchedulerHandle, why: str, avoid: bool = True) -> None:
         """``c`` was submitted to ``failed`` and lost there before any of its results came: send it
         again, to another scheduler if ``avoid`` (under a new rid: a detokenizer may hold the old
@@ -350,14 +355,12 @@ class Gateway:
             await h.stub.Submit(c.request, timeout=30)
         except grpc.aio.AioRpcError as e:
             self.metrics.grpc_errors.labels(h.address, e.code().name).inc()
-            if self.choices.pop(c.rid, None) is not None:
-                h.outstanding.discard(c.rid)
+            if self._unregister(c):
                 c.queue.put_nowait((c.index, error_from_grpc(e, f"scheduler {h.address} (a retry)")))
             return
         c.submitted, c.heard_at = True, time.monotonic()
         if c.released:  # the client left meanwhile; its abort may have reached the pod before this
-            self.choices.pop(c.rid, None)
-            h.outstanding.discard(c.rid)
+            self._unregister(c)
             self._abort(h, [c.rid], "client disconnected")
             return
         log.info("request %s: %s before its first token; re-sent to %s", old, why, h.address)
@@ -370,8 +373,7 @@ class Gateway:
             c.released = True
         by_pod: dict[SchedulerHandle, list[str]] = {}  # a request's choices can be on several pods
         for c in choices:
-            if self.choices.pop(c.rid, None) is not None:
-                c.scheduler.outstanding.discard(c.rid)
+            if self._unregister(c):
                 by_pod.setdefault(c.scheduler, []).append(c.rid)
         for h, rids in by_pod.items():
             self._abort(h, rids, reason)
@@ -392,23 +394,22 @@ class Gateway:
     # ------------------------------------------------------------------ from the detokenizer
     def deliver(self, batch: pb.TextBatch, via: object) -> None:
         early: dict[SchedulerHandle, list[str]] = {}
+        now = time.monotonic()
         for t in batch.reqs:
             c = self.choices.get(t.rid)
             if c is None:
                 continue  # released: the client went away, or an abort's final message
             if t.lost_start and c.via is None and not c.retried:
                 # Its start died with a detokenizer and the client has seen nothing: send it again.
-                del self.choices[t.rid]
-                c.scheduler.outstanding.discard(t.rid)
+                self._unregister(c)
                 if t.ended_early:
                     early.setdefault(c.scheduler, []).append(t.rid)
                 self._spawn(self._resend(c, c.scheduler, "the detokenizer lost its start", avoid=False))
                 continue
             c.queue.put_nowait((c.index, t))
-            c.heard_at, c.via = time.monotonic(), via
+            c.heard_at, c.via = now, via
             if t.finish_reason:
-                del self.choices[t.rid]
-                c.scheduler.outstanding.discard(t.rid)
+                self._unregister(c)
                 if t.ended_early:  # a stop string, or a lost start: the scheduler may still run it
                     early.setdefault(c.scheduler, []).append(t.rid)
         for h, rids in early.items():
@@ -426,8 +427,7 @@ class Gateway:
         err = retryable("the detokenizer delivering this response went away mid-request; retry the request")
         by_pod: dict[SchedulerHandle, list[str]] = {}
         for c in lost:
-            del self.choices[c.rid]
-            c.scheduler.outstanding.discard(c.rid)
+            self._unregister(c)
             by_pod.setdefault(c.scheduler, []).append(c.rid)
             c.queue.put_nowait((c.index, err))
         for h, rids in by_pod.items():
@@ -455,8 +455,7 @@ class Gateway:
         for c in choices:
             if not c.submitted:
                 continue
-            del self.choices[c.rid]
-            h.outstanding.discard(c.rid)
+            self._unregister(c)
             moved.append(c.rid)
             if c.via is not None or c.retried:
                 c.queue.put_nowait((c.index, _went_away(h, why)))

@@ -21,7 +21,7 @@ from typing import Annotated, Literal, TypedDict
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from radixserve.common.sampling import MAX_TOKENS, SamplingParams
+from radixserve.common.sampling import MAX_TOKENS, SEED_BITS, SamplingParams
 
 MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one /v1/completions request
@@ -58,7 +58,7 @@ class _Sampling(_Strict):
     top_p: float = 1.0
     top_k: Annotated[int, Field(ge=-(2**31), le=MAX_TOKENS)] = -1
     min_p: float = 0.0
-    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
+    seed: Annotated[int, Field(ge=-(2 ** (SEED_BITS - 1)), le=2 ** (SEED_BITS - 1) - 1)] | None = None
     stop: Text | Annotated[list[Text], Field(max_length=64)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
     ignore_eos: bool = False

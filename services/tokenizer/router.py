@@ -30,11 +30,10 @@ from typing import Protocol
 
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
 from radixserve.common.prefix_index import PrefixIndex
-from radixserve.common.service_config import ROUTERS, RoutingConfig
+from radixserve.common.service_config import ROUTING_DEFAULTS as ROUTING
 from radixserve.tokenizer.scheduler_pool import SchedulerHandle
 
 log = logging.getLogger(__name__)
-ROUTING = RoutingConfig()  # the defaults (the gateway passes its configured values)
 
 
 @dataclass(slots=True)
@@ -204,7 +203,6 @@ class CacheAwareRouter(_Recorder):
         pod, n = self.recent.match(hashes, now)
         if pod is not None and n > matched.get(pod, 0):
             matched[pod] = n
-        lo = min(h.busy for h in candidates)
         best = max((matched.get(h.address, 0) for h in candidates), default=0)
         if best == 0:
             # A new prefix: to the least busy pod among those with room for it; ties (equally idle
@@ -220,6 +218,7 @@ class CacheAwareRouter(_Recorder):
             # Out of balance is judged on the pod the prefix would go to, not on the spread of all
             # pods: diverting requests whose prefix lives on a calm pod would copy their prefixes
             # elsewhere and leave the overloaded pod as loaded as before.
+            lo = min(c.busy for c in candidates)
             if h.busy - lo > self.balance_abs and h.busy > self.balance_rel * lo:
                 h, reason = least_loaded(candidates, rotate), "balance"
         h.routed_tokens += len(input_ids) - matched.get(h.address, 0) * self.block_size
@@ -231,6 +230,3 @@ class CacheAwareRouter(_Recorder):
         self.working_set.remember(hashes[:shared] if shared else hashes, h.address, now)
         self.record(Decision(h.address, reason, matched.get(h.address, 0), time.perf_counter() - t))
         return h
-
-
-__all__ = ["ROUTERS", "CacheAwareRouter", "LeastLoadRouter", "RoundRobinRouter", "Router"]

@@ -18,7 +18,7 @@ import grpc
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex
 from radixserve.common.rpc import CHANNEL_OPTIONS, pb, pb_grpc
-from radixserve.common.service_config import GatewayConfig
+from radixserve.common.service_config import GATEWAY_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class SchedulerPool:
         on_down: Callable[[SchedulerHandle, str], None],
         watch_interval_s: float = 0.2,
         memory_index: InMemoryPrefixIndex | None = None,
-        stale_s: float = GatewayConfig().scheduler_stale_after,
+        stale_s: float = GATEWAY_DEFAULTS.scheduler_stale_after,
         on_up: Callable[[SchedulerHandle], None] | None = None,
     ) -> None:
         self.handles = [SchedulerHandle(a) for a in addresses]

@@ -157,10 +157,11 @@ def test_a_killed_detokenizer_fails_the_streams_in_flight_and_comes_back(model_d
             else:
                 assert "detokenizer" in r["error"] and "retry" in r["error"], r["error"]
                 assert r["ended"] - killed_at < 5.0
+        failed = [r for r in results if r["error"] is not None]
+        assert failed, "no stream saw the detokenizer die"
         assert after == [200] * AFTER, after
         _wait("the schedulers are idle again (the failed requests were aborted)", lambda: _idle(cluster), 10)
         assert detok.restarts == 1 and detok.alive()
-        failed = [r for r in results if r["error"] is not None]
         worst = max((r["ended"] for r in results), default=killed_at) - killed_at
         print(
             "FAULT",

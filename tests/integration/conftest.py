@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from radixserve.common.demo_model import make_demo_model
-from radixserve.launcher import Cluster, build_cluster, counter_by, free_port  # noqa: F401 (counter_by: for the tests)
+from radixserve.launcher import Cluster, build_cluster, free_port
 
 MODEL_NAME = "tiny-llama"
 

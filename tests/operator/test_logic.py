@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from radixserve.operator import crds, nodepool, status
@@ -37,7 +38,6 @@ def _nodes(schema: dict, where: str = "") -> list[tuple[str, dict]]:
 
 def test_crd_schemas_are_structural_and_their_defaults_valid() -> None:
     """What the API server demands of a v1 CRD beyond its own schema (kubernetes-validate checks that)."""
-    jsonschema = pytest.importorskip("jsonschema")
     for crd in crds.CRDS.values():
         root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         for where, node in _nodes(root):
@@ -231,7 +231,6 @@ def test_static_load_source_filters_by_service_domain() -> None:
     ],
 )
 def test_the_operators_schema_check_flags_what_the_api_server_would(spec_: dict, path: str) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     problems = crds.schema_problems(crds.INFERENCE_SERVICE_SPEC, spec_)
     assert len(problems) == 1 and problems[0].startswith(f"{path}:"), problems
     assert list(jsonschema.Draft4Validator(crds.INFERENCE_SERVICE_SPEC).iter_errors(spec_))  # it agrees
