@@ -135,7 +135,14 @@ INFERENCE_SERVICE_SPEC = _obj(
             {
                 "replicas": _int(0, 1),
                 "device": _str(default="cuda", enum=["cuda", "cpu"]),
-                "gpusPerReplica": _int(0, 1),
+                "gpusPerReplica": _int(
+                    0,
+                    1,
+                    description="GPUs per scheduler pod; above 1 the model is split across them with "
+                    "tensor parallelism (--tp-size): its attention heads (and KV heads, or the reverse) "
+                    "and MLP size must divide by it; a model that does not is reported in status "
+                    "(Degraded/SchedulerFailed)",
+                ),
                 "nodePool": _str(description="name of a GPUNodePool"),
                 "resources": _RESOURCES,
                 "drainTimeoutSeconds": _int(0, int(DRAIN_TIMEOUT_S)),

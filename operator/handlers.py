@@ -312,6 +312,9 @@ def _write_observed(
 ) -> None:
     """Status for a round that applied the children: their readiness, the endpoint, conditions."""
     ready, desired = _observe(kube, ctx)
+    failure = status.scheduler_failure(
+        kube.list("Pod", ctx.namespace, labels=manifests.selector(ctx, "scheduler"))
+    )
     previous = current.get("conditions")
     _write_status(
         patch,
@@ -322,7 +325,9 @@ def _write_observed(
             "readyReplicas": ready,
             "replicas": {c: f"{ready[c]}/{desired[c]}" for c in desired},
             "endpoint": manifests.endpoints(ctx),
-            "conditions": status.service_conditions([], shortfall, ready, desired, generation, previous),
+            "conditions": status.service_conditions(
+                [], shortfall, ready, desired, generation, previous, failure=failure
+            ),
         },
     )
 

@@ -96,9 +96,26 @@ class Kube:
                 return None
             raise
 
-    def list(self, kind: str, namespace: str | None = None, label_selector: str = "") -> list[Obj]:
+    def list(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+        labels: dict[str, str] | None = None,
+    ) -> list[Obj]:
+        """``labels``: exact label values, sent as the selector and checked here too (an emulator
+        or a proxy may ignore the selector)."""
+        if labels:
+            label_selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         query = {"labelSelector": label_selector} if label_selector else None
-        return list(self.request("GET", path(kind, namespace), query=query).get("items", []))
+        items = list(self.request("GET", path(kind, namespace), query=query).get("items", []))
+        if not labels:
+            return items
+        return [
+            o
+            for o in items
+            if all((o.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in labels.items())
+        ]
 
     def merge_patch(
         self, kind: str, namespace: str | None, name: str, patch: Obj, sub: str | None = None

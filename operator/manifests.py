@@ -5,6 +5,7 @@
       Deployment   NAME-gateway       python -m radixserve.tokenizer   HTTP 8000 (+/metrics), gRPC 50050
       Service      NAME-gateway       ClusterIP: the endpoint users reach
       StatefulSet  NAME-scheduler     python -m radixserve.scheduler   gRPC 50051, metrics 9400, GPUs
+                                      (gpusPerReplica N > 1: --tp-size N, one process per GPU)
       Service      NAME-scheduler     headless: NAME-scheduler-{i}.NAME-scheduler.NS.svc
       Deployment   NAME-detokenizer   python -m radixserve.detokenizer gRPC 50052, metrics 9401
       Service      NAME-detokenizer   ClusterIP
@@ -21,12 +22,18 @@ import copy
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from radixserve.common.config import CACHE_DIR_ENV, env_name, env_var
 from radixserve.common.service_config import DetokenizerConfig, GatewayConfig, SchedulerPodConfig
-
-Obj = dict[str, Any]
+from radixserve.operator.pods import (
+    CONTAINER_SECURITY,
+    POD_SECURITY,
+    Obj,
+    add_shared_memory,
+    downward,
+    grpc_probes,
+    http_probes,
+)
 
 # The services' own defaults (service_config.py): the pods run with them.
 GATEWAY_HTTP_PORT = GatewayConfig().port
@@ -175,41 +182,6 @@ def _redis_env(ctx: BuildContext) -> list[Obj]:
     return []
 
 
-def _downward(var: str, path: str) -> Obj:
-    return {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
-def _grpc_probes(port: int, startup_failures: int) -> Obj:
-    return {
-        "startupProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": startup_failures},
-        "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": 6},
-    }
-
-
-def _http_probes(port: int) -> Obj:
-    get = {"path": "/health", "port": port}
-    return {
-        "startupProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 90},
-        "readinessProbe": {"httpGet": get, "periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 6},
-    }
-
-
-_CONTAINER_SECURITY = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "readOnlyRootFilesystem": True,  # writes go to the /cache and /tmp emptyDirs
-}
-_POD_SECURITY = {
-    "runAsNonRoot": True,
-    "runAsUser": 1000,
-    "runAsGroup": 1000,
-    "fsGroup": 1000,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-
-
 def _model_volumes(ctx: BuildContext) -> tuple[list[Obj], list[Obj], list[Obj]]:
     """(volumes, mounts, init containers) that put the model where RADIXSERVE_MODEL points."""
     volumes: list[Obj] = [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
@@ -255,7 +227,7 @@ def _model_volumes(ctx: BuildContext) -> tuple[list[Obj], list[Obj], list[Obj]]:
                 "command": ["python", "-c", script],
                 "env": env,
                 "volumeMounts": mounts,
-                "securityContext": _CONTAINER_SECURITY,
+                "securityContext": CONTAINER_SECURITY,
                 "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
             }
         )
@@ -280,8 +252,8 @@ def _pod_template(
         "command": ["python", "-m", module],
         "envFrom": [{"configMapRef": {"name": child_name(ctx, "engine")}}],
         "env": [
-            _downward("POD_NAME", "metadata.name"),
-            _downward("POD_IP", "status.podIP"),
+            downward("POD_NAME", "metadata.name"),
+            downward("POD_IP", "status.podIP"),
             {"name": "OTEL_SERVICE_NAME", "value": f"radixserve-{component}"},
             {
                 "name": "OTEL_RESOURCE_ATTRIBUTES",
@@ -293,10 +265,10 @@ def _pod_template(
         **probes,
         "resources": resources,
         "volumeMounts": mounts,
-        "securityContext": _CONTAINER_SECURITY,
+        "securityContext": CONTAINER_SECURITY,
     }
     pod: Obj = {
-        "securityContext": _POD_SECURITY,
+        "securityContext": POD_SECURITY,
         "terminationGracePeriodSeconds": ctx.spec["scheduler"]["drainTimeoutSeconds"] + 15,
         "containers": [container],
         "volumes": volumes,
@@ -347,7 +319,7 @@ def gateway_deployment(ctx: BuildContext) -> Obj:
         "radixserve.tokenizer",
         env,
         ports,
-        _http_probes(GATEWAY_HTTP_PORT),
+        http_probes(GATEWAY_HTTP_PORT),
         resources,
         GATEWAY_HTTP_PORT,  # /metrics is served next to the OpenAI API
     )
@@ -371,7 +343,7 @@ def detokenizer_deployment(ctx: BuildContext) -> Obj:
         "radixserve.detokenizer",
         env,
         ports,
-        _grpc_probes(DETOKENIZER_PORT, 90),
+        grpc_probes(DETOKENIZER_PORT, 90),
         resources,
         DETOKENIZER_METRICS_PORT,
     )
@@ -404,15 +376,23 @@ def scheduler_resources(ctx: BuildContext) -> Obj:
     return res
 
 
+def tp_size(spec: Obj) -> int:
+    """The scheduler's tensor parallelism: one process per GPU of the pod (1: none)."""
+    sched = spec["scheduler"]
+    return int(sched["gpusPerReplica"]) if sched["device"] == "cuda" else 1
+
+
 def scheduler_statefulset(ctx: BuildContext) -> Obj:
     sched = ctx.spec["scheduler"]
     host = _svc_host(ctx, "scheduler")
+    tp = tp_size(ctx.spec)
     env = [
         _env(SchedulerPodConfig, "port", str(SCHEDULER_PORT)),
         _env(SchedulerPodConfig, "metrics_port", str(SCHEDULER_METRICS_PORT)),
         _env(SchedulerPodConfig, "advertise_address", f"$(POD_NAME).{host}:{SCHEDULER_PORT}"),
         _env(SchedulerPodConfig, "detokenizer", f"{_svc_host(ctx, 'detokenizer')}:{DETOKENIZER_PORT}"),
         _env(SchedulerPodConfig, "device", sched["device"]),
+        *([_env(SchedulerPodConfig, "tp_size", str(tp))] if tp > 1 else []),
         *_redis_env(ctx),
     ]
     ports = [
@@ -428,15 +408,23 @@ def scheduler_statefulset(ctx: BuildContext) -> Obj:
         "radixserve.scheduler",
         env,
         ports,
-        _grpc_probes(SCHEDULER_PORT, 180),
+        grpc_probes(SCHEDULER_PORT, 180),
         scheduler_resources(ctx),
         SCHEDULER_METRICS_PORT,
     )
+    pod = template["spec"]
+    container = pod["containers"][0]
+    # A scheduler that cannot serve the model (e.g. --tp-size not dividing its heads) writes why to
+    # /dev/termination-log; a crash that writes nothing leaves its last log lines there instead.
+    # Either way the operator reads it from the pod and reports Degraded/SchedulerFailed.
+    container["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    if tp > 1:
+        add_shared_memory(pod, container)  # NCCL between the pod's GPUs
     if ctx.pool is not None:
-        template["spec"]["nodeSelector"] = {POOL_LABEL: ctx.pool_name}
+        pod["nodeSelector"] = {POOL_LABEL: ctx.pool_name}
         taint = ctx.pool.get("taint")
         if taint:
-            template["spec"]["tolerations"] = [
+            pod["tolerations"] = [
                 {"key": taint["key"], "operator": "Equal", "value": taint["value"], "effect": taint["effect"]}
             ]
     return {

@@ -35,6 +35,49 @@ def condition(
     }
 
 
+MESSAGE_LIMIT = 1024  # characters of a scheduler's termination message a condition carries
+
+
+def _terminated_failure(container_status: Obj) -> tuple[int, str] | None:
+    """(exit code, message) of the container's current or last run when it failed saying why."""
+    if container_status.get("ready"):
+        return None  # serving again: an earlier failure is history
+    for state in (container_status.get("state"), container_status.get("lastState")):
+        done = (state or {}).get("terminated") or {}
+        code = int(done.get("exitCode") or 0)
+        message = str(done.get("message") or "").strip()
+        if code != 0 and message:
+            return code, message
+    return None
+
+
+def scheduler_failure(pods: list[Obj]) -> str | None:
+    """Why the scheduler pods fail, from their containers' termination messages (None: they do not).
+
+    A scheduler that cannot serve its model (``--tp-size`` not dividing the model's heads, say) exits
+    non-zero after writing one line to /dev/termination-log; with ``FallbackToLogsOnError`` a crash
+    that wrote nothing leaves its last log lines. The first failing pod (by name) speaks for all;
+    a long message keeps its end, where a traceback's error is.
+    """
+    failed: list[tuple[str, str, int, str]] = []
+    for pod in sorted(pods, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        st = pod.get("status") or {}
+        for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+            found = _terminated_failure(cs)
+            if found:
+                failed.append((pod["metadata"].get("name", "?"), str(cs.get("name", "?")), *found))
+                break
+    if not failed:
+        return None
+    pod_name, container, code, message = failed[0]
+    if len(message) > MESSAGE_LIMIT:
+        message = "..." + message[-(MESSAGE_LIMIT - 3) :]
+    more = f" ({len(failed)} scheduler pods are failing)" if len(failed) > 1 else ""
+    return f"pod {pod_name} container {container} exited with code {code}{more}: {message}"
+
+
 def service_conditions(
     problems: list[Problem],
     shortfall: str | None,
@@ -43,16 +86,20 @@ def service_conditions(
     generation: int,
     previous: list[Obj] | None,
     now: str | None = None,
+    failure: str | None = None,
 ) -> list[Obj]:
     """Ready / Progressing / Degraded for an InferenceService.
 
-    Invalid specs are Degraded (with the first problem's reason) and never Ready; a GPU
-    shortfall is Degraded/InsufficientGPUs while pods wait for capacity.
+    Invalid specs are Degraded (with the first problem's reason) and never Ready; scheduler pods
+    that exit saying why (``failure``, from :func:`scheduler_failure`) are Degraded/SchedulerFailed
+    with that message; a GPU shortfall is Degraded/InsufficientGPUs while pods wait for capacity.
     """
     now = now or now_iso()
     lagging = sorted(c for c in desired if ready.get(c, 0) < desired[c])
     if problems:
         degraded = (True, problems[0].reason, "; ".join(p.message for p in problems))
+    elif failure:
+        degraded = (True, "SchedulerFailed", failure)
     elif shortfall:
         degraded = (True, "InsufficientGPUs", shortfall)
     else:
@@ -70,7 +117,7 @@ def service_conditions(
     is_ready = not problems and not lagging
     ready_cond = (
         is_ready,
-        "AllReplicasReady" if is_ready else (degraded[1] if problems else "ReplicasNotReady"),
+        "AllReplicasReady" if is_ready else (degraded[1] if problems or failure else "ReplicasNotReady"),
         "",
     )
     return [

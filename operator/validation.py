@@ -30,6 +30,9 @@ def validate(spec: Obj, pool: Obj | None, chart_redis_url: str) -> list[Problem]
         bad(Problem("InvalidModel", "spec.model.source needs exactly one of pvc or hub"))
 
     sched = spec["scheduler"]
+    # Any count of GPUs above 1 is tensor parallelism over them. Whether the model's heads divide by
+    # it only the scheduler can tell (the pod fetches the model): a scheduler that cannot split the
+    # model exits saying why, and status.scheduler_failure makes that Degraded/SchedulerFailed.
     if sched["device"] == "cuda" and sched["gpusPerReplica"] < 1:
         bad(Problem("InvalidSpec", "scheduler.device is cuda but scheduler.gpusPerReplica is 0"))
     if sched["device"] == "cpu" and sched["gpusPerReplica"] > 0:

@@ -14,16 +14,16 @@ import signal
 import sys
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """SIGTERM to this process when its parent (the thread that started it) ends; Linux only."""
+def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGTERM) -> None:
+    """``sig`` to this process when its parent (the thread that started it) ends; Linux only."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
     if os.getppid() != parent_pid:  # it ended before the line above: nobody would signal us
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), sig)
 
 
 def main() -> None:

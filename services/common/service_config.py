@@ -94,6 +94,12 @@ class EngineConfig:
     # A short request through every path (prefill, decode, sampling) before the engine is ready, so
     # JIT compilation and first-use costs are paid at start, not by the first user.
     warmup: bool = setting(True, "run warm-up requests before reporting ready")
+    # Tensor parallelism (scheduler/parallel/): rank 0 is the scheduler's own process, ranks 1..N-1
+    # worker processes it starts; one device each (cuda:0..N-1 from --device's index; CPU: gloo).
+    tp_size: int = setting(1, "tensor parallelism: devices (one process each) the model is split across")
+    tp_timeout: float = setting(
+        120.0, "tensor parallelism: seconds a collective may wait for a rank before the scheduler fails"
+    )
 
 
 ENGINE_DEFAULTS = EngineConfig()

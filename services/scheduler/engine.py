@@ -3,13 +3,15 @@
 from radixserve import Engine, SamplingParams
 with Engine("path/to/hf-model", page_size=16) as engine:
     out = engine.generate(prompt=["Hello", "Hi"], sampling_params=SamplingParams(max_new_tokens=32))
+
+``tp_size=N`` splits the model over N devices (tensor_parallel.py): this process is rank 0 and
+starts the other N-1; the scheduler runs here only.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import fields, replace
@@ -22,13 +24,15 @@ from radixserve.common.service_config import CPU_CHUNKED_PREFILL_SIZE, CUDA_CHUN
 from radixserve.scheduler.batch_scheduler import BatchScheduler, QueueFullError
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.event_loop import EventLoop
-from radixserve.scheduler.memory.allocator import capacity_from_memory
+from radixserve.scheduler.memory.allocator import kv_capacity
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.device import resolve_profile
-from radixserve.scheduler.model.loader import load_model, safetensor_files
+from radixserve.scheduler.model.loader import load_model
+from radixserve.scheduler.model.parallel import ShardLayout, TPGroup, tp_problem
 from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.req import FinishReason, Req
+from radixserve.scheduler.tensor_parallel import RunnerSpec, TPFollowers, start_followers, weight_bytes
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +55,11 @@ class Engine:
         self.model_path = Path(model_path)
         self.config = cfg
         checkpoint = ModelConfig.from_pretrained(model_path, "auto")
+        problem = tp_problem(checkpoint, cfg.tp_size)
+        if problem is not None:
+            raise ValueError(f"tensor parallelism: {problem}")
         self.profile = resolve_profile(
-            checkpoint,
+            ShardLayout.of(checkpoint, 0, cfg.tp_size).local_config(checkpoint),  # rank 0's heads
             device=cfg.device,
             dtype=cfg.dtype,
             attention_backend=cfg.attention_backend,
@@ -66,36 +73,25 @@ class Engine:
         dev = self.profile.device
         if dev.type == "cuda":
             torch.cuda.set_device(dev)  # kernels and libraries that use "the current device" (cuda:N)
-        device = str(dev)
         self.model_config = replace(checkpoint, dtype=self.profile.dtype)
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         max_context = cfg.max_context_len or self.model_config.max_position_embeddings
-        sched_cfg = self._scheduler_config(max_context, device)
-        eos = set(self.model_config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.scheduler = BatchScheduler(sched_cfg, eos_token_ids=sorted(eos))
         max_positions = max(max_context, self.model_config.max_position_embeddings)
-        self.runner = ModelRunner(
-            load_model(model_path, self.model_config, dev, max_positions),
-            self.scheduler.kv.req_to_token,
-            self.scheduler.kv.allocator.pool_slots,
-            max_batch=cfg.max_running_requests,
-            profile=self.profile,
-            page_size=cfg.page_size,
-        )
-        overlap = device.startswith("cuda") if cfg.disable_overlap is None else not cfg.disable_overlap
-        self.loop = EventLoop(
-            self.scheduler, self.runner, overlap=overlap, cpu_thread_min_s=cfg.cpu_overlap_thread_min_ms / 1e3
-        )
-        self._ids = itertools.count()
-        self._closed = False
-        self.startup = {"load_s": time.perf_counter() - t_start, "graphs_s": 0.0, "warmup_s": 0.0}
-        self.startup["graphs_s"] = self.runner.capture_graphs()  # CUDA; nothing on CPU
-        if cfg.warmup:
-            self.warmup()
+        self.followers: TPFollowers | None = None
+        tp: TPGroup | None = None
+        if cfg.tp_size > 1:
+            self.followers, tp = start_followers(
+                str(model_path), self.model_config, self.profile, max_positions, size=cfg.tp_size,
+                mem_fraction=cfg.mem_fraction, page_size=cfg.page_size, timeout_s=cfg.tp_timeout,
+            )  # fmt: skip
+        try:
+            self._start(model_path, max_context, max_positions, tp)
+        except BaseException:
+            if self.followers is not None:
+                self.followers.close(1)
+            raise
         p = self.profile
         log.info(
             "engine ready on %s (%s, attention %s, ops %s, decode graphs %s) in %.1f s: load %.1f s, "
@@ -106,11 +102,81 @@ class Engine:
             self.startup["warmup_s"],
         )  # fmt: skip
 
-    def _scheduler_config(self, max_context: int, device: str) -> SchedulerConfig:
-        """The batch scheduler's and the KV pool's settings, resolved from the engine arguments."""
+    def _start(
+        self, model_path: str | Path, max_context: int, max_positions: int, tp: TPGroup | None
+    ) -> None:
+        """Load (this rank's shard of) the model, size the KV pool from the memory left, build the
+        scheduler, runner and loop, capture graphs and warm up; with followers, in step with them."""
+        cfg, dev, followers = self.config, self.profile.device, self.followers
+        t_start = time.perf_counter()
+        model = load_model(model_path, self.model_config, dev, max_positions, tp=tp)
+        per_token = model.local_config.kv_bytes_per_token()
+        kv_tokens = [kv_capacity(dev, per_token, cfg.mem_fraction, cfg.page_size, cfg.tp_size)]
+        weights = [weight_bytes(model)]
+        if followers is not None:
+            for loaded in followers.loaded():
+                kv_tokens.append(loaded.kv_tokens)
+                weights.append(loaded.weight_bytes)
+        # Every rank's pool has the same slots: the smallest any rank can hold.
+        self.scheduler = BatchScheduler(
+            self._scheduler_config(max_context, str(dev), min(kv_tokens)),
+            eos_token_ids=self._eos_token_ids(),
+        )
+        self.runner = ModelRunner(
+            model,
+            self.scheduler.kv.req_to_token,
+            self.scheduler.kv.allocator.pool_slots,
+            max_batch=cfg.max_running_requests,
+            profile=self.profile,
+            page_size=cfg.page_size,
+            step_sink=followers.send if followers is not None else None,
+        )
+        kv = self.scheduler.kv
+        if followers is not None:
+            followers.build(
+                RunnerSpec(
+                    kv.allocator.pool_slots, kv.req_to_token.max_running, kv.req_to_token.max_context,
+                    cfg.max_running_requests, cfg.page_size,
+                )  # fmt: skip
+            )
+        self.placement = {
+            "tp_size": cfg.tp_size,
+            "weight_bytes_per_rank": weights,
+            "kv_tokens": kv.capacity,
+            "kv_bytes_per_rank": kv.capacity * per_token,
+        }
+        if cfg.tp_size > 1:
+            log.info(
+                "tensor parallelism %d: weights per rank %s MiB; KV pool %d tokens (%.1f MiB per rank; "
+                "the ranks could hold %s)",
+                cfg.tp_size, [round(w / 2**20, 1) for w in weights], kv.capacity,
+                kv.capacity * per_token / 2**20, kv_tokens,
+            )  # fmt: skip
+        overlap = dev.type == "cuda" if cfg.disable_overlap is None else not cfg.disable_overlap
+        self.loop = EventLoop(
+            self.scheduler, self.runner, overlap=overlap, cpu_thread_min_s=cfg.cpu_overlap_thread_min_ms / 1e3
+        )
+        self._ids = itertools.count()
+        self._closed = False
+        self.startup = {"load_s": time.perf_counter() - t_start, "graphs_s": 0.0, "warmup_s": 0.0}
+        if followers is not None and self.runner.graphs.capture_graphs:
+            followers.capture()  # every rank captures at once: the graphs hold collectives
+        self.startup["graphs_s"] = self.runner.capture_graphs()  # CUDA; nothing on CPU
+        if cfg.warmup:
+            self.warmup()
+
+    def _eos_token_ids(self) -> list[int]:
+        eos = set(self.model_config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        return sorted(eos)
+
+    def _scheduler_config(self, max_context: int, device: str, kv_tokens: int) -> SchedulerConfig:
+        """The batch scheduler's and the KV pool's settings, resolved from the engine arguments;
+        ``kv_tokens``: what the memory left after the weights holds (every rank's)."""
         cfg = self.config
         # No mix of requests can hold more KV than every running request at full context.
-        total = cfg.max_total_tokens or min(self._capacity(device), cfg.max_running_requests * max_context)
+        total = cfg.max_total_tokens or min(kv_tokens, cfg.max_running_requests * max_context)
         mem = MemoryConfig(
             max_total_tokens=total,
             page_size=cfg.page_size,
@@ -154,18 +220,6 @@ class Engine:
         if self.profile.device.type == "cuda":
             torch.cuda.synchronize(self.profile.device)
         self.startup["warmup_s"] = time.perf_counter() - t1
-
-    def _capacity(self, device: str) -> int:
-        per_token = self.model_config.kv_bytes_per_token()
-        if device.startswith("cuda"):
-            free, _ = torch.cuda.mem_get_info(torch.device(device))
-            # The weights are not loaded yet: their checkpoint size stands in for them.
-            weights = sum(f.stat().st_size for f in safetensor_files(self.model_path))
-            return capacity_from_memory(
-                free - weights, self.config.mem_fraction, per_token, self.config.page_size
-            )
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return capacity_from_memory(avail, self.config.mem_fraction * 0.25, per_token, self.config.page_size)
 
     # ------------------------------------------------------------------ API
     def generate(
@@ -245,8 +299,12 @@ class Engine:
     # ------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
         if not self._closed:
-            self.loop.close()
             self._closed = True
+            try:
+                self.loop.close()
+            finally:
+                if self.followers is not None:
+                    self.followers.close()
 
     def __enter__(self) -> Engine:
         return self

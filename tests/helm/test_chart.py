@@ -65,6 +65,7 @@ NON_DEFAULT = [
     "--set", "inferenceService.create=true",
     "--set", "inferenceService.spec.scheduler.nodePool=h100",
     "--set", "inferenceService.spec.scheduler.replicas=2",
+    "--set", "inferenceService.spec.scheduler.gpusPerReplica=2",
     "--set", "inferenceService.spec.autoscaling.enabled=true",
     "--set", "tracing.otlpEndpoint=http://otel-collector.observability:4317",
     "--set-json", "tracing.sampleRatio=0.25",
@@ -170,7 +171,7 @@ def test_non_default_render_is_valid_and_wires_external_redis(helm_env: dict[str
     assert isvc["metadata"]["namespace"] == "serving"
     assert isvc["spec"]["image"] == "registry.example.com/radixserve:1.2.3"
     assert isvc["spec"]["redis"] == {"mode": "external", "urlSecretRef": {"name": "redis-url", "key": "url"}}
-    assert isvc["spec"]["scheduler"] == {"nodePool": "h100", "replicas": 2}
+    assert isvc["spec"]["scheduler"] == {"nodePool": "h100", "replicas": 2, "gpusPerReplica": 2}
     assert isvc["spec"]["tracing"] == {
         "otlpEndpoint": "http://otel-collector.observability:4317",
         "sampleRatio": 0.25,

@@ -136,6 +136,70 @@ def test_conditions_say_why_and_keep_their_transition_time() -> None:
     assert short[2]["reason"] == "InsufficientGPUs" and short[2]["message"] == "needs 9 GPUs"
 
 
+HEADS = "tp_size 8 does not divide the model's 28 attention heads"
+
+
+def sched_pod(name: str, *statuses: dict, init: tuple[dict, ...] = (), **meta: object) -> dict:
+    return {
+        "metadata": {"name": name, **meta},
+        "status": {"containerStatuses": list(statuses), "initContainerStatuses": list(init)},
+    }
+
+
+def crashed(message: str, code: int = 1, now: bool = False, ready: bool = False) -> dict:
+    done = {"terminated": {"exitCode": code, "reason": "Error", "message": message}}
+    waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
+    return {
+        "name": "scheduler",
+        "ready": ready,
+        "state": done if now else ({"running": {}} if ready else waiting),
+        "lastState": {} if now else done,
+    }
+
+
+def test_a_scheduler_that_exits_saying_why_is_the_failure() -> None:
+    assert status.scheduler_failure([]) is None
+    assert status.scheduler_failure([sched_pod("s-0", {"name": "scheduler", "ready": True})]) is None
+    # The message, from the container's last run (crash loop) or its current one (just exited).
+    for cs in (crashed(HEADS), crashed(HEADS, now=True)):
+        got = status.scheduler_failure([sched_pod("llm-scheduler-0", cs)])
+        assert got == f"pod llm-scheduler-0 container scheduler exited with code 1: {HEADS}"
+    # Exit 0, no message, a pod serving again after an earlier crash, a pod on its way out: no failure.
+    assert status.scheduler_failure([sched_pod("s-0", crashed(HEADS, code=0))]) is None
+    assert status.scheduler_failure([sched_pod("s-0", crashed("  "))]) is None
+    assert status.scheduler_failure([sched_pod("s-0", crashed(HEADS, ready=True))]) is None
+    gone = sched_pod("s-0", crashed(HEADS), deletionTimestamp="2024-01-01T00:00:00Z")
+    assert status.scheduler_failure([gone]) is None
+    # Several failing pods: the first by name speaks, with a count; an init container counts too.
+    pods = [
+        sched_pod("s-1", crashed("other")),
+        sched_pod("s-0", init=({**crashed("no token"), "name": "fetch-model"},)),
+        sched_pod("s-2", {"name": "scheduler", "ready": True}),
+    ]
+    assert status.scheduler_failure(pods) == (
+        "pod s-0 container fetch-model exited with code 1 (2 scheduler pods are failing): no token"
+    )
+    # A long message (logs, with FallbackToLogsOnError) keeps its end, where the error is.
+    long = "x" * 5000 + "ValueError: the end"
+    got = status.scheduler_failure([sched_pod("s-0", crashed(long))])
+    assert got == "pod s-0 container scheduler exited with code 1: ..." + long[-(status.MESSAGE_LIMIT - 3) :]
+
+
+def test_a_failing_scheduler_makes_the_service_degraded_with_its_message() -> None:
+    failure = f"pod s-0 container scheduler exited with code 1: {HEADS}"
+    conds = status.service_conditions([], None, {"scheduler": 0}, {"scheduler": 1}, 3, None, "t0", failure)
+    by = {c["type"]: c for c in conds}
+    assert (by["Degraded"]["status"], by["Degraded"]["reason"]) == ("True", "SchedulerFailed")
+    assert by["Degraded"]["message"] == failure
+    assert (by["Ready"]["status"], by["Ready"]["reason"]) == ("False", "SchedulerFailed")
+    assert by["Progressing"]["reason"] == "RollingOut"
+    # It outranks a GPU shortfall; an invalid spec outranks it.
+    short = status.service_conditions([], "needs 9 GPUs", {}, {}, 3, None, "t0", failure)
+    assert short[2]["reason"] == "SchedulerFailed"
+    bad = status.service_conditions([Problem("InvalidSpec", "no")], None, {}, {}, 3, None, "t0", failure)
+    assert bad[2]["reason"] == "InvalidSpec"
+
+
 def test_node_join_and_leave_patches_keep_foreign_taints() -> None:
     taint = {"key": "radixserve.io/inference", "value": "true", "effect": "NoSchedule"}
     node = {

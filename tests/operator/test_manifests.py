@@ -217,6 +217,7 @@ def test_scheduler_statefulset_lands_on_the_pool_with_gpus_and_stable_addresses(
                             },
                             "volumeMounts": MOUNTS,
                             "securityContext": CONTAINER_SECURITY,
+                            "terminationMessagePolicy": "FallbackToLogsOnError",
                         }
                     ],
                     "volumes": VOLUMES,
@@ -233,6 +234,45 @@ def test_scheduler_statefulset_lands_on_the_pool_with_gpus_and_stable_addresses(
             },
         },
     }
+
+
+def _scheduler_pod(spec: dict[str, Any], pool: dict[str, Any] | None = POOL) -> dict[str, Any]:
+    return scheduler_statefulset(ctx(spec, pool=pool))["spec"]["template"]["spec"]
+
+
+def test_several_gpus_per_scheduler_split_the_model_with_tensor_parallelism() -> None:
+    spec = {**SPEC, "scheduler": {**SPEC["scheduler"], "gpusPerReplica": 2}}
+    pod = _scheduler_pod(spec)
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["RADIXSERVE_TP_SIZE"] == "2"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    # NCCL between the pod's GPUs needs more than the runtime's 64 MiB /dev/shm.
+    assert pod["volumes"] == [
+        *VOLUMES,
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+    ]
+    assert container["volumeMounts"] == [*MOUNTS, {"name": "dshm", "mountPath": "/dev/shm"}]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    # A pool naming another GPU resource gets the same count of it.
+    other = _scheduler_pod(spec, pool={**POOL, "gpuResourceName": "nvidia.com/mig-7g.80gb"})
+    assert other["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-7g.80gb": 2}
+    # The model's init container (a hub download) does not get the scheduler's /dev/shm.
+    hub = {**spec, "model": {"source": {"hub": {"id": "org/m"}}}}
+    hub_pod = _scheduler_pod(hub)
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in hub_pod["containers"][0]["volumeMounts"]
+    assert all(m["name"] != "dshm" for m in hub_pod["initContainers"][0]["volumeMounts"])
+
+
+@pytest.mark.parametrize("scheduler", [{"gpusPerReplica": 1}, {"device": "cpu", "gpusPerReplica": 0}])
+def test_one_gpu_or_none_runs_without_tensor_parallelism(scheduler: dict[str, Any]) -> None:
+    spec = {**SPEC, "scheduler": {**SPEC["scheduler"], **scheduler}}
+    pod = _scheduler_pod(spec)
+    (container,) = pod["containers"]
+    assert "RADIXSERVE_TP_SIZE" not in {e["name"] for e in container["env"]}
+    assert pod["volumes"] == VOLUMES and container["volumeMounts"] == MOUNTS
+    limits = container["resources"].get("limits", {})
+    assert limits == ({"nvidia.com/gpu": 1} if scheduler["gpusPerReplica"] else {})
 
 
 def test_gateway_deployment_lists_every_scheduler_and_advertises_its_pod_ip() -> None:
@@ -369,6 +409,7 @@ def test_external_redis_comes_from_the_secret_and_none_means_an_in_memory_index(
 def test_every_built_object_is_valid_kubernetes(version: str) -> None:
     kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
     hub = {"model": {"source": {"hub": {"id": "org/m"}}}, "scheduler": {"device": "cpu", "gpusPerReplica": 0}}
-    for c in (ctx(), ctx(hub, pool=None)):
+    tp = {**SPEC, "scheduler": {**SPEC["scheduler"], "gpusPerReplica": 4}}
+    for c in (ctx(), ctx(hub, pool=None), ctx(tp)):
         for obj in build_all(c):
             kv.validate(obj, version, strict=True)

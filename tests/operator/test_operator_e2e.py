@@ -260,6 +260,62 @@ async def test_gpu_node_pool_labels_taints_counts_and_lets_go(harness: Harness) 
     assert obj["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoSchedule"}]
 
 
+def scheduler_pod(service: str, index: int, container_status: dict[str, Any]) -> dict[str, Any]:
+    """What the StatefulSet controller and the kubelet would make (no controllers run in the emulator)."""
+    labels = {
+        "app.kubernetes.io/name": "radixserve",
+        "app.kubernetes.io/instance": service,
+        "app.kubernetes.io/component": "scheduler",
+        "app.kubernetes.io/managed-by": "radixserve-operator",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{service}-scheduler-{index}", "namespace": "default", "labels": labels},
+        "spec": {"containers": [{"name": "scheduler", "image": "radixserve:test"}]},
+        "status": {"phase": "Running", "containerStatuses": [container_status]},
+    }
+
+
+async def test_a_scheduler_that_cannot_split_the_model_is_reported_in_status(harness: Harness) -> None:
+    # gpusPerReplica 8: --tp-size 8 on a pod with 8 GPUs and a memory-backed /dev/shm.
+    await harness.call(harness.kube.apply, isvc("tp", scheduler={"gpusPerReplica": 8}))
+    sts = await harness.until(lambda: harness.obj(STS, "default", "tp-scheduler"), what="the schedulers")
+    pod = sts["spec"]["template"]["spec"]
+    assert env(sts)["RADIXSERVE_TP_SIZE"] == "8"
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+    await harness.until(lambda: harness.obj(ISVC, "default", "tp")["status"]["endpoint"], what="status")
+    assert degraded_of(harness, "tp")["status"] == "False"
+
+    # The model has 28 heads: each scheduler exits 1 with the scheduler's sentence as its message.
+    why = "tp_size 8 does not divide the model's 28 attention heads"
+    crashed = {
+        "name": "scheduler",
+        "ready": False,
+        "restartCount": 3,
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": why + "\n"}},
+    }
+    other = scheduler_pod(
+        "other", 0, {**crashed, "lastState": {"terminated": {"exitCode": 1, "message": "x"}}}
+    )
+    await harness.call(harness.kube.apply, other)  # another service's pod: not ours to report
+    await harness.call(harness.kube.apply, scheduler_pod("tp", 0, crashed))
+    degraded = await harness.until(
+        lambda: (d := degraded_of(harness, "tp")).get("reason") == "SchedulerFailed" and d,
+        what="SchedulerFailed",
+    )
+    assert degraded["status"] == "True"
+    assert degraded["message"] == f"pod tp-scheduler-0 container scheduler exited with code 1: {why}"
+    assert cond(harness.obj(ISVC, "default", "tp"), "Ready")["reason"] == "SchedulerFailed"
+
+    # The pod serves again (say, after a spec or model change): the condition clears.
+    healthy = {**crashed, "ready": True, "state": {"running": {}}}
+    await harness.call(harness.kube.apply, scheduler_pod("tp", 0, healthy))
+    await harness.until(lambda: degraded_of(harness, "tp")["status"] == "False", what="Degraded to clear")
+
+
 async def test_delete_releases_the_finalizer(harness: Harness) -> None:
     await harness.call(harness.kube.apply, isvc("gone", scheduler=CPU, redis={"mode": "none"}))
     obj = await harness.until(

@@ -13,8 +13,11 @@ corruption (two owners of one page).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import numpy.typing as npt
+import torch
 
 
 class OutOfPagesError(RuntimeError):
@@ -124,3 +127,16 @@ def capacity_from_memory(
             f"({bytes_per_token} bytes per token, page_size {page_size})"
         )
     return pages * page_size
+
+
+def kv_capacity(
+    device: torch.device, bytes_per_token: int, mem_fraction: float, page_size: int, ranks_sharing_host: int = 1
+) -> int:
+    """KV tokens this process can hold, measured after its weights are loaded: ``mem_fraction`` of
+    the device's free memory (CUDA), or of a quarter of the host's available RAM split between the
+    ``ranks_sharing_host`` processes of a tensor-parallel group (CPU: they share one host's RAM)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return capacity_from_memory(free, mem_fraction, bytes_per_token, page_size)
+    avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // max(ranks_sharing_host, 1)
+    return capacity_from_memory(avail, mem_fraction * 0.25, bytes_per_token, page_size)

@@ -15,6 +15,11 @@ every page of every context. The mirror is updated incrementally: writes are log
 the runner sends everything written since the last step in its one staged host->device copy
 (``take_pending``) and scatters it into the mirror (``apply_pending``) before the step that reads
 it. On CPU the mirror is the host array itself (a zero-copy view), so there is nothing to sync.
+
+Tensor parallelism: only rank 0 has a scheduler that writes the table. It logs its writes
+(``log_writes``) and sends each step's ``take_pending`` array with the step; the other ranks
+``replay`` it into their own table (and their mirror) before the step, so every rank's attention
+reads the same slots.
 """
 
 from __future__ import annotations
@@ -84,6 +89,21 @@ class ReqToTokenPool:
             return
         self.device_table = torch.from_numpy(self.host).to(device)
         self._log = []
+
+    def log_writes(self) -> None:
+        """Log writes for ``take_pending`` even without a device mirror (rank 0 of a TP group)."""
+        if self._log is None:
+            self._log = []
+
+    @property
+    def mirrored(self) -> bool:
+        """The device table is a copy that ``apply_pending`` must keep up to date."""
+        return self.device_table.device.type != "cpu"
+
+    def replay(self, packed: npt.NDArray[np.int64]) -> None:
+        """Write a ``take_pending`` array of another rank's table into this one's host table."""
+        rows, cols, slots = np.split(packed, 3)
+        self.host[rows, cols] = slots
 
     def take_pending(self) -> npt.NDArray[np.int64] | None:
         """Every write since the last call as one int64 array ``[rows, cols, slots]`` to send to the

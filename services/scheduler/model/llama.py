@@ -9,6 +9,12 @@ Between matmuls the layers call only the five ops of ``self.ops`` (model/ops.py:
 device, flashinfer's fused kernels on CUDA); attention goes through an AttentionBackend
 (model/attention/): the model never sees the KV layout. The residual stream is carried beside the
 hidden state so that "add the residual, then normalise" is one fused op (HF's order of operations).
+
+Tensor parallelism (model/parallel.py): with a ``TPGroup`` the layers hold this rank's slice
+(``ShardLayout.local_config``: its heads and MLP columns), ``o_proj`` / ``down_proj`` are
+``RowParallelLinear`` (all-reduce, then the bias), the embedding is ``VocabParallelEmbedding`` and
+the logits are all-gathered: every rank returns the whole ``[B, vocab]``. Without one (tp_size 1)
+the modules are plain ``nn.Linear`` / ``nn.Embedding``: not one op more than before.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from radixserve.scheduler.model.attention import AttentionBackend
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.ops import Ops, RopeInputs, TorchOps, cos_sin_table
+from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
 from radixserve.scheduler.model.rope import inv_frequencies
 
 
@@ -51,15 +58,53 @@ class RMSNorm(nn.Module):
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
+class RowParallelLinear(nn.Module):
+    """``x @ W.T`` where each rank holds some of W's input columns (and x's matching features):
+    the partial sums are all-reduced, then the bias (held whole by every rank) is added once."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Each rank holds ``rows`` vocabulary rows from ``start``; a token's row lives on one rank, so
+    the others contribute zeros and an all-reduce assembles the embedding."""
+
+    def __init__(self, rows: int, dim: int, start: int, tp: TPGroup) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, dim))
+        self.start, self.rows, self.tp = start, rows, tp
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        mine = (local >= 0) & (local < self.rows)
+        x = F.embedding(torch.where(mine, local, 0), self.weight)
+        return self.tp.all_reduce(x * mine.unsqueeze(-1).to(x.dtype))
+
+
+def row_linear(in_features: int, out_features: int, bias: bool, tp: TPGroup | None) -> nn.Module:
+    return nn.Linear(in_features, out_features, bias=bias) if tp is None else RowParallelLinear(
+        in_features, out_features, bias, tp
+    )
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
+        """``cfg``: this rank's (``ShardLayout.local_config``; the whole model's without TP)."""
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.o_proj = row_linear(self.q_size, cfg.hidden_size, cfg.o_bias, tp)
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k before the rotation
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -78,22 +123,22 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.down_proj = row_linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id)
+        self.self_attn = Attention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, ctx: StepContext
@@ -110,20 +155,29 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layout: ShardLayout, tp: TPGroup | None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.embed_tokens: nn.Module = (
+            nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            if tp is None
+            else VocabParallelEmbedding(layout.vocab_rows, cfg.hidden_size, layout.vocab_start, tp)
+        )
+        local = layout.local_config(cfg)
+        self.layers = nn.ModuleList(DecoderLayer(local, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None, tp: TPGroup | None = None) -> None:
+        """``cfg``: the whole model's; ``tp``: this rank's group (None: the whole model here)."""
         super().__init__()
         self.config = cfg
-        self.model = Backbone(cfg)
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        self.layout = self.tp.layout if self.tp is not None else ShardLayout.of(cfg)
+        self.local_config = self.layout.local_config(cfg)  # this rank's heads: its KV pool's shape
+        self.model = Backbone(cfg, self.layout, self.tp)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = nn.Linear(cfg.hidden_size, self.layout.vocab_rows, bias=False)
         self.ops: Ops = TorchOps()
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
@@ -141,7 +195,8 @@ class CausalLM(nn.Module):
             self.cos_sin = cos_sin_table(inv.to(device), self.max_positions)
 
     def output_weight(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        head = self.model.embed_tokens if self.config.tie_word_embeddings else self.lm_head
+        return head.weight  # type: ignore[return-value]  # a Parameter in both
 
     @torch.inference_mode()
     def forward(
@@ -160,4 +215,7 @@ class CausalLM(nn.Module):
                 last = torch.from_numpy(np.cumsum(fb.extend_lens) - 1).to(x.device)
             x, residual = x.index_select(0, last), residual.index_select(0, last)
         x, _ = self.model.norm(x, self.ops, residual)
-        return F.linear(x, self.output_weight()).float()
+        logits = F.linear(x, self.output_weight())
+        if self.tp is not None:
+            logits = self.tp.all_gather_vocab(logits, self.config.vocab_size)
+        return logits.float()

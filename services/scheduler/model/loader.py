@@ -3,6 +3,9 @@
 Checkpoints store q_proj / k_proj / v_proj and gate_proj / up_proj apart; our layers hold them
 merged (``qkv_proj``, ``gate_up_proj``: model/llama.py). ``merged_target`` maps a checkpoint name to
 its merged parameter and the rows it fills; every row of every parameter must be filled exactly once.
+
+Tensor parallelism (model/parallel.py): a rank reads only its slice of each sharded tensor
+(``checkpoint_slice``), through safetensors' lazy slices, so no process ever holds the whole model.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from safetensors import safe_open
 
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.llama import CausalLM
+from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
 
 
 def safetensor_files(path: Path) -> list[Path]:
@@ -48,22 +52,60 @@ def merged_target(name: str, cfg: ModelConfig) -> tuple[str, int, int] | None:
     return None
 
 
+def checkpoint_slice(name: str, cfg: ModelConfig, layout: ShardLayout) -> tuple[int, int, int] | None:
+    """(dim, start, stop) of checkpoint tensor ``name`` that ``layout``'s rank holds; None: all of it."""
+    if not layout.sharded:
+        return None
+    hd = cfg.head_dim
+    rows = {  # column-parallel: output rows (weights and biases)
+        ".self_attn.q_proj.": (layout.q_head_start * hd, layout.q_heads * hd),
+        ".self_attn.k_proj.": (layout.kv_head_start * hd, layout.kv_heads * hd),
+        ".self_attn.v_proj.": (layout.kv_head_start * hd, layout.kv_heads * hd),
+        ".mlp.gate_proj.": (layout.intermediate_start, layout.intermediate),
+        ".mlp.up_proj.": (layout.intermediate_start, layout.intermediate),
+    }
+    for part, (start, n) in rows.items():
+        if part in name:
+            return 0, start, start + n
+    if name.endswith((".self_attn.o_proj.weight", ".mlp.down_proj.weight")):  # row-parallel: input columns
+        start, n = (
+            (layout.q_head_start * hd, layout.q_heads * hd)
+            if ".o_proj." in name
+            else (layout.intermediate_start, layout.intermediate)
+        )
+        return 1, start, start + n
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        return 0, layout.vocab_start, layout.vocab_end(cfg)
+    return None  # norms, and the row-parallel biases (added once, after the all-reduce)
+
+
 def load_model(
-    path: str | Path, cfg: ModelConfig, device: str | torch.device, max_positions: int | None = None
+    path: str | Path,
+    cfg: ModelConfig,
+    device: str | torch.device,
+    max_positions: int | None = None,
+    tp: TPGroup | None = None,
 ) -> CausalLM:
     """``max_positions``: the longest context served (the rotary table's length); default the
-    model's max_position_embeddings."""
+    model's max_position_embeddings. ``tp``: load this rank's shard only."""
     path = Path(path)
     with torch.device("meta"):
-        model = CausalLM(cfg, max_positions)
+        model = CausalLM(cfg, max_positions, tp)
     model.to_empty(device=device)
     model = model.to(cfg.dtype)
+    layout, local = model.layout, model.local_config
     params = dict(model.named_parameters())
     unfilled = {name: torch.ones(p.shape[0], dtype=torch.bool) for name, p in params.items()}
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        real = layout.vocab_end(cfg) - layout.vocab_start
+        if name in params and real < params[name].shape[0]:  # the last rank's padding rows
+            with torch.no_grad():
+                params[name][real:].zero_()
+            unfilled[name][real:] = False
     for file in safetensor_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
-                merged = merged_target(name, cfg)
+                merged = merged_target(name, local)
                 target_name, start, rows = merged if merged else (name, 0, None)
                 if target_name not in params:
                     if name == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -72,8 +114,11 @@ def load_model(
                         continue
                     raise ValueError(f"unexpected tensor {name!r} in {file.name}")
                 param = params[target_name]
+                part = checkpoint_slice(name, cfg, layout)
+                if rows is None and part is not None and part[0] == 0:
+                    rows = part[2] - part[1]  # a vocabulary slice: the last rank's is short
                 target = param if rows is None else param[start : start + rows]
-                tensor = f.get_tensor(name)
+                tensor = f.get_tensor(name) if part is None else _read_slice(f.get_slice(name), part)
                 if tensor.shape != target.shape:
                     raise ValueError(
                         f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
@@ -89,3 +134,9 @@ def load_model(
         raise ValueError(f"checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     model.init_rope()  # buffers built on the meta device are empty: rebuild on the real one
     return model.eval()
+
+
+def _read_slice(lazy: object, part: tuple[int, int, int]) -> torch.Tensor:
+    """Read rows (dim 0) or columns (dim 1) ``start:stop`` of a safetensors slice, nothing more."""
+    dim, start, stop = part
+    return lazy[start:stop] if dim == 0 else lazy[:, start:stop]  # type: ignore[index]

@@ -4,10 +4,18 @@
 ``forward`` runs on the device stream: it resolves placeholder input tokens from the
 FutureMap, runs the model, samples, and stores the sampled tokens back into the FutureMap
 so that a batch launched before this one's results were read can already feed them.
+
+``prepare`` is two halves: ``plan`` turns the ScheduleBatch into a ``StepPlan`` (host arrays only)
+and ``load`` turns a plan into the ForwardBatch. Tensor parallelism (scheduler/parallel.py) runs
+``plan`` once, on rank 0, and hands the plan to ``step_sink`` (the other ranks); every rank loads
+it and runs ``forward``. Rank 0 samples and broadcasts the tokens, so all ranks agree on them
+(unseeded sampling draws from rank 0's generator alone).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
@@ -22,6 +30,7 @@ from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.graph_runner import DecodeGraphRunner, pad_rows
 from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.ops import make_ops
+from radixserve.scheduler.model.parallel import TPGroup
 from radixserve.scheduler.model.sampler import Sampler, SamplingInfo
 from radixserve.scheduler.model.staging import Staging
 
@@ -54,6 +63,20 @@ class FutureMap:
         return torch.where(ids < 0, self.tokens.index_select(0, (-1 - ids).clamp(min=0)), ids)
 
 
+@dataclass(slots=True)
+class StepPlan:
+    """One step's inputs as host arrays: what rank 0 computes from its ScheduleBatch, and the one
+    message per step it sends to the other ranks of a tensor-parallel group."""
+
+    mode: ForwardMode
+    # input_ids (placeholders as FutureMap slots), positions, out_slots, future_out, rows,
+    # prefix_lens, extend_lens: padded to ``bucket`` rows when the decode runs on the static path
+    arrays: dict[str, np.ndarray]
+    num_real: int  # rows that are requests
+    bucket: int | None
+    table_writes: np.ndarray | None  # ReqToTokenPool.take_pending since the last step
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -64,14 +87,19 @@ class ModelRunner:
         profile: DeviceProfile,
         page_size: int = 1,
         flashinfer: ModuleType | None = None,
+        step_sink: Callable[[StepPlan], None] | None = None,
     ) -> None:
-        """``model``: loaded on ``profile.device`` (model/loader.py). ``flashinfer``: the module the
-        fused ops, attention and sampling call (None: imported when the profile needs it); the CPU
-        tests pass a stand-in to count the CUDA path's launches."""
+        """``model``: loaded on ``profile.device`` (model/loader.py), the whole model or one rank's
+        shard (``model.tp``). ``flashinfer``: the module the fused ops, attention and sampling call
+        (None: imported when the profile needs it); the CPU tests pass a stand-in to count the CUDA
+        path's launches. ``step_sink``: rank 0 of a tensor-parallel group: gets every step's plan."""
         self.profile = profile
         self.device = profile.device
-        self.config = mc = model.config
+        self.config = model.config
+        mc = model.local_config  # this rank's heads (all of them without tensor parallelism)
         self.model = model
+        self.tp: TPGroup | None = model.tp
+        self.step_sink = step_sink
         self.model.ops = make_ops(profile.ops, flashinfer)
         self.req_to_token = req_to_token
         self.kv_pool = KVPool(pool_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, mc.dtype, self.device)
@@ -81,6 +109,8 @@ class ModelRunner:
         )  # fmt: skip
         if self.backend.reads_device_table:
             req_to_token.attach_device(self.device)
+        if step_sink is not None:
+            req_to_token.log_writes()  # the other ranks replay rank 0's table writes
         fi_sampling = getattr(flashinfer, "sampling", None)
         self.sampler = Sampler(flashinfer_module=fi_sampling) if fi_sampling is not None else Sampler()
         self.futures = FutureMap(4 * max_batch + 8, self.device)
@@ -93,8 +123,16 @@ class ModelRunner:
             self.backend.init_graphs(self.graphs.buckets, max_pages)
 
     def prepare(self, batch: ScheduleBatch) -> ForwardBatch:
-        """Host side of a step (scheduler thread): every array the step needs goes to the device in
-        one staged copy; a decode batch that fits a graph bucket is padded to it first."""
+        """Host side of a step (scheduler thread): plan it, hand the plan to the other ranks (tensor
+        parallelism), load it; the sampling parameters stay here (rank 0 samples)."""
+        plan = self.plan(batch)
+        if self.step_sink is not None:
+            self.step_sink(plan)
+        steps = np.maximum(batch.token_index, 0).tolist()
+        return self.load(plan, SamplingInfo.from_params([r.sampling for r in batch.reqs], steps, self.device))
+
+    def plan(self, batch: ScheduleBatch) -> StepPlan:
+        """The step's host arrays; a decode batch that fits a graph bucket is padded to it."""
         n = batch.size
         rows = np.fromiter((r.req_pool_idx for r in batch.reqs), dtype=np.int64, count=n)
         host = {
@@ -113,37 +151,44 @@ class ModelRunner:
                 rows=self.req_to_token.scratch_row, prefix_lens=0, extend_lens=1,
             )  # fmt: skip
             host = pad_rows(host, bucket, pads)
+        return StepPlan(batch.mode, host, n, bucket, self.req_to_token.take_pending())
+
+    def load(self, plan: StepPlan, sampling: SamplingInfo | None = None) -> ForwardBatch:
+        """The plan's arrays on the device in one staged copy, and the attention metadata.
+        ``sampling``: None on the ranks that do not sample (tensor parallelism, ranks > 0)."""
+        host, mode = plan.arrays, plan.mode
+        writes = plan.table_writes
+        if writes is not None and self.step_sink is None and self.tp is not None:
+            self.req_to_token.replay(writes)  # rank > 0: rank 0's scheduler wrote these
+        sync = writes if writes is not None and self.req_to_token.mirrored else None
         rows = host["rows"]
         seq = host["prefix_lens"] + host["extend_lens"]
         staged_host = self.backend.host_arrays(rows, seq)
-        sync = self.req_to_token.take_pending()
         names = ["input_ids", "positions", "out_slots", "future_out"]
         arrays = [host[k] for k in names]
-        if batch.mode is not ForwardMode.DECODE:
+        if mode is not ForwardMode.DECODE:
             arrays.append(np.cumsum(host["extend_lens"]) - 1)  # each request's last token
         arrays += [*staged_host.values(), *([sync] if sync is not None else [])]
         dev = self.staging.send(arrays)
         if sync is not None:
             self.req_to_token.apply_pending(dev[-1])
         ids, positions, out_slots, future_out = dev[:4]
-        last_index = dev[4] if batch.mode is not ForwardMode.DECODE else None
+        last_index = dev[4] if mode is not ForwardMode.DECODE else None
         k = 4 if last_index is None else 5
         fb = ForwardBatch(
-            mode=batch.mode,
+            mode=mode,
             input_ids=ids,
             positions=positions,
             out_slots=out_slots,
             prefix_lens=host["prefix_lens"],
             extend_lens=host["extend_lens"],
             future_out=future_out,
-            sampling=SamplingInfo.from_params(
-                [r.sampling for r in batch.reqs], np.maximum(batch.token_index, 0).tolist(), self.device
-            ),
+            sampling=sampling,
             last_index=last_index,
             staged_host=staged_host,
             staged=dict(zip(staged_host, dev[k : k + len(staged_host)], strict=True)),
-            graph_bucket=bucket,
-            num_real=n,
+            graph_bucket=plan.bucket,
+            num_real=plan.num_real,
         )
         self.backend.prepare(fb, rows)
         return fb
@@ -156,7 +201,14 @@ class ModelRunner:
             logits = self.graphs.run(fb, ids)
         else:
             logits = self.model(ids, fb.positions, fb, self.backend)
-        tokens = self.sampler(logits, fb.sampling)
+        if self.tp is None:
+            tokens = self.sampler(logits, fb.sampling)
+        else:  # rank 0 samples (its generator alone draws the unseeded rows); every rank gets them
+            if fb.sampling is not None:
+                tokens = self.sampler(logits, fb.sampling).to(torch.int64)
+            else:
+                tokens = torch.empty(fb.real_size, dtype=torch.int64, device=self.device)
+            self.tp.broadcast(tokens)
         self.futures.tokens.index_put_((fb.future_out.narrow(0, 0, fb.real_size),), tokens)
         return tokens
 

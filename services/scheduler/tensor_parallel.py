@@ -1,0 +1,334 @@
+"""Tensor parallelism across processes: rank 0 is the scheduler, ranks 1..N-1 only run the model.
+
+    rank 0 (the scheduler's process)             rank r (a follower process this module starts)
+    BatchScheduler -> ModelRunner.plan(batch)
+        StepPlan, pickled once --pipe per rank-->  ModelRunner.load(plan) + forward
+    ModelRunner.load + forward  <--torch.distributed (NCCL on CUDA, gloo on CPU)-->  every layer's
+        samples, broadcasts the tokens            all-reduces, the logits' all-gather, the tokens
+
+The scheduler, its radix cache, policies and retraction exist once, on rank 0. Each step costs one
+message per follower over a pipe (the plan: a few int arrays, the ReqToTokenPool writes since the
+last step); the model's collectives go through the process group. A pipe rather than a broadcast
+on the group: an idle server sends nothing, and a collective waiting for the next step would time
+out; and a follower learns that rank 0 is gone from the pipe's end of file.
+
+Start-up (``start_followers`` then ``TPFollowers``' calls, in this order):
+
+1. rank 0 starts the followers (``python -m radixserve.scheduler.tensor_parallel FD``: a fresh
+   interpreter that inherits one end of a socket pair, and neither the parent's threads nor its
+   ``__main__``, so a script without a main guard or a notebook can use ``Engine(tp_size=N)``);
+   all ranks join the process group (``init_group``; TCP rendezvous on loopback);
+2. every rank loads its shard (model/loader.py) and measures what memory its KV pool can have;
+   followers report it (``Loaded``), rank 0 takes the smallest: every rank has the same slots;
+3. rank 0 builds its scheduler and runner and sends the pool's shape (``RunnerSpec``); the
+   followers build theirs, then capture decode graphs when rank 0 does (CUDA; all ranks in step).
+
+Failure: a follower that dies is seen at once (``watch``: its process sentinel), and a collective
+that waits on a hung rank fails after ``tp_timeout`` seconds; either way rank 0's engine stops and
+its requests end with an error (worker.py), and the scheduler process exits non-zero. Followers
+ignore SIGINT/SIGTERM (rank 0 drains and then stops them), die with rank 0 (PDEATHSIG, and the
+pipe's end of file), and exit non-zero on any error of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+
+import torch
+import torch.distributed as dist
+
+from radixserve.common.child import die_with_parent
+from radixserve.scheduler.memory.allocator import kv_capacity
+from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+from radixserve.scheduler.model.config import ModelConfig
+from radixserve.scheduler.model.device import DeviceProfile
+from radixserve.scheduler.model.loader import load_model
+from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
+from radixserve.scheduler.model.runner import ModelRunner, StepPlan
+
+log = logging.getLogger(__name__)
+
+
+class TPFailure(RuntimeError):
+    """A tensor-parallel rank failed or went away."""
+
+
+# --------------------------------------------------------------------------- messages
+@dataclass(frozen=True, slots=True)
+class FollowerSpec:
+    """What a follower needs to load its shard (sent as the process's argument)."""
+
+    rank: int
+    size: int
+    port: int  # the rendezvous (rank 0's TCPStore on loopback)
+    model_path: str
+    model_config: ModelConfig  # the whole model's, in the dtype served
+    profile: DeviceProfile  # rank 0's, with this rank's device
+    max_positions: int
+    mem_fraction: float
+    page_size: int
+    timeout_s: float
+    torch_threads: int
+    parent_pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    rank: int
+    kv_tokens: int  # KV tokens this rank's memory holds after its weights
+    weight_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSpec:
+    """The shape of rank 0's pools, which every rank's must match slot for slot."""
+
+    pool_slots: int
+    table_rows: int  # ReqToTokenPool rows
+    max_context: int
+    max_batch: int
+    page_size: int
+
+
+CAPTURE = "capture"  # capture the decode graphs now
+STOP = "stop"
+
+
+# ------------------------------------------------------------------------ process group
+def rank_device(profile: DeviceProfile, rank: int, size: int) -> torch.device:
+    """Rank ``rank``'s device: CUDA ranks take consecutive devices from rank 0's; CPU ranks share it."""
+    dev = profile.device
+    if dev.type != "cuda":
+        return dev
+    first = dev.index or 0
+    if first + size > torch.cuda.device_count():
+        raise ValueError(
+            f"tp_size {size} from {dev} needs CUDA devices {first}..{first + size - 1}; "
+            f"torch sees {torch.cuda.device_count()}"
+        )
+    return torch.device("cuda", first + rank)
+
+
+def init_group(layout: ShardLayout, port: int, device: torch.device, timeout_s: float) -> TPGroup:
+    """Join the process group (every rank calls this; it returns once all have)."""
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=layout.rank,
+        world_size=layout.size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    return TPGroup(layout, dist.group.WORLD)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------------------- rank 0
+class TPFollowers:
+    """Rank 0's handle on ranks 1..N-1: their pipes and processes."""
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]], conns: list[Connection]) -> None:
+        self.procs, self.conns = procs, conns
+        self.sentinels = [os.pidfd_open(p.pid) for p in procs]  # readable once the process exits
+        self.closing = False
+        self._watcher: threading.Thread | None = None
+
+    def _recv(self, i: int) -> object:
+        """Follower ``i``'s next message; raises TPFailure if it died or reported an error."""
+        conn, proc = self.conns[i], self.procs[i]
+        wait([conn, self.sentinels[i]])
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            code = proc.wait(5)
+            raise TPFailure(f"tensor-parallel rank {i + 1} exited (code {code})") from None
+        if isinstance(msg, TPFailure):
+            raise msg
+        return msg
+
+    def loaded(self) -> list[Loaded]:
+        return [self._recv(i) for i in range(len(self.conns))]  # type: ignore[misc]
+
+    def build(self, spec: RunnerSpec) -> None:
+        self._send_all(spec)
+        for i in range(len(self.conns)):
+            self._recv(i)  # "built": a follower that cannot build its runner fails the start-up here
+
+    def capture(self) -> None:
+        self._send_all(CAPTURE)
+
+    def send(self, plan: StepPlan) -> None:
+        """The runner's step sink: the plan to every follower, pickled once."""
+        data = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            for conn in self.conns:
+                conn.send_bytes(data)
+        except OSError as e:  # BrokenPipeError: a follower is gone
+            raise TPFailure(f"a tensor-parallel rank is gone: {e!r}") from e
+
+    def _send_all(self, msg: object) -> None:
+        self.send(msg)  # type: ignore[arg-type]  # the same framing for every message
+
+    def watch(self, on_failure: Callable[[str], None]) -> None:
+        """Call ``on_failure(reason)`` (once, on a thread) when a follower exits before ``close``."""
+
+        def run() -> None:
+            wait(self.sentinels)
+            if self.closing:
+                return
+            dead = [(i + 1, p) for i, p in enumerate(self.procs) if p.poll() is not None]
+            rank, proc = dead[0] if dead else (0, self.procs[0])
+            on_failure(
+                f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.returncode}; "
+                "the model cannot run without it"
+            )
+
+        self._watcher = threading.Thread(target=run, name="tp-watch", daemon=True)
+        self._watcher.start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop every follower (STOP, then SIGKILL for one that does not exit in time)."""
+        self.closing = True
+        for conn in self.conns:
+            try:
+                conn.send_bytes(pickle.dumps(STOP))
+            except OSError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        for conn in self.conns:
+            conn.close()
+        for fd in self.sentinels:
+            os.close(fd)
+        self.sentinels = []
+
+
+def start_followers(
+    model_path: str,
+    model_config: ModelConfig,
+    profile: DeviceProfile,
+    max_positions: int,
+    *,
+    size: int,
+    mem_fraction: float,
+    page_size: int,
+    timeout_s: float,
+) -> tuple[TPFollowers, TPGroup]:
+    """Spawn ranks 1..size-1 and join the group as rank 0; returns the followers and rank 0's group."""
+    rank_device(profile, size - 1, size)  # enough devices for every rank, before starting any
+    port = _free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    conns: list[Connection] = []
+    for rank in range(1, size):
+        ours, theirs = mp.Pipe(duplex=True)
+        spec = FollowerSpec(
+            rank=rank, size=size, port=port, model_path=model_path, model_config=model_config,
+            profile=replace(profile, device=rank_device(profile, rank, size)), max_positions=max_positions,
+            mem_fraction=mem_fraction, page_size=page_size, timeout_s=timeout_s,
+            torch_threads=torch.get_num_threads(), parent_pid=os.getpid(),
+        )  # fmt: skip
+        fd = theirs.fileno()
+        cmd = [sys.executable, "-m", "radixserve.scheduler.tensor_parallel", str(fd)]
+        procs.append(subprocess.Popen(cmd, pass_fds=(fd,)))
+        theirs.close()
+        ours.send(spec)
+        conns.append(ours)
+    followers = TPFollowers(procs, conns)
+    try:
+        group = init_group(ShardLayout.of(model_config, 0, size), port, profile.device, timeout_s)
+    except BaseException:
+        followers.close(1)
+        raise
+    return followers, group
+
+
+# -------------------------------------------------------------------------- ranks 1..N-1
+def main() -> None:
+    """``python -m radixserve.scheduler.tensor_parallel FD``: a follower; FD is its end of the pipe."""
+    conn = Connection(int(sys.argv[1]))
+    follower_main(conn.recv(), conn)
+
+
+def follower_main(spec: FollowerSpec, conn: Connection) -> None:
+    """A follower's whole life: join, load, build, then run every step rank 0 sends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # drains, then stops us with STOP
+    die_with_parent(spec.parent_pid, signal.SIGKILL)  # SIGTERM is ignored: rank 0's end kills us
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s tp-rank-{spec.rank} %(levelname)s %(message)s")
+    try:
+        _serve(spec, conn)
+    except BaseException as e:  # noqa: BLE001 (rank 0 needs the reason; then this process exits 1)
+        log.error("tensor-parallel rank %d failed: %s", spec.rank, traceback.format_exc())
+        try:
+            conn.send(TPFailure(f"tensor-parallel rank {spec.rank} failed: {e!r}"))
+        except OSError:
+            pass
+        os._exit(1)
+    os._exit(0)  # skip interpreter teardown (the process group's threads)
+
+
+def _serve(spec: FollowerSpec, conn: Connection) -> None:
+    if spec.torch_threads > 0:
+        torch.set_num_threads(spec.torch_threads)
+    dev = spec.profile.device
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    layout = ShardLayout.of(spec.model_config, spec.rank, spec.size)
+    group = init_group(layout, spec.port, dev, spec.timeout_s)
+    model = load_model(spec.model_path, spec.model_config, dev, spec.max_positions, tp=group)
+    per_token = model.local_config.kv_bytes_per_token()
+    tokens = kv_capacity(dev, per_token, spec.mem_fraction, spec.page_size, ranks_sharing_host=spec.size)
+    conn.send(Loaded(spec.rank, tokens, weight_bytes(model)))
+    shape = conn.recv_bytes()
+    rs: RunnerSpec = pickle.loads(shape)
+    table = ReqToTokenPool(rs.table_rows, rs.max_context)
+    runner = ModelRunner(model, table, rs.pool_slots, rs.max_batch, spec.profile, page_size=rs.page_size)
+    conn.send("built")
+    while True:
+        try:
+            msg = pickle.loads(conn.recv_bytes())
+        except EOFError:  # rank 0 is gone
+            raise TPFailure("rank 0 closed the pipe") from None
+        if isinstance(msg, StepPlan):
+            runner.forward(runner.load(msg))
+        elif msg == CAPTURE:
+            runner.capture_graphs()
+        elif msg == STOP:
+            dist.destroy_process_group()
+            return
+        else:
+            raise TPFailure(f"unexpected message {type(msg).__name__}")
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, not this __main__ copy's: the messages pickled both ways must
+    # name radixserve.scheduler.tensor_parallel's classes.
+    from radixserve.scheduler.tensor_parallel import main as follower
+
+    follower()
