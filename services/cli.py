@@ -15,7 +15,7 @@ import argparse
 import types
 from collections.abc import Sequence
 
-from radixserve.common.service_config import ROUTERS, ROUTING_DEFAULTS
+from radixserve.common.service_config import ENGINE_DEFAULTS, ROUTERS, ROUTING_DEFAULTS
 
 
 def _cmd_make_demo_model(args: argparse.Namespace) -> int:
@@ -101,6 +101,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         scheduler_args=extra,
         gateway_args=["--router", args.router],
         torch_threads=args.torch_threads,
+        tp_size=args.tp_size,
         prefix_index=args.prefix_index,
     )
     stop = threading.Event()
@@ -155,7 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument("--grpc-port", type=int, help="gateway gRPC port for Generate (default: a free one)")
     p.add_argument("--schedulers", type=int, default=1, help="scheduler processes")
-    p.add_argument("--torch-threads", type=int, help="per scheduler (default: (cores - 1) / schedulers)")
+    p.add_argument(
+        "--tp-size",
+        type=int,
+        default=ENGINE_DEFAULTS.tp_size,
+        help="tensor parallelism: each scheduler splits the model over this many devices (CPU: processes)",
+    )
+    p.add_argument(
+        "--torch-threads", type=int, help="per scheduler process (default: (cores - 1) / (schedulers x tp))"
+    )
     p.add_argument("--router", choices=ROUTERS, default=ROUTING_DEFAULTS.router)
     p.add_argument(
         "--prefix-index",

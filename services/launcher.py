@@ -289,6 +289,7 @@ def build_cluster(
     scheduler_args: Sequence[str] = (),
     gateway_args: Sequence[str] = (),
     torch_threads: int | None = None,
+    tp_size: int = 1,
     drain_timeout: float = 5.0,
     prefix_index: str = "memory",
     env: dict[str, str] | None = None,
@@ -313,7 +314,7 @@ def build_cluster(
         metrics_url=f"http://127.0.0.1:{detok_metrics}/metrics",
     )
     if torch_threads is None:  # share the cores: one left for the gateway and the detokenizer
-        torch_threads = max(1, ((os.cpu_count() or 2) - 1) // schedulers)
+        torch_threads = max(1, ((os.cpu_count() or 2) - 1) // (schedulers * tp_size))
     scheds = []
     for i in range(schedulers):
         p, mp = next(ports), next(ports)
@@ -327,6 +328,7 @@ def build_cluster(
             str(torch_threads),
             "--drain-timeout",
             str(drain_timeout),
+            *(["--tp-size", str(tp_size)] if tp_size > 1 else []),
             *scheduler_args,
         ]
         scheds.append(

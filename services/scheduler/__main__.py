@@ -6,6 +6,11 @@ Every engine argument of ``radixserve.Engine`` is a flag (``--page-size 16``, ``
 ...), and every flag can come from ``RADIXSERVE_<FLAG>`` (``RADIXSERVE_PAGE_SIZE=16``); see --help.
 SIGTERM / Ctrl-C: stop admitting (health NOT_SERVING), let running requests finish for up to
 --drain-timeout seconds, abort the rest with a reason the client sees, exit 0.
+
+Failure: an engine that cannot start (e.g. a model whose heads do not divide by --tp-size), an
+engine loop that fails, or a tensor-parallel rank that dies: one log line with the reason (also
+written to /dev/termination-log, which Kubernetes shows in the pod's status), requests in flight
+end with a retryable error, exit 1.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -48,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from radixserve.common import telemetry
     from radixserve.scheduler.engine import Engine
-    from radixserve.scheduler.server import serve, shutdown
+    from radixserve.scheduler.server import fail, serve, shutdown
+    from radixserve.scheduler.tensor_parallel import TPFailure
 
     telemetry.setup_tracing("radixserve-scheduler")
     if cfg.torch_threads > 0:
@@ -56,7 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    engine = Engine(resolve_model(args.model), **dataclasses.asdict(cfg.engine))
+    try:
+        engine = Engine(resolve_model(args.model), **dataclasses.asdict(cfg.engine))
+    except (ValueError, TPFailure) as e:  # a setting the model or the devices cannot meet
+        return _failed(f"cannot start the engine: {e}")
     address = cfg.advertise_address or f"localhost:{cfg.port}"
     server, service, health = serve(
         engine,
@@ -85,14 +95,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(cfg.metrics_port, addr=cfg.host, registry=service.metrics.registry)
+    failures: list[str] = []
+
+    def on_failure(reason: str) -> None:
+        failures.append(reason)
+        stop.set()
+
+    service.worker.on_failure = on_failure
+    if engine.followers is not None:
+        engine.followers.watch(on_failure)
     logging.info("serving on %s:%d (KV %d tokens)", cfg.host, cfg.port, engine.scheduler.kv.capacity)
     stop.wait()
+    if failures:
+        _failed(f"scheduler failed: {failures[0]}")
+        if publisher is not None:
+            publisher.close()
+        fail(server, service, health, failures[0], cfg.engine.tp_timeout + 5)
+        telemetry.shutdown()
+        return 1
     logging.info("shutting down (drain up to %.0f s)", cfg.drain_timeout)
     if publisher is not None:
         publisher.close()
     shutdown(server, service, health, cfg.drain_timeout)
     telemetry.shutdown()
     return 0
+
+
+def _failed(reason: str) -> int:
+    """Say why the scheduler stops, in its log and where Kubernetes reads a container's last words."""
+    logging.error("%s; exiting with status 1", reason)
+    if os.path.exists("/dev/termination-log"):
+        try:
+            with open("/dev/termination-log", "w") as f:
+                f.write(reason[-4000:])
+        except OSError:
+            pass
+    return 1
 
 
 if __name__ == "__main__":

@@ -133,12 +133,9 @@ class Engine:
         )
         kv = self.scheduler.kv
         if followers is not None:
-            followers.build(
-                RunnerSpec(
-                    kv.allocator.pool_slots, kv.req_to_token.max_running, kv.req_to_token.max_context,
-                    cfg.max_running_requests, cfg.page_size,
-                )  # fmt: skip
-            )
+            table = kv.req_to_token
+            shape = (kv.allocator.pool_slots, table.max_running, table.max_context, cfg.max_running_requests)
+            followers.build(RunnerSpec(*shape, cfg.page_size))
         self.placement = {
             "tp_size": cfg.tp_size,
             "weight_bytes_per_rank": weights,

@@ -209,6 +209,26 @@ def serve(
     return server, service, health
 
 
+def fail(
+    server: grpc.Server, service: SchedulerService, health: HealthServicer, reason: str, wait_s: float
+) -> None:
+    """The engine cannot go on (it failed, or a tensor-parallel rank died): not serving, let the
+    engine thread end its requests with the error (a collective waiting on a dead rank fails, at the
+    latest after the group's timeout: ``wait_s``), send those errors, stop. The caller exits non-zero."""
+    set_not_serving(health, [SERVICE_NAME])
+    service.worker.draining = True  # refuse new requests: gateways send them elsewhere
+    if not service.worker.join(wait_s):
+        log.error("the engine thread did not end within %.0f s; exiting without it", wait_s)
+    service.worker.stopped.set()
+    try:
+        service.out.close()  # the requests' errors to the detokenizer
+    finally:
+        server.stop(grace=1).wait()
+        followers = service.worker.engine.followers
+        if followers is not None:
+            followers.close(1)
+
+
 def shutdown(
     server: grpc.Server, service: SchedulerService, health: HealthServicer, drain_timeout_s: float
 ) -> None:

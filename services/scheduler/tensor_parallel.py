@@ -32,6 +32,7 @@ pipe's end of file), and exit non-zero on any error of their own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -212,10 +213,8 @@ class TPFollowers:
         """Stop every follower (STOP, then SIGKILL for one that does not exit in time)."""
         self.closing = True
         for conn in self.conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.send_bytes(pickle.dumps(STOP))
-            except OSError:
-                pass
         for proc in self.procs:
             try:
                 proc.wait(timeout_s)
@@ -227,6 +226,8 @@ class TPFollowers:
         for fd in self.sentinels:
             os.close(fd)
         self.sentinels = []
+        if dist.is_initialized():  # rank 0's group: one tensor-parallel engine per process at a time
+            dist.destroy_process_group()
 
 
 def start_followers(
@@ -280,15 +281,14 @@ def follower_main(spec: FollowerSpec, conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # drains, then stops us with STOP
     die_with_parent(spec.parent_pid, signal.SIGKILL)  # SIGTERM is ignored: rank 0's end kills us
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s tp-rank-{spec.rank} %(levelname)s %(message)s")
+    fmt = f"%(asctime)s tp-rank-{spec.rank} %(levelname)s %(message)s"
+    logging.basicConfig(level=logging.INFO, format=fmt)
     try:
         _serve(spec, conn)
-    except BaseException as e:  # noqa: BLE001 (rank 0 needs the reason; then this process exits 1)
+    except BaseException as e:  # rank 0 needs the reason; then this process exits 1
         log.error("tensor-parallel rank %d failed: %s", spec.rank, traceback.format_exc())
-        try:
+        with contextlib.suppress(OSError):
             conn.send(TPFailure(f"tensor-parallel rank {spec.rank} failed: {e!r}"))
-        except OSError:
-            pass
         os._exit(1)
     os._exit(0)  # skip interpreter teardown (the process group's threads)
 

@@ -173,6 +173,9 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.steps = 0
         self.error: BaseException | None = None
+        # Called once, on the engine thread, after a failure has ended every request with its error
+        # (the scheduler process then exits non-zero: scheduler/__main__.py).
+        self.on_failure: Callable[[str], None] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -185,7 +188,7 @@ class EngineWorker:
     def submit(self, msg: Submit) -> None:
         """Admit a request, or raise: ShuttingDown, ValueError (bad request), AlreadyHere,
         QueueFullError (the waiting queue is full)."""
-        if self.stopping:
+        if self.stopping or self.error is not None:
             raise ShuttingDown(f"scheduler {self.address} is shutting down")
         if not msg.rid:
             raise ValueError("rid is empty")
@@ -278,6 +281,8 @@ class EngineWorker:
             log.exception("engine loop failed")
             self.error = e
             self._abort_all(f"scheduler {self.address} failed: {e!r}")
+            if self.on_failure is not None:
+                self.on_failure(f"engine loop failed: {e!r}")
 
     def _drain_inbox(self) -> None:
         if self._inbox.empty():  # most iterations (the engine thread is the only consumer)
@@ -403,6 +408,11 @@ class EngineWorker:
                 if not self._rids:
                     return
             time.sleep(poll_s)
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the engine thread to end (after a failure); True if it did."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def stop(self) -> None:
         """End the engine thread (after its current iteration); its last updates are emitted."""

@@ -130,7 +130,11 @@ def capacity_from_memory(
 
 
 def kv_capacity(
-    device: torch.device, bytes_per_token: int, mem_fraction: float, page_size: int, ranks_sharing_host: int = 1
+    device: torch.device,
+    bytes_per_token: int,
+    mem_fraction: float,
+    page_size: int,
+    ranks_sharing_host: int = 1,
 ) -> int:
     """KV tokens this process can hold, measured after its weights are loaded: ``mem_fraction`` of
     the device's free memory (CUDA), or of a quarter of the host's available RAM split between the

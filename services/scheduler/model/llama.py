@@ -90,8 +90,10 @@ class VocabParallelEmbedding(nn.Module):
 
 
 def row_linear(in_features: int, out_features: int, bias: bool, tp: TPGroup | None) -> nn.Module:
-    return nn.Linear(in_features, out_features, bias=bias) if tp is None else RowParallelLinear(
-        in_features, out_features, bias, tp
+    return (
+        nn.Linear(in_features, out_features, bias=bias)
+        if tp is None
+        else RowParallelLinear(in_features, out_features, bias, tp)
     )
 
 

@@ -82,7 +82,9 @@ class ShardLayout:
 
     def local_config(self, cfg: ModelConfig) -> ModelConfig:
         """``cfg`` with this rank's head and MLP counts: what its layers and KV pool are sized by."""
-        return replace(cfg, num_heads=self.q_heads, num_kv_heads=self.kv_heads, intermediate_size=self.intermediate)
+        return replace(
+            cfg, num_heads=self.q_heads, num_kv_heads=self.kv_heads, intermediate_size=self.intermediate
+        )
 
     def vocab_end(self, cfg: ModelConfig) -> int:
         """One past the last real vocabulary row on this rank (the rest of its rows are padding)."""

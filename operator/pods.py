@@ -1,0 +1,59 @@
+"""Pod-level pieces the manifests share: the downward API, probes, security contexts, /dev/shm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Obj = dict[str, Any]
+
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,  # writes go to the /cache and /tmp emptyDirs
+}
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# A scheduler pod with several GPUs runs one process per GPU (tensor parallelism, --tp-size) and NCCL
+# passes data between them through /dev/shm; the container runtime's default is 64 MiB, too small
+# for NCCL's shared-memory buffers and torch's inter-process tensors. A memory-backed emptyDir
+# replaces it: only what is written counts against the pod's memory, and this caps it.
+SHM_SIZE = "16Gi"
+
+
+def downward(var: str, path: str) -> Obj:
+    return {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def grpc_probes(port: int, startup_failures: int) -> Obj:
+    return {
+        "startupProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": startup_failures},
+        "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
+def http_probes(port: int) -> Obj:
+    get = {"path": "/health", "port": port}
+    return {
+        "startupProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 90},
+        "readinessProbe": {"httpGet": get, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
+def add_shared_memory(pod: Obj, container: Obj) -> None:
+    """Mount a memory-backed /dev/shm of :data:`SHM_SIZE` in ``container`` of ``pod`` (a pod spec)."""
+    pod["volumes"] = [
+        *pod.get("volumes", []),
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+    ]
+    # New lists: others (the model's init container) share the old ones and need no /dev/shm.
+    container["volumeMounts"] = [
+        *container.get("volumeMounts", []),
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]

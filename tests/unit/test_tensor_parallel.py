@@ -1,0 +1,193 @@
+"""Tensor parallelism on CPU (gloo): the sharded model computes what the whole one does.
+
+Real processes: ``Engine(tp_size=2)`` starts a follower process and both join a gloo group; the
+logits test runs two ranks of the model by hand. HF transformers is the reference throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from radixserve import Engine, SamplingParams
+from radixserve.common.demo_model import make_demo_model
+from radixserve.launcher import free_port
+from radixserve.scheduler.model.config import ModelConfig
+from radixserve.scheduler.model.parallel import ShardLayout, tp_problem
+from tests.unit.test_engine import NEW, PROMPTS, hf_greedy
+
+REPO = Path(__file__).resolve().parents[2]
+GREEDY = SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def model_dir(request, tmp_path_factory):
+    return make_demo_model(tmp_path_factory.mktemp(request.param), arch=request.param, size="tiny")
+
+
+@pytest.fixture(scope="module")
+def hf_ref(model_dir):
+    return hf_greedy(model_dir, PROMPTS)
+
+
+# ----------------------------------------------------------------------------- layout
+def _cfg(heads: int, kv: int, inter: int = 128, vocab: int = 1000) -> ModelConfig:
+    return ModelConfig(
+        arch="llama", vocab_size=vocab, hidden_size=64, intermediate_size=inter, num_layers=2, num_heads=heads,
+        num_kv_heads=kv, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
+        max_position_embeddings=256, tie_word_embeddings=False, qkv_bias=False, o_bias=False,
+        mlp_bias=False, qk_norm=False, dtype=torch.float32, eos_token_ids=(),
+    )  # fmt: skip
+
+
+def test_tp_problem_names_what_does_not_divide():
+    assert tp_problem(_cfg(28, 4, inter=18944), 4) is None
+    assert "28 attention heads" in (tp_problem(_cfg(28, 4), 8) or "")
+    assert "3 KV heads" in (tp_problem(_cfg(12, 3), 2) or "")
+    assert "MLP size 130" in (tp_problem(_cfg(8, 8, inter=130), 4) or "")
+    assert tp_problem(_cfg(8, 2), 4) is None  # fewer KV heads than ranks: replicated
+
+
+def test_layout_splits_heads_replicates_kv_heads_and_pads_the_vocabulary():
+    cfg = _cfg(8, 2, inter=128, vocab=1001)
+    layouts = [ShardLayout.of(cfg, r, 4) for r in range(4)]
+    assert [(x.q_head_start, x.q_heads) for x in layouts] == [(0, 2), (2, 2), (4, 2), (6, 2)]
+    # query heads 0-3 use KV head 0 (groups of 4), 4-7 KV head 1: ranks 0-1 keep head 0, 2-3 head 1
+    assert [(x.kv_head_start, x.kv_heads) for x in layouts] == [(0, 1), (0, 1), (1, 1), (1, 1)]
+    assert [x.intermediate_start for x in layouts] == [0, 32, 64, 96]
+    assert {x.vocab_rows for x in layouts} == {251}
+    assert [x.vocab_end(cfg) for x in layouts] == [251, 502, 753, 1001]
+    assert sum(x.vocab_end(cfg) - x.vocab_start for x in layouts) == 1001
+    with pytest.raises(ValueError, match="28 attention heads"):
+        ShardLayout.of(_cfg(28, 4), 0, 8)
+
+
+# --------------------------------------------------------------------- the engine, tp=2
+def test_tp2_greedy_equals_tp1_and_hf_with_chunking_radix_cache_and_overlap(model_dir, hf_ref):
+    args = dict(
+        max_total_tokens=2048, page_size=16, chunked_prefill_size=16, disable_overlap=False,
+        cpu_overlap_thread_min_ms=0, max_running_requests=8, device="cpu",
+    )  # fmt: skip
+    with Engine(model_dir, **args) as one:
+        ref1 = [o["token_ids"] for o in one.generate(prompt=PROMPTS, sampling_params=GREEDY)]
+        whole = one.placement["weight_bytes_per_rank"][0]
+    assert ref1 == hf_ref
+    with Engine(model_dir, tp_size=2, **args) as engine:
+        for _ in range(2):  # the second round hits the prefixes the first cached
+            outs = engine.generate(prompt=PROMPTS, sampling_params=GREEDY)
+            assert [o["token_ids"] for o in outs] == hf_ref
+        assert sum(o["meta_info"]["cached_tokens"] for o in outs) > 0
+        kv = engine.scheduler.kv
+        assert kv.available() == kv.capacity
+        per_rank = engine.placement["weight_bytes_per_rank"]
+    assert len(per_rank) == 2
+    for b in per_rank:  # each rank holds about half (the norms are whole on both)
+        assert 0.49 < b / whole < 0.52, (b, whole)
+
+
+def test_tp2_greedy_equals_hf_under_decode_retraction(tmp_path):
+    path = make_demo_model(tmp_path / "llama", arch="llama", size="tiny")
+    ref = hf_greedy(path, PROMPTS)
+    with Engine(
+        path, tp_size=2, device="cpu", max_total_tokens=96, init_new_token_ratio=0.0, page_size=16,
+        chunked_prefill_size=0, disable_overlap=False, cpu_overlap_thread_min_ms=0, max_running_requests=8,
+    ) as engine:  # fmt: skip
+        outs = engine.generate(prompt=PROMPTS, sampling_params=GREEDY)
+        assert engine.scheduler.num_retractions > 0
+        assert [o["token_ids"] for o in outs] == ref
+        assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
+
+
+def test_tp2_seeded_sampling_equals_tp1(tmp_path):
+    path = make_demo_model(tmp_path / "qwen3", arch="qwen3", size="tiny")
+    params = [
+        SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=50, seed=s, ignore_eos=True)
+        for s in range(len(PROMPTS))
+    ]
+    outs = {}
+    for tp in (1, 2):
+        with Engine(path, tp_size=tp, device="cpu", max_total_tokens=2048) as engine:
+            outs[tp] = [o["token_ids"] for o in engine.generate(prompt=PROMPTS, sampling_params=params)]
+    assert outs[1] == outs[2]
+
+
+def test_a_model_that_does_not_split_is_refused_before_any_process_starts(tmp_path):
+    path = make_demo_model(tmp_path / "llama", arch="llama", size="tiny")  # 4 heads
+    with pytest.raises(ValueError, match="tp_size 8 does not divide the model's 4 attention heads"):
+        Engine(path, tp_size=8, device="cpu")
+
+
+# --------------------------------------------------------------------- logits, by hand
+def run_rank(rank: int, size: int, port: int, path: str, out: str) -> None:
+    """One rank of the model on the torch attention backend: the logits of a prefill, a cached
+    extend and four decodes (every position), saved to ``out``."""
+    from radixserve.scheduler.batch import ForwardMode
+    from radixserve.scheduler.memory.kv_pool import KVPool
+    from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+    from radixserve.scheduler.model.attention import TorchAttention
+    from radixserve.scheduler.model.forward_batch import ForwardBatch
+    from radixserve.scheduler.model.loader import load_model
+    from radixserve.scheduler.tensor_parallel import init_group, weight_bytes
+
+    torch.set_num_threads(1)
+    cfg = ModelConfig.from_pretrained(path)
+    tp = init_group(ShardLayout.of(cfg, rank, size), port, torch.device("cpu"), 60) if size > 1 else None
+    model = load_model(path, cfg, "cpu", tp=tp)
+    local = model.local_config
+    pool = KVPool(256, cfg.num_layers, local.num_kv_heads, cfg.head_dim, cfg.dtype, "cpu")
+    table = ReqToTokenPool(2, 128)
+    backend = TorchAttention(pool, table, local.num_heads, cfg.head_dim)
+    ids = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+
+    def run(start: int, n: int, mode: ForwardMode) -> torch.Tensor:
+        slots = np.arange(start, start + n) * 3 + 5
+        table.host[1, start : start + n] = slots
+        fb = ForwardBatch(
+            mode, ids[start : start + n], torch.arange(start, start + n), torch.from_numpy(slots),
+            np.array([start]), np.array([n]), torch.zeros(1, dtype=torch.int64), None, all_logits=True,
+        )  # fmt: skip
+        backend.prepare(fb, np.array([1]))
+        return model(fb.input_ids, fb.positions, fb, backend)
+
+    logits = torch.cat(
+        [run(0, 25, ForwardMode.EXTEND), run(25, 11, ForwardMode.EXTEND)]
+        + [run(i, 1, ForwardMode.DECODE) for i in range(36, 40)]
+    )
+    np.save(out, logits.numpy())
+    Path(out + ".json").write_text(json.dumps({"weight_bytes": weight_bytes(model), "ids": ids.tolist()}))
+
+
+def _ranks(path: Path, size: int, out: Path) -> list[str]:
+    port = free_port()
+    outs = [str(out / f"rank{r}-of-{size}.npy") for r in range(size)]
+    code = "import sys; from tests.unit.test_tensor_parallel import run_rank as r; r(*sys.argv[1:])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code.replace("r(*sys.argv[1:])", f"r({r}, {size}, {port}, *sys.argv[1:])"),
+             str(path), outs[r]],
+            cwd=REPO,
+        )  # fmt: skip
+        for r in range(size)
+    ]
+    for p in procs:
+        assert p.wait(120) == 0
+    return outs
+
+
+def test_sharded_logits_equal_the_whole_models_and_hf(model_dir, tmp_path):
+    whole = _ranks(model_dir, 1, tmp_path)[0]
+    ref = torch.from_numpy(np.load(whole))
+    ids = json.loads(Path(whole + ".json").read_text())["ids"]
+    with torch.no_grad():
+        hf = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(ref, hf, atol=1e-4, rtol=1e-4)
+    for size in (2, 4):  # 4: more ranks than KV heads (2): each KV head on two ranks
+        for out in _ranks(model_dir, size, tmp_path):  # every rank returns the whole vocabulary's logits
+            torch.testing.assert_close(torch.from_numpy(np.load(out)), ref, atol=1e-5, rtol=1e-5)
