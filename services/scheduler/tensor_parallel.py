@@ -197,17 +197,21 @@ class TPFollowers:
 
         def run() -> None:
             wait(self.sentinels)
-            if self.closing:
-                return
-            dead = [(i + 1, p) for i, p in enumerate(self.procs) if p.poll() is not None]
-            rank, proc = dead[0] if dead else (0, self.procs[0])
-            on_failure(
-                f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.returncode}; "
-                "the model cannot run without it"
-            )
+            if not self.closing:
+                on_failure(self.dead() or "a tensor-parallel rank exited")
 
         self._watcher = threading.Thread(target=run, name="tp-watch", daemon=True)
         self._watcher.start()
+
+    def dead(self) -> str | None:
+        """What happened to the first follower that exited, if one did."""
+        for rank, proc in enumerate(self.procs, start=1):
+            if proc.poll() is not None:
+                return (
+                    f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.returncode}; "
+                    "the model cannot run without it"
+                )
+        return None
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop every follower (STOP, then SIGKILL for one that does not exit in time)."""

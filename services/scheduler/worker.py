@@ -280,9 +280,11 @@ class EngineWorker:
         except BaseException as e:  # a bug or a device error: end every request with it, loudly
             log.exception("engine loop failed")
             self.error = e
-            self._abort_all(f"scheduler {self.address} failed: {e!r}")
+            followers = self.engine.followers
+            why = (followers.dead() if followers is not None else None) or repr(e)  # the cause, if known
+            self._abort_all(f"scheduler {self.address} failed: {why}")
             if self.on_failure is not None:
-                self.on_failure(f"engine loop failed: {e!r}")
+                self.on_failure(f"engine loop failed: {why}")
 
     def _drain_inbox(self) -> None:
         if self._inbox.empty():  # most iterations (the engine thread is the only consumer)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from pathlib import Path
@@ -264,3 +265,35 @@ def _radixserve_serve(model_dir):
         text=True,
     )
     return port, proc
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_killed_tensor_parallel_rank_fails_the_stream_and_the_scheduler_exits_nonzero(model_dir):
+    timeout = 20
+    cluster = start_cluster(
+        model_dir, schedulers=1, scheduler_args=["--tp-size", "2", "--tp-timeout", str(timeout)]
+    )
+    try:
+        sched = cluster.schedulers[0]
+        (follower,) = _children(sched.proc.pid)  # rank 1, started by the scheduler (rank 0)
+
+        async def go():
+            async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
+                started = asyncio.Event()
+                task = asyncio.create_task(read_stream(h, LONG, started))
+                await started.wait()
+                os.kill(follower, signal.SIGKILL)
+                return time.monotonic(), await task
+
+        killed_at, result = asyncio.run(go())
+        assert result["error"] is not None, result  # an error, not silence or a clean "length"
+        assert "tensor-parallel rank 1" in result["error"]
+        assert result["ended"] - killed_at < timeout
+        code = sched.proc.wait(timeout + 15)
+        assert code != 0
+        assert time.monotonic() - killed_at < timeout + 15
+    finally:
+        cluster.stop(drain_timeout=2)

@@ -40,8 +40,8 @@ def hf_ref(model_dir):
 # ----------------------------------------------------------------------------- layout
 def _cfg(heads: int, kv: int, inter: int = 128, vocab: int = 1000) -> ModelConfig:
     return ModelConfig(
-        arch="llama", vocab_size=vocab, hidden_size=64, intermediate_size=inter, num_layers=2, num_heads=heads,
-        num_kv_heads=kv, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
+        arch="llama", vocab_size=vocab, hidden_size=64, intermediate_size=inter, num_layers=2,
+        num_heads=heads, num_kv_heads=kv, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
         max_position_embeddings=256, tie_word_embeddings=False, qkv_bias=False, o_bias=False,
         mlp_bias=False, qk_norm=False, dtype=torch.float32, eos_token_ids=(),
     )  # fmt: skip
@@ -125,69 +125,34 @@ def test_a_model_that_does_not_split_is_refused_before_any_process_starts(tmp_pa
 
 
 # --------------------------------------------------------------------- logits, by hand
-def run_rank(rank: int, size: int, port: int, path: str, out: str) -> None:
-    """One rank of the model on the torch attention backend: the logits of a prefill, a cached
-    extend and four decodes (every position), saved to ``out``."""
-    from radixserve.scheduler.batch import ForwardMode
-    from radixserve.scheduler.memory.kv_pool import KVPool
-    from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
-    from radixserve.scheduler.model.attention import TorchAttention
-    from radixserve.scheduler.model.forward_batch import ForwardBatch
-    from radixserve.scheduler.model.loader import load_model
-    from radixserve.scheduler.tensor_parallel import init_group, weight_bytes
-
-    torch.set_num_threads(1)
-    cfg = ModelConfig.from_pretrained(path)
-    tp = init_group(ShardLayout.of(cfg, rank, size), port, torch.device("cpu"), 60) if size > 1 else None
-    model = load_model(path, cfg, "cpu", tp=tp)
-    local = model.local_config
-    pool = KVPool(256, cfg.num_layers, local.num_kv_heads, cfg.head_dim, cfg.dtype, "cpu")
-    table = ReqToTokenPool(2, 128)
-    backend = TorchAttention(pool, table, local.num_heads, cfg.head_dim)
-    ids = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
-
-    def run(start: int, n: int, mode: ForwardMode) -> torch.Tensor:
-        slots = np.arange(start, start + n) * 3 + 5
-        table.host[1, start : start + n] = slots
-        fb = ForwardBatch(
-            mode, ids[start : start + n], torch.arange(start, start + n), torch.from_numpy(slots),
-            np.array([start]), np.array([n]), torch.zeros(1, dtype=torch.int64), None, all_logits=True,
-        )  # fmt: skip
-        backend.prepare(fb, np.array([1]))
-        return model(fb.input_ids, fb.positions, fb, backend)
-
-    logits = torch.cat(
-        [run(0, 25, ForwardMode.EXTEND), run(25, 11, ForwardMode.EXTEND)]
-        + [run(i, 1, ForwardMode.DECODE) for i in range(36, 40)]
-    )
-    np.save(out, logits.numpy())
-    Path(out + ".json").write_text(json.dumps({"weight_bytes": weight_bytes(model), "ids": ids.tolist()}))
+# tp_rank.py imports little (no transformers): seven interpreters start at once on two cores
+RANK = "import sys; from tests.unit.tp_rank import run_rank; run_rank({}, {}, {}, *sys.argv[1:])"
 
 
-def _ranks(path: Path, size: int, out: Path) -> list[str]:
-    port = free_port()
-    outs = [str(out / f"rank{r}-of-{size}.npy") for r in range(size)]
-    code = "import sys; from tests.unit.test_tensor_parallel import run_rank as r; r(*sys.argv[1:])"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code.replace("r(*sys.argv[1:])", f"r({r}, {size}, {port}, *sys.argv[1:])"),
-             str(path), outs[r]],
-            cwd=REPO,
-        )  # fmt: skip
-        for r in range(size)
-    ]
+def _run_ranks(path: str, sizes: tuple[int, ...], out: Path) -> dict[int, list[str]]:
+    """Every group of ``sizes`` at once (their own ports); each rank's logits file, by group size."""
+    outs: dict[int, list[str]] = {}
+    procs = []
+    for size in sizes:
+        port = free_port()
+        outs[size] = [str(out / f"rank{r}-of-{size}.npy") for r in range(size)]
+        procs += [
+            subprocess.Popen([sys.executable, "-c", RANK.format(r, size, port), path, outs[size][r]], cwd=REPO)  # noqa: E501
+            for r in range(size)
+        ]
     for p in procs:
-        assert p.wait(120) == 0
+        assert p.wait(180) == 0
     return outs
 
 
 def test_sharded_logits_equal_the_whole_models_and_hf(model_dir, tmp_path):
-    whole = _ranks(model_dir, 1, tmp_path)[0]
+    outs = _run_ranks(str(model_dir), (1, 2, 4), tmp_path)  # 4: more ranks than KV heads (2): each on two
+    whole = outs[1][0]
     ref = torch.from_numpy(np.load(whole))
     ids = json.loads(Path(whole + ".json").read_text())["ids"]
     with torch.no_grad():
         hf = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ref, hf, atol=1e-4, rtol=1e-4)
-    for size in (2, 4):  # 4: more ranks than KV heads (2): each KV head on two ranks
-        for out in _ranks(model_dir, size, tmp_path):  # every rank returns the whole vocabulary's logits
+    for size in (2, 4):
+        for out in outs[size]:  # every rank returns the whole vocabulary's logits
             torch.testing.assert_close(torch.from_numpy(np.load(out)), ref, atol=1e-5, rtol=1e-5)

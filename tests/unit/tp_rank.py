@@ -1,0 +1,51 @@
+"""One rank of the tiny model by hand (test_tensor_parallel.py starts it as a process per rank)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from radixserve.scheduler.model.config import ModelConfig
+from radixserve.scheduler.model.parallel import ShardLayout
+
+
+def run_rank(rank: int, size: int, port: int, path: str, out: str) -> None:
+    """One rank of the model on the torch attention backend: the logits of a prefill, a cached
+    extend and four decodes (every position), saved to ``out``."""
+    from radixserve.scheduler.batch import ForwardMode
+    from radixserve.scheduler.memory.kv_pool import KVPool
+    from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+    from radixserve.scheduler.model.attention import TorchAttention
+    from radixserve.scheduler.model.forward_batch import ForwardBatch
+    from radixserve.scheduler.model.loader import load_model
+    from radixserve.scheduler.tensor_parallel import init_group, weight_bytes
+
+    torch.set_num_threads(1)
+    cfg = ModelConfig.from_pretrained(path)
+    tp = init_group(ShardLayout.of(cfg, rank, size), port, torch.device("cpu"), 60) if size > 1 else None
+    model = load_model(path, cfg, "cpu", tp=tp)
+    local = model.local_config
+    pool = KVPool(256, cfg.num_layers, local.num_kv_heads, cfg.head_dim, cfg.dtype, "cpu")
+    table = ReqToTokenPool(2, 128)
+    backend = TorchAttention(pool, table, local.num_heads, cfg.head_dim)
+    ids = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+
+    def run(start: int, n: int, mode: ForwardMode) -> torch.Tensor:
+        slots = np.arange(start, start + n) * 3 + 5
+        table.host[1, start : start + n] = slots
+        fb = ForwardBatch(
+            mode, ids[start : start + n], torch.arange(start, start + n), torch.from_numpy(slots),
+            np.array([start]), np.array([n]), torch.zeros(1, dtype=torch.int64), None, all_logits=True,
+        )  # fmt: skip
+        backend.prepare(fb, np.array([1]))
+        return model(fb.input_ids, fb.positions, fb, backend)
+
+    logits = torch.cat(
+        [run(0, 25, ForwardMode.EXTEND), run(25, 11, ForwardMode.EXTEND)]
+        + [run(i, 1, ForwardMode.DECODE) for i in range(36, 40)]
+    )
+    np.save(out, logits.numpy())
+    Path(out + ".json").write_text(json.dumps({"weight_bytes": weight_bytes(model), "ids": ids.tolist()}))
