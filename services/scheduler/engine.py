@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -136,7 +137,7 @@ class Engine:
             table = kv.req_to_token
             shape = (kv.allocator.pool_slots, table.max_running, table.max_context, cfg.max_running_requests)
             followers.build(RunnerSpec(*shape, cfg.page_size))
-        self.placement = {
+        self.placement: dict[str, Any] = {
             "tp_size": cfg.tp_size,
             "weight_bytes_per_rank": weights,
             "kv_tokens": kv.capacity,

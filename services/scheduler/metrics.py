@@ -41,6 +41,19 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(
             "radixserve_kv_usage_ratio", "Fraction of KV held by requests", value=kv.usage()
         )
+        place = s.worker.engine.placement  # sized at start, per rank (tensor parallelism: every rank)
+        yield GaugeMetricFamily(
+            "radixserve_tp_size", "Devices the model is split across", value=place["tp_size"]
+        )
+        yield GaugeMetricFamily(
+            "radixserve_kv_pool_bytes_per_rank",
+            "KV pool bytes on each rank",
+            value=place["kv_bytes_per_rank"],
+        )
+        weights = GaugeMetricFamily("radixserve_weight_bytes", "Model weight bytes per rank", labels=["rank"])
+        for rank, size in enumerate(place["weight_bytes_per_rank"]):
+            weights.add_metric([str(rank)], size)
+        yield weights
         yield CounterMetricFamily(
             "radixserve_retractions", "Decode requests retracted", value=sched.num_retractions
         )

@@ -279,6 +279,15 @@ def test_a_killed_tensor_parallel_rank_fails_the_stream_and_the_scheduler_exits_
     try:
         sched = cluster.schedulers[0]
         (follower,) = _children(sched.proc.pid)  # rank 1, started by the scheduler (rank 0)
+        metrics = httpx.get(sched.metrics_url).text  # each rank's share, as sized at start
+        assert "radixserve_tp_size 2.0" in metrics
+        weights = [
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("radixserve_weight_bytes{")
+        ]
+        assert len(weights) == 2 and weights[0] == weights[1] > 0
+        assert "radixserve_kv_pool_bytes_per_rank" in metrics
 
         async def go():
             async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
@@ -295,5 +304,30 @@ def test_a_killed_tensor_parallel_rank_fails_the_stream_and_the_scheduler_exits_
         code = sched.proc.wait(timeout + 15)
         assert code != 0
         assert time.monotonic() - killed_at < timeout + 15
+    finally:
+        cluster.stop(drain_timeout=2)
+
+
+def test_a_hung_tensor_parallel_rank_fails_the_stream_after_the_collective_timeout(model_dir):
+    timeout = 5
+    cluster = start_cluster(
+        model_dir, schedulers=1, scheduler_args=["--tp-size", "2", "--tp-timeout", str(timeout)]
+    )
+    try:
+        sched = cluster.schedulers[0]
+        (follower,) = _children(sched.proc.pid)
+
+        async def go():
+            async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
+                started = asyncio.Event()
+                task = asyncio.create_task(read_stream(h, LONG, started))
+                await started.wait()
+                os.kill(follower, signal.SIGSTOP)  # alive but silent: only the timeout can tell
+                return time.monotonic(), await task
+
+        stopped_at, result = asyncio.run(go())
+        assert result["error"] is not None, result
+        assert result["ended"] - stopped_at < timeout + 10
+        assert sched.proc.wait(timeout + 20) != 0  # and the stopped rank dies with it (PDEATHSIG)
     finally:
         cluster.stop(drain_timeout=2)

@@ -137,7 +137,9 @@ def _run_ranks(path: str, sizes: tuple[int, ...], out: Path) -> dict[int, list[s
         port = free_port()
         outs[size] = [str(out / f"rank{r}-of-{size}.npy") for r in range(size)]
         procs += [
-            subprocess.Popen([sys.executable, "-c", RANK.format(r, size, port), path, outs[size][r]], cwd=REPO)  # noqa: E501
+            subprocess.Popen(
+                [sys.executable, "-c", RANK.format(r, size, port), path, outs[size][r]], cwd=REPO
+            )
             for r in range(size)
         ]
     for p in procs:
