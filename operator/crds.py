@@ -439,6 +439,10 @@ def render(crd: Obj) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """``python -m radixserve.operator.crds [DIR]``: write the CRDs (default: the chart's crds/)."""
+    if argv and argv[0].startswith("-"):  # --help: not a folder to write into
+        print(main.__doc__)
+        return 0 if argv[0] in ("-h", "--help") else 2
     out = Path(argv[0] if argv else "helm/radixserve/crds")
     out.mkdir(parents=True, exist_ok=True)
     for plural, crd in CRDS.items():
