@@ -38,6 +38,7 @@ BENCHMARKS = {
     "scheduler_overhead": "CPU time of one scheduling step at 64 / 256 / 1024 requests",
     "decode_attention": "the CPU decode-attention kernel against the torch reference",
     "tracing_overhead": "served throughput with every request traced and exported vs tracing off",
+    "tensor_parallel": "offline throughput with the model split over 1 vs 2 processes (tensor parallelism)",
 }
 
 

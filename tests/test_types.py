@@ -1,6 +1,7 @@
 """``mypy --strict`` is clean on the strict set: ``services/common`` (its generated pb stubs aside),
 the scheduler's ``memory/`` and ``policy/`` packages, the core types they share (``req``, ``batch``,
-``config``) and the ``EngineWorker`` (``worker``). pyproject.toml's ``[tool.mypy]`` names the set;
+``config``), the ``EngineWorker`` (``worker``) and tensor parallelism (``tensor_parallel``,
+``model.parallel``). pyproject.toml's ``[tool.mypy]`` names the set;
 the modules they import are read for their types, their own errors not reported.
 
 mypy cannot follow the editable install's import hook (``radixserve`` is ``services/`` through
@@ -29,6 +30,8 @@ MODULES = (
     "radixserve.scheduler.batch",
     "radixserve.scheduler.config",
     "radixserve.scheduler.worker",  # the engine thread and request lifecycle behind the servicer
+    "radixserve.scheduler.tensor_parallel",  # rank 0's followers and the followers' loop
+    "radixserve.scheduler.model.parallel",  # the shard layout and the collectives
 )
 
 

@@ -173,30 +173,28 @@ class TPFollowers:
         return [self._recv(i) for i in range(len(self.conns))]  # type: ignore[misc]
 
     def build(self, spec: RunnerSpec) -> None:
-        self._send_all(spec)
+        self.send(spec)
         for i in range(len(self.conns)):
             self._recv(i)  # "built": a follower that cannot build its runner fails the start-up here
 
     def capture(self) -> None:
-        self._send_all(CAPTURE)
+        self.send(CAPTURE)
 
-    def send(self, plan: StepPlan) -> None:
-        """The runner's step sink: the plan to every follower, pickled once."""
-        data = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+    def send(self, msg: object) -> None:
+        """A message to every follower, pickled once (the runner's step sink: each step's plan)."""
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for conn in self.conns:
                 conn.send_bytes(data)
         except OSError as e:  # BrokenPipeError: a follower is gone
             raise TPFailure(f"a tensor-parallel rank is gone: {e!r}") from e
 
-    def _send_all(self, msg: object) -> None:
-        self.send(msg)  # type: ignore[arg-type]  # the same framing for every message
-
     def watch(self, on_failure: Callable[[str], None]) -> None:
         """Call ``on_failure(reason)`` (once, on a thread) when a follower exits before ``close``."""
 
         def run() -> None:
-            wait(self.sentinels)
+            with contextlib.suppress(OSError, ValueError):  # close() closed the handles first
+                wait(self.sentinels)
             if not self.closing:
                 on_failure(self.dead() or "a tensor-parallel rank exited")
 

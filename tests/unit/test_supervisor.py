@@ -102,3 +102,22 @@ def test_the_default_policy_gives_up_on_the_fifth_fast_crash_after_1_2_4_8_s() -
     wait_exit(svc)
     why = sup.poll(svc.started_at + 1.0)
     assert why is not None and "5 times in a row" in why
+
+
+def test_serve_tp_size_reaches_every_scheduler_and_splits_the_cores() -> None:
+    import os
+    from pathlib import Path
+
+    from radixserve.cli import build_parser
+    from radixserve.launcher import build_cluster
+
+    assert build_parser().parse_args(["serve", "--tp-size", "2"]).tp_size == 2
+    assert build_parser().parse_args(["serve"]).tp_size == 1
+    cluster = build_cluster(Path("/models/m"), "m", schedulers=2, tp_size=2)
+    threads = str(max(1, ((os.cpu_count() or 2) - 1) // 4))  # 2 schedulers x 2 ranks share the cores
+    for s in cluster.schedulers:
+        i = s.argv.index("--tp-size")
+        assert s.argv[i + 1] == "2"
+        assert s.argv[s.argv.index("--torch-threads") + 1] == threads
+    one = build_cluster(Path("/models/m"), "m", schedulers=1)
+    assert "--tp-size" not in one.schedulers[0].argv
