@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
+from radixserve.common.demo_model import make_demo_model, model_config, save_random_model
 from radixserve.launcher import free_port
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.parallel import ShardLayout, tp_problem
@@ -157,4 +157,18 @@ def test_sharded_logits_equal_the_whole_models_and_hf(model_dir, tmp_path):
     torch.testing.assert_close(ref, hf, atol=1e-4, rtol=1e-4)
     for size in (2, 4):
         for out in outs[size]:  # every rank returns the whole vocabulary's logits
+            torch.testing.assert_close(torch.from_numpy(np.load(out)), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_a_vocabulary_that_does_not_divide_is_padded_and_cut_off(tmp_path):
+    # 2051 rows over 2 and 4 ranks: the last rank's embedding and (untied) LM head end in zero rows
+    path = save_random_model(
+        tmp_path / "odd", lambda vocab, ids: model_config("llama", "tiny", vocab + 3, ids)
+    )
+    assert ModelConfig.from_pretrained(path).vocab_size == 2051
+    outs = _run_ranks(str(path), (1, 2, 4), tmp_path)
+    ref = torch.from_numpy(np.load(outs[1][0]))
+    assert ref.shape[-1] == 2051
+    for size in (2, 4):
+        for out in outs[size]:
             torch.testing.assert_close(torch.from_numpy(np.load(out)), ref, atol=1e-5, rtol=1e-5)

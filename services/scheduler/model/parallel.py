@@ -108,7 +108,8 @@ class TPGroup:
         """``[B, vocab_rows]`` per rank -> ``[B, vocab_size]`` on every rank (padding cut off)."""
         parts = [torch.empty_like(logits) for _ in range(self.size)]
         dist.all_gather(parts, logits.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)[:, :vocab_size]
+        full = torch.cat(parts, dim=-1)
+        return full if full.shape[-1] == vocab_size else full[:, :vocab_size].contiguous()
 
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Rank ``src``'s ``x`` on every rank, in place (``x`` must have its shape everywhere)."""
