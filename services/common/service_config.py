@@ -29,6 +29,10 @@ CPU_CHUNKED_PREFILL_SIZE = 256
 DRAIN_TIMEOUT_S = 30.0
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+
+# Every Redis key of the prefix index starts with this (the operator gives each InferenceService
+# its own, "rs:<namespace>/<name>:", which its Redis ACL user is limited to).
+INDEX_KEY_PREFIX = "radixserve:"
 ROUTERS = ("cache-aware", "least-load", "round-robin")
 
 
@@ -123,6 +127,9 @@ class SchedulerPodConfig:
         " gateways with an in-memory index get them over Watch)",
     )
     metrics_port: int = setting(9400, "Prometheus /metrics port (0: off)")
+    index_key_prefix: str = setting(
+        INDEX_KEY_PREFIX, "prefix of every Redis key this pod writes (the operator: one per InferenceService)"
+    )
     block_size: int = setting(DEFAULT_BLOCK_SIZE, "tokens per hashed block (0: no block events)")
     heartbeat_interval: float = setting(1.0, "seconds between heartbeats (Redis)")
     heartbeat_ttl: float = setting(5.0, "seconds a heartbeat stays valid (Redis)")
@@ -138,6 +145,7 @@ class RoutingConfig:
         " (password in the URL)",
     )
     block_size: int = setting(DEFAULT_BLOCK_SIZE, "tokens per hashed block (as the schedulers)")
+    index_key_prefix: str = setting(INDEX_KEY_PREFIX, "prefix of the Redis keys read (as the schedulers')")
     balance_abs_threshold: int = setting(
         16, "cache-aware: route to the least loaded pod when loads differ by more than this ..."
     )
@@ -178,6 +186,11 @@ class GatewayConfig:
         "seconds without a load report after which a scheduler counts as down: its requests move"
         " to another scheduler (no text yet) or fail with 503, not left hanging (at least 5 reports)",
     )
+    api_key: tuple[str, ...] = setting(
+        (), "API keys a client must send (Authorization: Bearer KEY); several allowed; none: no check"
+    )
+    api_key_file: str | None = setting(None, "a file of API keys, one per line (e.g. a mounted Secret)")
+    protect_metrics: bool = setting(False, "/metrics needs an API key too (/health never does)")
     routing: RoutingConfig = field(default_factory=RoutingConfig)
 
 
