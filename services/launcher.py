@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from radixserve.common.rpc import is_serving
+from radixserve.common.rpc import TLS, is_serving, tls_from_env
 
 
 def free_port() -> int:
@@ -51,6 +51,7 @@ class Service:
     name: str
     argv: list[str]
     grpc_address: str | None = None  # checked with grpc.health.v1
+    tls: TLS | None = None  # of that check: the services' own (RADIXSERVE_TLS_*)
     http_url: str | None = None  # checked with GET /health
     metrics_url: str | None = None  # Prometheus /metrics
     env: dict[str, str] = field(default_factory=dict)
@@ -73,7 +74,7 @@ class Service:
 
     def healthy(self) -> bool:
         if self.grpc_address:
-            return is_serving(self.grpc_address, timeout=0.5)
+            return is_serving(self.grpc_address, timeout=0.5, tls=self.tls)
         try:
             return httpx.get(f"{self.http_url}/health", timeout=0.5).status_code == 200
         except httpx.HTTPError:
@@ -353,6 +354,8 @@ def build_cluster(
     gateway = Service(
         "gateway", argv, http_url=f"http://{url_host}:{port}", metrics_url=f"http://{url_host}:{port}/metrics"
     )
+    tls = tls_from_env({**os.environ, **(env or {})})  # TLS gRPC: probed with the services' settings
     for svc in (detok, *scheds, gateway):
         svc.env = dict(env or {})  # e.g. OTEL_EXPORTER_OTLP_ENDPOINT: each names itself radixserve-<kind>
+        svc.tls = tls
     return Cluster(gateway, scheds, detok, f"http://{url_host}:{port}", f"{url_host}:{gport}")

@@ -9,6 +9,10 @@
         server.url      # rediss://:pw@127.0.0.1:PORT/0?ssl_ca_certs=/tmp/.../ca.pem
         server.ca_file  # the throwaway CA that signed the server's certificate
 
+    with RedisServer(password="admin", maxmemory="2mb", maxmemory_policy="volatile-lru") as server:
+        server.add_user("svc-a", "pw-a", ["~a:*", "+get"])   # ACL SETUSER over the admin connection
+        server.url_for("svc-a", "pw-a")                     # redis://svc-a:pw-a@127.0.0.1:PORT/0
+
 With ``tls=True`` a throwaway CA and a server certificate for 127.0.0.1 / localhost (both in the
 subject alternative names) are made with the openssl CLI in the server's temporary directory;
 clients need not present a certificate (``--tls-auth-clients no``).
@@ -22,7 +26,6 @@ openssl is not).
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import socket
 import ssl
@@ -35,9 +38,9 @@ from urllib.parse import quote
 import pytest
 
 from radixserve.launcher import free_port
+from tests.certs import OPENSSL, make_certs, require_openssl
 
 REDIS_SERVER = "redis-server"
-OPENSSL = "openssl"
 
 
 def redis_server_path() -> str | None:
@@ -53,44 +56,11 @@ def require_redis_server() -> str:
     return path
 
 
-def require_openssl() -> str:
-    path = shutil.which(OPENSSL)
-    if path is None:
-        pytest.fail("openssl is not on PATH: run scripts/test-deps (apt-get install openssl)", pytrace=False)
-    return path
-
-
 def make_test_certs(directory: str, openssl: str = OPENSSL) -> tuple[str, str, str]:
-    """A throwaway CA and a server certificate it signed, valid for 127.0.0.1 and localhost (in the
-    subject alternative names: clients check those, not the CN). EC P-256 keys (quick to make),
-    valid for a day. Returns the paths of (CA certificate, server certificate, server key)."""
-    d = directory
-    ca_key, ca, key = f"{d}/ca.key", f"{d}/ca.pem", f"{d}/server.key"
-    csr, cert, ext = f"{d}/server.csr", f"{d}/server.pem", f"{d}/server.ext"
-    ec_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    with open(ext, "w") as f:
-        f.write(
-            "basicConstraints = critical, CA:FALSE\n"
-            "keyUsage = critical, digitalSignature, keyEncipherment\n"
-            "extendedKeyUsage = serverAuth\n"
-            "subjectAltName = IP:127.0.0.1, DNS:localhost\n"
-            "subjectKeyIdentifier = hash\n"
-            "authorityKeyIdentifier = keyid, issuer\n"
-        )
-    serial = str(int.from_bytes(os.urandom(8), "big"))
-    steps = [
-        ["req", "-x509", *ec_key, "-keyout", ca_key, "-out", ca, "-days", "1"]
-        + ["-subj", "/CN=radixserve test CA", "-addext", "basicConstraints=critical,CA:TRUE"]
-        + ["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-        ["req", "-new", *ec_key, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
-        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-set_serial", serial]
-        + ["-days", "1", "-sha256", "-extfile", ext, "-out", cert],
-    ]
-    for args in steps:
-        r = subprocess.run([openssl, *args], capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            raise RuntimeError(f"openssl {' '.join(args[:2])} failed ({r.returncode}): {r.stderr}")
-    return ca, cert, key
+    """A throwaway CA and a server certificate it signed, valid for 127.0.0.1 and localhost (see
+    tests/certs.py). Returns the paths of (CA certificate, server certificate, server key)."""
+    certs = make_certs(directory, openssl)
+    return certs.ca, certs.server_cert, certs.server_key
 
 
 def _resp(*args: str) -> bytes:
@@ -107,10 +77,19 @@ class RedisServer:
     ``tls=True``: TLS only, on ``port`` (the plain port is off); ``url`` is then a rediss:// URL
     that carries the CA (``?ssl_ca_certs=``), and ``ca_file`` is that CA."""
 
-    def __init__(self, password: str | None = None, port: int | None = None, tls: bool = False) -> None:
+    def __init__(
+        self,
+        password: str | None = None,
+        port: int | None = None,
+        tls: bool = False,
+        maxmemory: str | None = None,
+        maxmemory_policy: str | None = None,
+    ) -> None:
         self.binary = require_redis_server()
         self.password = password
         self.tls = tls
+        self.maxmemory = maxmemory  # e.g. "2mb" (redis-server's --maxmemory)
+        self.maxmemory_policy = maxmemory_policy  # e.g. "volatile-lru"
         self.port = port or free_port()
         self.host = "127.0.0.1"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -124,7 +103,12 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
+        """The admin's URL (the default user, with ``password``)."""
+        return self.url_for(None, self.password)
+
+    def url_for(self, user: str | None, password: str | None) -> str:
+        """A URL that logs in as ``user`` (None: the default user) with ``password``."""
+        auth = f"{quote(user or '', safe='')}:{quote(password, safe='')}@" if password else ""
         if self.tls:
             assert self.ca_file is not None
             return f"rediss://{auth}{self.host}:{self.port}/0?ssl_ca_certs={quote(self.ca_file)}"
@@ -155,6 +139,10 @@ class RedisServer:
         ]
         if self.password:
             cmd += ["--requirepass", self.password]
+        if self.maxmemory:
+            cmd += ["--maxmemory", self.maxmemory]
+        if self.maxmemory_policy:
+            cmd += ["--maxmemory-policy", self.maxmemory_policy]
         if self.tls:
             assert self.ca_file and self.cert_file and self.key_file
             cmd += [
@@ -231,6 +219,24 @@ class RedisServer:
         import redis
 
         return redis.Redis.from_url(self.url, decode_responses=True, **kwargs)  # type: ignore[arg-type]
+
+    def add_user(self, name: str, password: str, rules: list[str]) -> None:
+        """Create (or reset) the ACL user ``name`` with ``password`` and ``rules`` (ACL SETUSER's),
+        over the admin connection. Users live in memory: a restart (``start`` after ``stop``)
+        forgets them."""
+        admin = self.client()
+        try:
+            admin.execute_command("ACL", "SETUSER", name, "reset", f">{password}", *rules)
+        finally:
+            admin.close()
+
+    def acl_log(self) -> list[dict[str, object]]:
+        """The server's ACL LOG (what it refused, newest first)."""
+        admin = self.client()
+        try:
+            return list(admin.acl_log())
+        finally:
+            admin.close()
 
     def close(self) -> None:
         self.stop()

@@ -17,21 +17,166 @@ the entries of pods whose heartbeat expired).
 
 Because the hash chains, a pod that holds block i holds the whole prefix up to it (the radix tree
 evicts leaves first), so a pod's match is the longest run of leading blocks it appears in.
+
+Redis: isolation, eviction, bad input
+-------------------------------------
+Every key starts with the index's key prefix (``INDEX_KEY_PREFIX`` by default; the operator gives
+each InferenceService ``rs:<namespace>/<name>:``), and the index uses no pub/sub channel. A
+service's Redis user may be limited to its prefix and to the commands in ``REDIS_COMMANDS``:
+``acl_rules(prefix)`` builds the ``ACL SETUSER`` rules. An index whose user may not touch its keys
+fails loudly (redis.exceptions.NoPermissionError on every call), never silently.
+
+Liveness must survive memory pressure; the index need not. So the two kinds of keys differ:
+
+* index entries (``b:<hash>``, ``p:<pod>:blocks``) carry a Redis TTL (``entry_ttl_s``, refreshed
+  whenever a pod writes them): they are what ``maxmemory-policy volatile-lru`` may evict, the
+  least recently used (lookups count as use) first;
+* heartbeats (``p:<pod>:hb``) and the pod list (``pods``) carry none, so no ``volatile-*`` policy
+  ever evicts them: a heartbeat's expiry is data in its value (on Redis's clock, ``TIME``), readers
+  treat one past it as dead, and ``sweep`` removes it with the pod's entries.
+
+With ``volatile-lru`` (what the chart's Redis must run with) a full Redis therefore forgets some
+blocks, never a pod: routing sees shorter matches (fewer cache hits, never a wrong pod; a forgotten
+block comes back when a pod stores it again, a pod's whole set at its next snapshot), while
+``live_pods`` (the routers' and the autoscaler's view of which pods are up and how loaded) stays
+whole. (``allkeys-*`` would evict heartbeats, so healthy pods would look dead; ``noeviction`` would
+refuse the heartbeats' writes once full.) Entries nobody writes for ``entry_ttl_s`` expire: a block
+a pod holds longer than that without storing it again drops out of the index until its next
+snapshot or store.
+
+Input is checked at this boundary: a block hash that is not an int in [0, 2**64) is dropped (a
+chain ends there), a ``removed`` block the pod did not hold is a no-op, a load field that is not a
+short string, a finite number, a bool or null is dropped from the heartbeat (the heartbeat itself,
+liveness, is still written), and a stored heartbeat that cannot be read is a dead pod; each is
+logged, none raises or reaches another pod's entries.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+from radixserve.common import prefix_index_lua as lua
+from radixserve.common.service_config import INDEX_KEY_PREFIX
 
 if TYPE_CHECKING:
     import redis
 
+log = logging.getLogger(__name__)
+
 # A pod's load report (its heartbeat): a JSON object (Redis stores it as JSON text).
 Load: TypeAlias = dict[str, object]
+
+# Every Redis command a RedisPrefixIndex sends (as ACL names, "container|subcommand"), those its
+# scripts run included: what a service's Redis user needs, and all it gets (acl_rules). At connect
+# redis-py sends AUTH (which every user may send), SELECT for a database other than 0, and CLIENT
+# SETINFO, which we turn off (Redis before 7.2 has no such command for an ACL rule to name; refused,
+# it would fill the ACL LOG). Scripts: EVALSHA, and SCRIPT LOAD when the server does not have them
+# yet (after a restart). PING: for readiness checks.
+REDIS_COMMANDS: tuple[str, ...] = (
+    "select",
+    "ping",
+    "evalsha",
+    "script|load",
+    "time",
+    "get",
+    "set",
+    "del",
+    "pexpire",
+    "sadd",
+    "srem",
+    "spop",
+    "scard",
+    "smembers",
+)
+
+# How long an index entry (a block's pods, a pod's blocks) lives after it was last written.
+ENTRY_TTL_S = 24 * 3600.0
+
+_HASH_END = 1 << 64  # block hashes are unsigned 64-bit (radixserve.common.block_hash)
+_MAX_LOAD_FIELDS = 64
+_MAX_LOAD_STR = 256
+_MAX_POD_LEN = 256
+_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+
+
+def acl_rules(prefix: str, password: str | None = None) -> list[str]:
+    """The ``ACL SETUSER <user> ...`` rules of a service whose index uses key prefix ``prefix``: on,
+    its keys only (``~<prefix>*``), its channels only (``&<prefix>*``; the index uses none), and
+    only ``REDIS_COMMANDS``. ``password``: its password, as ``resetpass >password`` (otherwise
+    the caller adds ``>password``). ``prefix`` must end with ":" so that one service's pattern never
+    covers another's keys (``rs:ns/a*`` would cover ``rs:ns/ab:``)."""
+    if not prefix.endswith(":") or not prefix.isprintable() or any(c.isspace() for c in prefix):
+        raise ValueError(f"key prefix {prefix!r}: expected printable text without spaces, ending with ':'")
+    pattern = _GLOB_SPECIAL.sub(r"\\\1", prefix) + "*"
+    rules = ["on"]
+    if password is not None:
+        if not password:
+            raise ValueError("an empty password")
+        rules += ["resetpass", f">{password}"]
+    rules += ["resetkeys", f"~{pattern}", "resetchannels", f"&{pattern}", "-@all"]
+    return rules + [f"+{c}" for c in REDIS_COMMANDS]
+
+
+def _clean_hashes(hashes: Sequence[object], pod: str, what: str, chain: bool = False) -> list[int]:
+    """``hashes`` without the ones that cannot be block hashes (each a warning); ``chain``: a
+    prompt's chain, which ends at the first bad one."""
+    out = [h for h in hashes if type(h) is int and 0 <= h < _HASH_END]
+    if len(out) == len(hashes):
+        return out
+    bad = [h for h in hashes if not (type(h) is int and 0 <= h < _HASH_END)]
+    if chain:
+        out = []
+        for h in hashes:
+            if not (type(h) is int and 0 <= h < _HASH_END):
+                break
+            out.append(h)
+    log.warning(
+        "prefix index: %d %s block hash(es) of %s ignored, not ints in [0, 2**64): %s",
+        len(bad),
+        what,
+        pod,
+        ", ".join(repr(b)[:40] for b in bad[:3]),
+    )
+    return out
+
+
+def check_pod(pod: object) -> str:
+    """A pod's name (its advertised address) as keys may hold it: a printable str, no spaces."""
+    if not isinstance(pod, str) or not 0 < len(pod) <= _MAX_POD_LEN or not pod.isprintable() or " " in pod:
+        raise ValueError(f"pod name {pod!r}: expected 1-{_MAX_POD_LEN} printable characters without spaces")
+    return pod
+
+
+def clean_load(load: object, pod: str = "?") -> Load:
+    """``load`` with only the fields a heartbeat may carry (str keys; short str, finite int/float,
+    bool, None values); others dropped with a warning. Not a mapping at all: ``{}``."""
+    if not isinstance(load, Mapping):
+        log.warning("prefix index: load of %s is a %s, not a mapping: sent as {}", pod, type(load).__name__)
+        return {}
+    out: Load = {}
+    dropped: list[str] = []
+    for k, v in load.items():
+        ok = isinstance(k, str) and 0 < len(k) <= _MAX_LOAD_STR and len(out) < _MAX_LOAD_FIELDS
+        if ok and isinstance(v, float):
+            ok = math.isfinite(v)
+        elif ok and isinstance(v, str):
+            ok = len(v) <= _MAX_LOAD_STR
+        elif ok:
+            ok = v is None or isinstance(v, bool) or (isinstance(v, int) and -(1 << 63) <= v < _HASH_END)
+        if ok:
+            out[k] = v
+        else:
+            dropped.append(repr(k)[:40])
+    if dropped:
+        log.warning("prefix index: load fields of %s dropped (not a short str/number/bool): %s", pod, dropped)
+    return out
 
 
 class PrefixIndex(Protocol):
@@ -53,6 +198,7 @@ class InMemoryPrefixIndex:
         self._heartbeats: dict[str, tuple[Load, float]] = {}  # pod -> (load, expires at)
 
     def apply(self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False) -> None:
+        stored, removed = _clean_hashes(stored, pod, "stored"), _clean_hashes(removed, pod, "removed")
         if cleared:
             self._drop_blocks(pod)
         mine = self._blocks_of.setdefault(pod, set())
@@ -78,7 +224,7 @@ class InMemoryPrefixIndex:
     def heartbeat(self, pod: str, load: Load, ttl_s: float) -> bool:
         now = self._clock()
         prev = self._heartbeats.get(pod)
-        self._heartbeats[pod] = (load, now + ttl_s)
+        self._heartbeats[pod] = (clean_load(load, pod), now + ttl_s)
         return prev is not None and prev[1] > now
 
     def remove_pod(self, pod: str) -> None:
@@ -86,6 +232,7 @@ class InMemoryPrefixIndex:
         self._heartbeats.pop(pod, None)
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        hashes = _clean_hashes(hashes, "a lookup", "looked-up", chain=True)
         counts: dict[str, int] = {}
         alive: set[str] | None = None
         for i, h in enumerate(hashes):
@@ -116,63 +263,7 @@ class InMemoryPrefixIndex:
 
 
 # --------------------------------------------------------------------------------------- Redis
-# Keys (standalone Redis; the scripts touch keys they compute, so not for Redis Cluster):
-#   {ns}b:{hash}          SET of pods holding the block
-#   {ns}p:{pod}:blocks    SET of the pod's block hashes (to drop them all at once)
-#   {ns}p:{pod}:hb        the pod's last load (JSON), expiring: its heartbeat
-#   {ns}pods              SET of pods that ever published (for sweeping)
-_APPLY = """
-local ns, pod = ARGV[1], ARGV[2]
-local blocks = ns .. 'p:' .. pod .. ':blocks'
-local n = tonumber(ARGV[3])
-for i = 4, 3 + n do
-  redis.call('SADD', ns .. 'b:' .. ARGV[i], pod)
-  redis.call('SADD', blocks, ARGV[i])
-end
-for i = 4 + n, #ARGV do
-  redis.call('SREM', ns .. 'b:' .. ARGV[i], pod)
-  redis.call('SREM', blocks, ARGV[i])
-end
-redis.call('SADD', ns .. 'pods', pod)
-return 1
-"""
-
-# Drops up to ARGV[3] of the pod's blocks and returns how many it still has: called until 0, so no
-# single call blocks Redis for long however many blocks the pod had.
-_CLEAR = """
-local ns, pod = ARGV[1], ARGV[2]
-local blocks = ns .. 'p:' .. pod .. ':blocks'
-for _, h in ipairs(redis.call('SPOP', blocks, tonumber(ARGV[3]))) do
-  redis.call('SREM', ns .. 'b:' .. h, pod)
-end
-return redis.call('SCARD', blocks)
-"""
-
-_MATCH = """
-local ns = ARGV[1]
-local alive = nil
-local counts = {}
-for i = 2, #ARGV do
-  local members = redis.call('SMEMBERS', ns .. 'b:' .. ARGV[i])
-  local next_alive = {}
-  local any = false
-  for _, m in ipairs(members) do
-    if alive == nil or alive[m] then
-      next_alive[m] = true
-      counts[m] = i - 1
-      any = true
-    end
-  end
-  if not any then break end
-  alive = next_alive
-end
-local out = {}
-for m, c in pairs(counts) do
-  table.insert(out, m)
-  table.insert(out, c)
-end
-return out
-"""
+# Keys and scripts: radixserve.common.prefix_index_lua.
 
 
 class RedisPrefixIndex:
@@ -180,9 +271,12 @@ class RedisPrefixIndex:
     is checked against the system CAs, or a CA named in the URL
     (``rediss://:pw@redis:6379/0?ssl_ca_certs=/etc/redis-tls/ca.pem``; ``ssl_certfile`` /
     ``ssl_keyfile`` add a client certificate). A lookup is one round trip; errors (Redis down,
-    timeouts) raise redis.RedisError for the caller to degrade on. A URL redis-py cannot use (an
-    unknown query parameter, a CA file that is not there) is a ValueError here, at start, not a
-    failure on every later connection.
+    timeouts, a user not allowed the keys: NoPermissionError) raise redis.RedisError for the caller
+    to degrade on. A URL redis-py cannot use (an unknown query parameter, a CA file that is not
+    there) is a ValueError here, at start, not a failure on every later connection.
+
+    ``key_prefix``: every key starts with it (module docstring). ``entry_ttl_s``: how long an
+    index entry outlives its last write (heartbeats carry their own expiry, as data).
 
     Writes go in scripts of at most ``CHUNK`` hashes, so a pod's snapshot (100k+ blocks on a big
     GPU) never runs into the socket timeout nor blocks Redis, and every router's lookup, for long.
@@ -191,76 +285,146 @@ class RedisPrefixIndex:
 
     CHUNK = 1024
 
-    def __init__(self, url: str, namespace: str = "radixserve:", timeout_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        url: str,
+        key_prefix: str = INDEX_KEY_PREFIX,
+        timeout_s: float = 0.25,
+        entry_ttl_s: float = ENTRY_TTL_S,
+    ) -> None:
         import redis
 
+        if not isinstance(key_prefix, str) or not key_prefix or not key_prefix.isprintable():
+            raise ValueError(f"key prefix {key_prefix!r}: expected non-empty printable text")
+        if not entry_ttl_s >= 0.001:
+            raise ValueError(f"entry_ttl_s={entry_ttl_s}: expected at least 0.001 s")
         self.url = redact_url(url)  # for logs: never the password
-        self.ns = namespace
+        self.ns = key_prefix
+        self.entry_ttl_ms = int(entry_ttl_s * 1000)
         self.redis = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            decode_responses=True,
+            **_no_client_setinfo(),
         )
         _check_connection_args(self.redis.connection_pool, self.url)
-        self._apply = self.redis.register_script(_APPLY)
-        self._clear = self.redis.register_script(_CLEAR)
-        self._match = self.redis.register_script(_MATCH)
+        self._apply = self.redis.register_script(lua.APPLY)
+        self._clear = self.redis.register_script(lua.CLEAR)
+        self._forget = self.redis.register_script(lua.FORGET)
+        self._beat = self.redis.register_script(lua.BEAT)
+        self._pods = self.redis.register_script(lua.PODS)
+        self._match = self.redis.register_script(lua.MATCH)
+
+    @property
+    def key_prefix(self) -> str:
+        return self.ns
+
+    def _run(self, script: redis.commands.core.Script, args: list[str | int]) -> Any:
+        """Runs one of our scripts. Redis reports a key (or command) the user may not use, from
+        inside a script, as a plain error: raised here as the NoPermissionError it is, naming the
+        prefix."""
+        import redis
+
+        try:
+            return script(args=args)
+        except redis.exceptions.ResponseError as e:
+            text = str(e)
+            if isinstance(e, redis.exceptions.NoPermissionError) or any(
+                s in text.lower() for s in ("noperm", "no permissions", "can't access")
+            ):
+                why = f"this Redis user may not use the keys under {self.ns!r} or a command on them ({text})"
+                raise redis.exceptions.NoPermissionError(f"prefix index {self.url}: {why}") from e
+            raise
 
     def apply(self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False) -> None:
+        check_pod(pod)
+        stored, removed = _clean_hashes(stored, pod, "stored"), _clean_hashes(removed, pod, "removed")
         if cleared:
             self._drop_blocks(pod)
+        head: list[str | int] = [self.ns, pod, self.entry_ttl_ms]
+        unheld = 0
         if len(stored) + len(removed) <= self.CHUNK:  # a step's events: one round trip
-            self._apply(args=[self.ns, pod, len(stored), *stored, *removed])
-            return
-        for i in range(0, len(stored), self.CHUNK):
-            chunk = stored[i : i + self.CHUNK]
-            self._apply(args=[self.ns, pod, len(chunk), *chunk])
-        for i in range(0, len(removed), self.CHUNK):
-            self._apply(args=[self.ns, pod, 0, *removed[i : i + self.CHUNK]])
+            unheld = int(self._run(self._apply, [*head, len(stored), *stored, *removed]))
+        else:
+            for i in range(0, len(stored), self.CHUNK):
+                chunk = stored[i : i + self.CHUNK]
+                self._run(self._apply, [*head, len(chunk), *chunk])
+            for i in range(0, len(removed), self.CHUNK):
+                unheld += int(self._run(self._apply, [*head, 0, *removed[i : i + self.CHUNK]]))
+        if unheld:  # normal: stored and removed before a write, or an entry Redis evicted
+            log.debug("prefix index: %d removed block(s) of %s were not in the index", unheld, pod)
 
     def _drop_blocks(self, pod: str) -> None:
-        while int(self._clear(args=[self.ns, pod, self.CHUNK])) > 0:
+        while int(self._run(self._clear, [self.ns, pod, self.CHUNK])) > 0:
             pass
 
     def heartbeat(self, pod: str, load: Load, ttl_s: float) -> bool:
-        key = f"{self.ns}p:{pod}:hb"
-        pipe = self.redis.pipeline(transaction=True)  # one round trip (SET ... GET needs Redis 6.2)
-        pipe.exists(key)
-        pipe.set(key, json.dumps(load), px=max(1, int(ttl_s * 1000)))
-        pipe.sadd(f"{self.ns}pods", pod)
-        existed, _, _ = pipe.execute()
-        return bool(existed)
+        check_pod(pod)
+        if not ttl_s > 0 or not math.isfinite(ttl_s):
+            raise ValueError(f"heartbeat ttl_s={ttl_s}: expected a positive number of seconds")
+        body = json.dumps(clean_load(load, pod), separators=(",", ":"))
+        return bool(self._run(self._beat, [self.ns, pod, max(1, int(ttl_s * 1000)), body]))
 
     def remove_pod(self, pod: str) -> None:
         self._drop_blocks(pod)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(f"{self.ns}p:{pod}:blocks", f"{self.ns}p:{pod}:hb")
-        pipe.srem(f"{self.ns}pods", pod)
-        pipe.execute()
+        self._run(self._forget, [self.ns, pod])
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        hashes = _clean_hashes(hashes, "a lookup", "looked-up", chain=True)
         if not hashes:
             return {}
-        flat = self._match(args=[self.ns, *hashes])
+        flat = self._run(self._match, [self.ns, *hashes])
         return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
+    def _heartbeats(self) -> tuple[dict[str, Load], list[str]]:
+        """(live pods and their loads, pods whose heartbeat expired, is missing or unreadable)."""
+        flat = self._run(self._pods, [self.ns])
+        now = int(flat[0])
+        live: dict[str, Load] = {}
+        dead: list[str] = []
+        for i in range(1, len(flat), 2):
+            pod, value = str(flat[i]), flat[i + 1]
+            beat = _parse_heartbeat(pod, value) if value is not None else None
+            if beat is not None and beat[0] > now:
+                live[pod] = beat[1]
+            else:
+                dead.append(pod)
+        return dict(sorted(live.items())), sorted(dead)
+
     def live_pods(self) -> dict[str, Load]:
-        pods = sorted(map(str, self.redis.smembers(f"{self.ns}pods")))
-        if not pods:
-            return {}
-        loads = self.redis.mget([f"{self.ns}p:{p}:hb" for p in pods])
-        return {p: json.loads(v) for p, v in zip(pods, loads, strict=True) if v is not None}
+        return self._heartbeats()[0]
 
     def sweep(self) -> list[str]:
-        pods = sorted(map(str, self.redis.smembers(f"{self.ns}pods")))
-        if not pods:
-            return []
-        beats = self.redis.mget([f"{self.ns}p:{p}:hb" for p in pods])
-        dead = [p for p, v in zip(pods, beats, strict=True) if v is None]
+        dead = self._heartbeats()[1]
         for p in dead:
             self.remove_pod(p)
         return dead
 
     def num_blocks(self, pod: str) -> int:
         return int(self.redis.scard(f"{self.ns}p:{pod}:blocks"))
+
+
+def _no_client_setinfo() -> dict[str, None]:
+    """redis-py's arguments that keep it from sending CLIENT SETINFO at connect."""
+    try:
+        import redis.driver_info  # noqa: F401  newer redis-py: lib_name / lib_version deprecated
+    except ImportError:
+        return {"lib_name": None, "lib_version": None}
+    return {"driver_info": None}
+
+
+def _parse_heartbeat(pod: str, value: str) -> tuple[int, Load] | None:
+    """(expires at, load) of a stored heartbeat, None (a warning) for one that is not ours."""
+    exp, _, body = value.partition(" ")
+    try:
+        load = json.loads(body)
+        if not (exp.isascii() and exp.isdigit()) or not isinstance(load, dict):
+            raise ValueError("not '<expiry ms> <JSON object>'")
+    except ValueError as e:  # json.JSONDecodeError included
+        log.warning("prefix index: unreadable heartbeat of %s (%s): a dead pod", pod, str(e)[:80])
+        return None
+    return int(exp), clean_load(load, pod)
 
 
 def redact_url(url: str) -> str:
@@ -292,10 +456,10 @@ def _check_connection_args(pool: redis.ConnectionPool, shown_url: str) -> None:
             raise ValueError(f"prefix index {shown_url}: {key}={path} is not a file")
 
 
-def open_index(spec: str) -> InMemoryPrefixIndex | RedisPrefixIndex:
-    """ "memory" or a redis:// / rediss:// URL."""
+def open_index(spec: str, key_prefix: str = INDEX_KEY_PREFIX) -> InMemoryPrefixIndex | RedisPrefixIndex:
+    """ "memory" or a redis:// / rediss:// URL (whose keys start with ``key_prefix``)."""
     if spec == "memory":
         return InMemoryPrefixIndex()
     if spec.startswith(("redis://", "rediss://", "unix://")):
-        return RedisPrefixIndex(spec)
+        return RedisPrefixIndex(spec, key_prefix)
     raise ValueError(f"prefix index {spec!r}: expected 'memory' or a redis:// / rediss:// URL")

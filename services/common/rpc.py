@@ -1,13 +1,16 @@
-"""gRPC plumbing every service shares: the generated stubs, channel options, health checking,
-sampling-parameter conversion and an ordered client-stream sender."""
+"""gRPC plumbing every service shares: the generated stubs, channel options, TLS (``listen`` and
+``channel``: every port and channel of the services), health checking, sampling-parameter
+conversion and an ordered client-stream sender."""
 
 from __future__ import annotations
 
 import logging
 import queue
+import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final, Literal, TypeAlias
 
@@ -15,7 +18,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from radixserve.common import protogen
+from radixserve.common.config import env_name, flag_fields
 from radixserve.common.sampling import SamplingParams
+from radixserve.common.service_config import TLSConfig
 
 protogen.ensure()  # a source checkout whose contract changed since install regenerates here
 
@@ -47,6 +52,141 @@ SERVER_OPTIONS = [
 ]
 
 
+# ------------------------------------------------------------------------------------- TLS
+class TLSError(ValueError):
+    """TLS settings that cannot work (a file missing or unreadable, a key that is not the
+    certificate's, a setting without the others it needs): the process must not start."""
+
+
+@dataclass(frozen=True, slots=True)
+class TLS:
+    """A process's TLS material, read once at start (``load_tls``): its gRPC port serves ``cert``
+    (requiring client certificates signed by ``ca`` with ``client_auth``); its channels verify
+    servers against ``ca`` (and the name ``server_name`` if set, else the host dialed) and present
+    ``cert`` when a server asks for one. ``cert``/``key`` None: a client that has none (tests)."""
+
+    ca: bytes
+    cert: bytes | None = None
+    key: bytes | None = field(default=None, repr=False)  # never in a log line
+    client_auth: bool = False
+    server_name: str | None = None
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        assert self.cert is not None and self.key is not None, "a TLS port needs a certificate and key"
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)],
+            root_certificates=self.ca if self.client_auth else None,
+            require_client_auth=self.client_auth,
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        # The certificate goes along even without client_auth here: a server asks for it only when
+        # it requires one, and mutual TLS can then be switched on pod by pod.
+        return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+    def channel_options(self) -> list[tuple[str, object]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')} ({env_name(name)})"
+
+
+def _read(name: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise TLSError(f"{_flag(name)}: cannot read {path}: {e.strerror or e}") from e
+    if b"-----BEGIN " not in data:
+        raise TLSError(f"{_flag(name)}: {path} is not PEM (no -----BEGIN line)")
+    return data
+
+
+def _no_password() -> bytes:
+    raise TLSError("the key is encrypted (a passphrase is not supported: mount the key unencrypted)")
+
+
+def load_tls(cfg: TLSConfig) -> TLS | None:
+    """The TLS of ``cfg``'s files, read and checked now (the key is the certificate's, the CA bundle
+    parses); None when no file is set (plaintext gRPC). TLSError says which setting is wrong."""
+    paths = {"tls_cert": cfg.tls_cert, "tls_key": cfg.tls_key, "tls_ca": cfg.tls_ca}
+    missing = [n for n, v in paths.items() if not v]
+    if len(missing) == len(paths):
+        for name in ("tls_client_auth", "tls_server_name"):
+            if getattr(cfg, name):
+                raise TLSError(f"{_flag(name)} needs TLS: set --tls-cert, --tls-key and --tls-ca")
+        return None
+    if missing:
+        given = ", ".join(_flag(n) for n, v in paths.items() if v)
+        raise TLSError(
+            f"TLS needs --tls-cert, --tls-key and --tls-ca together: {given} set,"
+            f" {', '.join(_flag(n) for n in missing)} not"
+        )
+    assert cfg.tls_cert and cfg.tls_key and cfg.tls_ca
+    cert, key = _read("tls_cert", cfg.tls_cert), _read("tls_key", cfg.tls_key)
+    ca = _read("tls_ca", cfg.tls_ca)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key, password=_no_password)
+    except (ssl.SSLError, TLSError) as e:
+        raise TLSError(
+            f"{_flag('tls_cert')} {cfg.tls_cert} and {_flag('tls_key')} {cfg.tls_key} do not make a"
+            f" certificate and its key: {e}"
+        ) from e
+    try:
+        ctx.load_verify_locations(cadata=ca.decode("ascii", errors="replace"))
+    except ssl.SSLError as e:
+        raise TLSError(f"{_flag('tls_ca')}: {cfg.tls_ca} holds no usable CA certificate: {e}") from e
+    return TLS(ca, cert, key, cfg.tls_client_auth, cfg.tls_server_name or None)
+
+
+def tls_from_env(environ: Mapping[str, str]) -> TLS | None:
+    """``load_tls`` of the RADIXSERVE_TLS_* variables in ``environ`` (what a launcher hands its
+    services: it probes them with the same settings)."""
+    values: dict[str, object] = {}
+    for name, f in flag_fields(TLSConfig).items():
+        raw = environ.get(env_name(name))
+        if raw is not None:
+            values[name] = raw.strip().lower() in ("1", "true", "yes", "on") if f.default is False else raw
+    return load_tls(TLSConfig(**values))  # type: ignore[arg-type]
+
+
+def listen(server: grpc.Server | grpc.aio.Server, address: str, tls: TLS | None = None) -> int:
+    """Serve ``address`` on ``server``: TLS with ``tls``, else plaintext. The port bound; OSError
+    when it cannot be (taken, a bad address)."""
+    try:
+        if tls is None:
+            port = int(server.add_insecure_port(address))
+        else:
+            port = int(server.add_secure_port(address, tls.server_credentials()))
+    except RuntimeError as e:  # gRPC's "Failed to bind to address"
+        raise OSError(f"cannot listen on {address}: {e}") from e
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    return port
+
+
+def channel(
+    address: str, tls: TLS | None = None, options: Sequence[tuple[str, object]] = CHANNEL_OPTIONS
+) -> grpc.Channel:
+    """A channel to ``address``: TLS with ``tls`` (the server's certificate checked), else plaintext."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=list(options))
+    opts = [*options, *tls.channel_options()]
+    return grpc.secure_channel(address, tls.channel_credentials(), options=opts)
+
+
+def aio_channel(
+    address: str, tls: TLS | None = None, options: Sequence[tuple[str, object]] = CHANNEL_OPTIONS
+) -> grpc.aio.Channel:
+    """``channel`` for asyncio."""
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=list(options))
+    opts = [*options, *tls.channel_options()]
+    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=opts)
+
+
 # ------------------------------------------------------------------------- health checking
 def add_health(server: grpc.Server, service_names: list[str]) -> health.HealthServicer:
     """Serve grpc.health.v1 (what Kubernetes gRPC probes call) for "" and each service name."""
@@ -62,9 +202,9 @@ def set_not_serving(servicer: health.HealthServicer, service_names: list[str]) -
         servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
-def is_serving(address: str, timeout: float = 1.0) -> bool:
+def is_serving(address: str, timeout: float = 1.0, tls: TLS | None = None) -> bool:
     try:
-        with grpc.insecure_channel(address) as ch:
+        with channel(address, tls, options=()) as ch:
             reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
             return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
     except grpc.RpcError:
@@ -130,10 +270,12 @@ class StreamSender:
         max_queued: int = 100_000,
         name: str = "sender",
         encode: Callable[[Any], object] | None = None,
+        tls: TLS | None = None,
     ) -> None:
         """``encode``: turns what ``send`` was given into the message to write, on the sender
-        thread (the engine thread hands over plain objects and goes on)."""
+        thread (the engine thread hands over plain objects and goes on). ``tls``: see ``channel``."""
         self.address = address
+        self._tls = tls
         self._encode = encode
         self._open_call = open_call
         self._queue: queue.Queue[_Item | Literal[_Close.CLOSE]] = queue.Queue()
@@ -188,16 +330,16 @@ class StreamSender:
         backoff = 0.05
         while True:
             done = [False]
-            channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            ch = channel(self.address, self._tls)
             try:
-                self._open_call(channel)(self._messages(done), wait_for_ready=True)
+                self._open_call(ch)(self._messages(done), wait_for_ready=True)
                 backoff = 0.05
             except grpc.RpcError as e:
                 if not done[0]:
                     self.errors += 1
                     log.warning("stream to %s broke (%s); reopening", self.address, e.code())
             finally:
-                channel.close()
+                ch.close()
             if done[0]:
                 return
             time.sleep(backoff)

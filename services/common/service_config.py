@@ -110,6 +110,31 @@ ENGINE_DEFAULTS = EngineConfig()
 
 
 @dataclass(frozen=True, slots=True)
+class TLSConfig:
+    """gRPC between the pods (every service both listens and dials): TLS when ``tls_cert``,
+    ``tls_key`` and ``tls_ca`` are set (all three, e.g. one Secret mounted in every pod), plaintext
+    when none is. The files are read once, at start (rpc.load_tls checks them)."""
+
+    tls_cert: str | None = setting(
+        None,
+        "PEM certificate chain of this process's gRPC port, also presented when it dials (needs"
+        " --tls-key and --tls-ca; default: plaintext gRPC)",
+    )
+    tls_key: str | None = setting(None, "PEM private key of --tls-cert")
+    tls_ca: str | None = setting(
+        None, "PEM CA bundle that verifies the servers this process dials (--tls-client-auth: clients too)"
+    )
+    tls_client_auth: bool = setting(
+        False, "mutual TLS: the gRPC port refuses clients without a certificate signed by --tls-ca"
+    )
+    tls_server_name: str | None = setting(
+        None,
+        "name to check in the servers' certificates instead of the host dialed (one certificate for"
+        " every pod, dialed by IP; default: the host dialed)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerPodConfig:
     """``python -m radixserve.scheduler``: the engine plus its gRPC server, Redis publisher, metrics."""
 
@@ -134,6 +159,7 @@ class SchedulerPodConfig:
     heartbeat_interval: float = setting(1.0, "seconds between heartbeats (Redis)")
     heartbeat_ttl: float = setting(5.0, "seconds a heartbeat stays valid (Redis)")
     engine: EngineConfig = field(default_factory=EngineConfig)
+    tls: TLSConfig = field(default_factory=TLSConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +218,7 @@ class GatewayConfig:
     api_key_file: str | None = setting(None, "a file of API keys, one per line (e.g. a mounted Secret)")
     protect_metrics: bool = setting(False, "/metrics needs an API key too (/health never does)")
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    tls: TLSConfig = field(default_factory=TLSConfig)
 
 
 ROUTING_DEFAULTS = RoutingConfig()
@@ -206,3 +233,4 @@ class DetokenizerConfig:
     port: int = setting(50052, "gRPC port")
     metrics_port: int = setting(9401, "Prometheus /metrics port (0: off)")
     workers: int = setting(64, "gRPC threads (one per connected scheduler + spare)")
+    tls: TLSConfig = field(default_factory=TLSConfig)

@@ -36,14 +36,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = from_args(DetokenizerConfig, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s detokenizer %(levelname)s %(message)s")
     from radixserve.common import telemetry
+    from radixserve.common.rpc import TLSError, load_tls
     from radixserve.detokenizer.server import serve
 
+    try:
+        tls = load_tls(cfg.tls)
+    except TLSError as e:
+        logging.error("TLS settings: %s", e)
+        return 1
     telemetry.setup_tracing("radixserve-detokenizer")
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server, service = serve(str(resolve_model(args.model)), f"{cfg.host}:{cfg.port}", cfg.workers)
+    server, service = serve(str(resolve_model(args.model)), f"{cfg.host}:{cfg.port}", cfg.workers, tls)
     if cfg.metrics_port:
         from prometheus_client import start_http_server
 

@@ -16,7 +16,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from radixserve.common import telemetry
-from radixserve.common.rpc import SERVER_OPTIONS, StreamSender, add_health, pb, pb_grpc
+from radixserve.common.rpc import SERVER_OPTIONS, TLS, StreamSender, add_health, listen, pb, pb_grpc
 from radixserve.detokenizer.incremental import IncrementalDetokenizer, TextDelta, Tokenizer, TokenUpdate
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,8 @@ class DetokenizerMetrics:
 
 
 class DetokenizerService(pb_grpc.DetokenizerServicer):
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, tls: TLS | None = None) -> None:
+        self._tls = tls  # of the Deliver streams to the gateways
         self.detok = IncrementalDetokenizer(tokenizer)
         self._lock = threading.Lock()  # one stream per scheduler, one detokenizer state
         self._senders: dict[str, StreamSender] = {}
@@ -133,7 +134,9 @@ class DetokenizerService(pb_grpc.DetokenizerServicer):
     def _sender(self, gateway: str) -> StreamSender:
         s = self._senders.get(gateway)
         if s is None:
-            s = StreamSender(gateway, lambda ch: pb_grpc.GatewayStub(ch).Deliver, name="detokenizer")
+            s = StreamSender(
+                gateway, lambda ch: pb_grpc.GatewayStub(ch).Deliver, name="detokenizer", tls=self._tls
+            )
             self._senders[gateway] = s
         return s
 
@@ -142,14 +145,16 @@ class DetokenizerService(pb_grpc.DetokenizerServicer):
             s.close()
 
 
-def serve(model: str, address: str, workers: int = 16) -> tuple[grpc.Server, DetokenizerService]:
+def serve(
+    model: str, address: str, workers: int = 16, tls: TLS | None = None
+) -> tuple[grpc.Server, DetokenizerService]:
+    """``tls``: the port and the Deliver streams to the gateways use it (rpc.listen, rpc.channel)."""
     from transformers import AutoTokenizer
 
-    service = DetokenizerService(AutoTokenizer.from_pretrained(model))
+    service = DetokenizerService(AutoTokenizer.from_pretrained(model), tls)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=SERVER_OPTIONS)
     pb_grpc.add_DetokenizerServicer_to_server(service, server)
     add_health(server, ["radixserve.v1.Detokenizer"])
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot listen on {address}")
+    listen(server, address, tls)
     server.start()
     return server, service

@@ -53,10 +53,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from radixserve.common import telemetry
+    from radixserve.common.rpc import TLSError, load_tls
     from radixserve.scheduler.engine import Engine
     from radixserve.scheduler.server import fail, serve, shutdown
     from radixserve.scheduler.tensor_parallel import TPFailure
 
+    try:
+        tls = load_tls(cfg.tls)  # before the engine: a wrong file fails the pod at once
+    except TLSError as e:
+        return _failed(f"TLS settings: {e}")
     telemetry.setup_tracing("radixserve-scheduler")
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
@@ -75,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         address,
         model_name=served_model_name(args),
         block_size=cfg.block_size,
+        tls=tls,
     )
     publisher = None
     if cfg.prefix_index:
@@ -82,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from radixserve.scheduler.kv_events import EventSubscriber, RedisPublisher
 
         publisher = RedisPublisher(
-            RedisPrefixIndex(cfg.prefix_index),
+            RedisPrefixIndex(cfg.prefix_index, cfg.index_key_prefix),
             address,
             service.worker.events.subscribe(EventSubscriber()),
             service.load_dict,

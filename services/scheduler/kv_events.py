@@ -132,7 +132,13 @@ class RedisPublisher:
         heartbeat_s: float = 1.0,
         ttl_s: float = 5.0,
     ) -> None:
-        self.index, self.pod, self.sub, self.load = index, pod, sub, load
+        from radixserve.common.prefix_index import check_pod
+
+        if not (heartbeat_s > 0 and ttl_s > heartbeat_s):
+            raise ValueError(
+                f"heartbeat every {heartbeat_s} s with a TTL of {ttl_s} s: expected 0 < every < TTL"
+            )
+        self.index, self.pod, self.sub, self.load = index, check_pod(pod), sub, load
         self.heartbeat_s, self.ttl_s = heartbeat_s, ttl_s
         self.connected = False
         self.failures = 0
@@ -154,7 +160,7 @@ class RedisPublisher:
                     self.published += len(stored) + len(removed)
                 now = time.monotonic()
                 if now >= next_beat:
-                    was_live = self.index.heartbeat(self.pod, self.load(), self.ttl_s)
+                    was_live = self.index.heartbeat(self.pod, self._load(), self.ttl_s)
                     next_beat = now + self.heartbeat_s
                     if self.connected and was_live is False:
                         # Our heartbeat was gone though every call succeeded: Redis restarted or
@@ -167,14 +173,40 @@ class RedisPublisher:
                     self.connected = True
             except Exception as e:  # redis.RedisError and OS errors alike: degrade, never stall
                 self.failures += 1
-                if self.connected or self.failures == 1:
+                if (self.connected or self.failures == 1) and _refused(e):
+                    log.error(
+                        "prefix index %s refuses this pod (%s): check its key prefix (%r) and Redis user;"
+                        " will retry",
+                        getattr(self.index, "url", self.index),
+                        e,
+                        getattr(self.index, "key_prefix", None),
+                    )
+                elif self.connected or self.failures == 1:
                     log.warning("prefix index unreachable (%s); will resync when it is back", e)
                 self.connected = False
                 self.sub.request_snapshot()  # what it had may be stale or gone (a restarted Redis)
                 self._stop.wait(0.5)
+
+    def _load(self) -> dict[str, object]:
+        """The pod's load; a heartbeat goes out even when that fails (liveness first)."""
+        try:
+            return self.load()
+        except Exception:
+            log.exception("reading this pod's load failed; heartbeat sent without it")
+            return {}
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2)
         with contextlib.suppress(Exception):  # leave no entries behind for routers to chase
             self.index.remove_pod(self.pod)
+
+
+def _refused(e: Exception) -> bool:
+    """Whether Redis refused us (wrong password or user, or a key or command the user may not use)
+    rather than being unreachable: a setting to fix, not an outage to wait out."""
+    try:
+        from redis.exceptions import AuthenticationError, NoPermissionError
+    except ImportError:
+        return False
+    return isinstance(e, (AuthenticationError, NoPermissionError))

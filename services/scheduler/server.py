@@ -21,8 +21,10 @@ from radixserve.common import telemetry
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE
 from radixserve.common.rpc import (
     SERVER_OPTIONS,
+    TLS,
     StreamSender,
     add_health,
+    listen,
     pb,
     pb_grpc,
     sampling_from_proto,
@@ -57,6 +59,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         load_interval_s: float = 0.2,
         model_name: str = "",
         block_size: int = DEFAULT_BLOCK_SIZE,
+        tls: TLS | None = None,
     ) -> None:
         self.model_name = model_name
         self.block_size = block_size
@@ -68,6 +71,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             lambda ch: pb_grpc.DetokenizerStub(ch).PushTokens,
             name="scheduler",
             encode=self._token_batch,  # protobuf is built on the sender thread, not the engine's
+            tls=tls,
         )
         self.metrics = SchedulerMetrics()
         tracer = SchedulerTracer(address, engine.config.schedule_policy) if telemetry.enabled() else None
@@ -188,22 +192,23 @@ def _to_proto(u: TokenUpdate) -> pb.RequestTokens:
 
 def serve(
     engine: Engine,
-    listen: str,
+    address: str,
     detokenizer: str,
     advertise: str | None = None,
     workers: int = 16,
     model_name: str = "",
     block_size: int = DEFAULT_BLOCK_SIZE,
+    tls: TLS | None = None,
 ) -> tuple[grpc.Server, SchedulerService, HealthServicer]:
-    """Start the engine thread and the gRPC server on ``listen``; others reach it at ``advertise``."""
+    """Start the engine thread and the gRPC server on ``address``; others reach it at ``advertise``.
+    ``tls``: the port and the stream to the detokenizer use it (rpc.listen, rpc.channel)."""
     service = SchedulerService(
-        engine, advertise or listen, detokenizer, model_name=model_name, block_size=block_size
+        engine, advertise or address, detokenizer, model_name=model_name, block_size=block_size, tls=tls
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=SERVER_OPTIONS)
     pb_grpc.add_SchedulerServicer_to_server(service, server)
     health = add_health(server, [SERVICE_NAME])
-    if server.add_insecure_port(listen) == 0:
-        raise OSError(f"cannot listen on {listen}")
+    listen(server, address, tls)
     service.start()
     server.start()
     return server, service, health

@@ -43,19 +43,22 @@ async def run(args: argparse.Namespace) -> None:
     import grpc
     import uvicorn
 
-    from radixserve.common.rpc import SERVER_OPTIONS, add_health, pb_grpc
+    from radixserve.common.rpc import SERVER_OPTIONS, TLSError, add_health, listen, load_tls, pb_grpc
     from radixserve.tokenizer.gateway import Gateway
     from radixserve.tokenizer.grpc_api import GatewayService
     from radixserve.tokenizer.http_app import build_app
 
     cfg = from_args(GatewayConfig, args)
-    gw = Gateway(resolve_model(args.model), served_model_name(args), cfg)
+    try:
+        tls = load_tls(cfg.tls)  # the gRPC port's and the channels to the schedulers'
+    except TLSError as e:
+        raise SystemExit(f"TLS settings: {e}") from None
+    gw = Gateway(resolve_model(args.model), served_model_name(args), cfg, tls)
     await gw.start()
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_GatewayServicer_to_server(GatewayService(gw), server)
     add_health(server, ["radixserve.v1.Gateway"])
-    if server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}") == 0:
-        raise OSError(f"cannot listen on {cfg.host}:{cfg.grpc_port}")
+    listen(server, f"{cfg.host}:{cfg.grpc_port}", tls)
     await server.start()
     http = uvicorn.Server(
         uvicorn.Config(

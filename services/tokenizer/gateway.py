@@ -19,9 +19,10 @@ from pathlib import Path
 import grpc
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
-from radixserve.common.rpc import pb, sampling_to_proto
+from radixserve.common.rpc import TLS, pb, sampling_to_proto
 from radixserve.common.sampling import SamplingError, SamplingParams
 from radixserve.common.service_config import GatewayConfig
+from radixserve.tokenizer.auth import ApiKeys
 from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.router import CacheAwareRouter, LeastLoadRouter, RoundRobinRouter, Router
@@ -74,9 +75,13 @@ class Gateway:
         model_path: str | Path,
         model_name: str,
         config: GatewayConfig,
+        tls: TLS | None = None,  # of the channels to the schedulers (rpc.load_tls of config.tls)
     ) -> None:
         from transformers import AutoTokenizer
 
+        self.api_keys = ApiKeys.from_config(config)  # first: a bad key file stops the start at once
+        self.protect_metrics = config.protect_metrics
+        log.info("API keys: %s", f"{len(self.api_keys)} accepted" if self.api_keys.enabled else "none (open)")
         self.lost_check_s = config.lost_response_check
         reply_to = config.advertise_address or f"localhost:{config.grpc_port}"
         routing = config.routing
@@ -84,7 +89,7 @@ class Gateway:
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.reply_to = reply_to
         self.routing = routing
-        self.index = open_index(routing.prefix_index)
+        self.index = open_index(routing.prefix_index, routing.index_key_prefix)
         memory = self.index if isinstance(self.index, InMemoryPrefixIndex) else None
         self.pool = SchedulerPool(
             config.schedulers,
@@ -92,6 +97,7 @@ class Gateway:
             memory_index=memory,
             stale_s=config.scheduler_stale_after,
             on_up=self.scheduler_up,
+            tls=tls,
         )
         self.router: Router
         if routing.router == "cache-aware":

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from radixserve.common.rpc import pb, pb_grpc, sampling_from_proto
+from radixserve.tokenizer.auth import MISSING_GRPC
 from radixserve.tokenizer.errors import ApiError
 from radixserve.tokenizer.gateway import Gateway
 from radixserve.tokenizer.openai_api import COMPLETIONS_DEFAULT_MAX_TOKENS
@@ -48,10 +49,14 @@ class GatewayService(pb_grpc.GatewayServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         gw = self.gw
+        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        refused = gw.api_keys.refusal(metadata, MISSING_GRPC)  # Deliver needs none: pod to pod
+        if refused is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
         session = RequestSession(
             gw,
             "radixserve.v1.Gateway/Generate",
-            {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)},
+            metadata,
             {"gen_ai.request.model": request.model or gw.model_name, "radixserve.stream": request.stream},
             gone="client cancelled",
         )

@@ -2,7 +2,8 @@
 
 A request's lifecycle (submit, results, abort on disconnect, usage) is its RequestSession's
 (session.py); this module turns OpenAI's bodies into a session and its outputs into OpenAI's
-responses: one JSON body, or server-sent events ending in ``[DONE]``.
+responses: one JSON body, or server-sent events ending in ``[DONE]``. With API keys configured, every
+path but /health (and /metrics, unless --protect-metrics) needs one (auth.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixserve.tokenizer import openai_api as api
+from radixserve.tokenizer.auth import RequireApiKey
 from radixserve.tokenizer.body_limits import BodyLimits
 from radixserve.tokenizer.errors import ApiError, internal_error
 from radixserve.tokenizer.gateway import Gateway
@@ -51,6 +53,9 @@ def build_app(gw: Gateway) -> FastAPI:
     app.get("/v1/models")(routes.models)
     app.post("/v1/completions")(routes.completions)
     app.post("/v1/chat/completions")(routes.chat)
+    if gw.api_keys.enabled:  # added last, so outermost: a refusal comes before the body is read
+        open_paths = ["/health"] if gw.protect_metrics else ["/health", "/metrics"]
+        app.add_middleware(RequireApiKey, keys=gw.api_keys, open_paths=open_paths, refused=routes.refused)
     return app
 
 
@@ -65,8 +70,14 @@ class OpenAIRoutes:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.metrics = gw.metrics
+        self.paths = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
 
     # -------------------------------------------------------------------------------- errors
+    def refused(self, path: str) -> None:
+        # A request without an accepted key (401): counted under its path if it is one of ours; the
+        # paths a keyless client makes up are not a label of their own each.
+        self.metrics.requests.labels(path if path in self.paths else "other", "401").inc()
+
     async def invalid(self, request: Request, exc: RequestValidationError) -> JSONResponse:
         msg, param = api.validation_message(list(exc.errors()))
         self.metrics.requests.labels(request.url.path, "400").inc()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex
-from radixserve.common.rpc import CHANNEL_OPTIONS, pb, pb_grpc
+from radixserve.common.rpc import TLS, aio_channel, pb, pb_grpc
 from radixserve.common.service_config import GATEWAY_DEFAULTS
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class SchedulerPool:
         memory_index: InMemoryPrefixIndex | None = None,
         stale_s: float = GATEWAY_DEFAULTS.scheduler_stale_after,
         on_up: Callable[[SchedulerHandle], None] | None = None,
+        tls: TLS | None = None,
     ) -> None:
         self.handles = [SchedulerHandle(a) for a in addresses]
         self._on_down = on_down
@@ -82,10 +83,11 @@ class SchedulerPool:
         self.stale_s = max(stale_s, 5 * watch_interval_s)
         self.memory_index = memory_index
         self._tasks: list[asyncio.Task[None]] = []
+        self.tls = tls  # the channels': TLS, or None for plaintext
 
     def start(self) -> None:
         for h in self.handles:
-            h.channel = grpc.aio.insecure_channel(h.address, options=CHANNEL_OPTIONS)
+            h.channel = aio_channel(h.address, self.tls)
             h.rpc = stub = pb_grpc.SchedulerStub(h.channel)
             self._tasks.append(asyncio.create_task(self._watch(h, stub)))
 

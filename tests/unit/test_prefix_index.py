@@ -47,8 +47,8 @@ class Backend:
     ttl_s: float
 
 
-@pytest.fixture(params=["memory", "redis"])
-def backend(request: pytest.FixtureRequest, clock: Any) -> Iterator[Backend]:
+@pytest.fixture(params=["memory", "redis"], name="backend")  # named apart so modules can import it
+def backend_fixture(request: pytest.FixtureRequest, clock: Any) -> Iterator[Backend]:
     if request.param == "memory":
 
         def tick(s: float) -> None:
@@ -57,7 +57,7 @@ def backend(request: pytest.FixtureRequest, clock: Any) -> Iterator[Backend]:
         yield Backend(InMemoryPrefixIndex(clock=clock), tick, ttl_s=5.0)
     else:
         server: RedisServer = request.getfixturevalue("redis_server")
-        yield Backend(RedisPrefixIndex(server.url, namespace="test:"), time.sleep, ttl_s=0.2)
+        yield Backend(RedisPrefixIndex(server.url, key_prefix="test:"), time.sleep, ttl_s=0.2)
 
 
 def test_match_counts_the_leading_blocks_each_pod_holds(backend: Backend) -> None:
