@@ -68,6 +68,10 @@ _SECRET_KEY = _obj(
     required=["name"],
     description="A key of a Secret in the InferenceService's namespace.",
 )
+_ANY_OBJECTS: Schema = {
+    "type": "array",
+    "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+}
 _CONDITIONS: Schema = {
     "type": "array",
     "items": _obj(
@@ -188,6 +192,27 @@ INFERENCE_SERVICE_SPEC = _obj(
                 },
                 "scaleUpStabilizationSeconds": _int(0, 0),
                 "scaleDownStabilizationSeconds": _int(0, 300),
+            },
+            default={},
+        ),
+        "auth": _obj(
+            {
+                "apiKeySecretRef": _SECRET_KEY
+                | {
+                    "description": "the API keys clients must send (Authorization: Bearer KEY), one per "
+                    'line, in this Secret key (default "api-keys"); unset: no check'
+                },
+                "protectMetrics": {"type": "boolean", "default": False, "description": "/metrics too"},
+            },
+            default={},
+        ),
+        "networkPolicy": _obj(
+            {
+                "enabled": {"type": "boolean", "description": "default: the operator's (chart) setting"},
+                "gatewayFrom": _ANY_OBJECTS
+                | {"description": "NetworkPolicyPeers that may reach the gateway; default: this namespace"},
+                "extraEgress": _ANY_OBJECTS
+                | {"description": "more NetworkPolicyEgressRules for every pod (e.g. an external Redis)"},
             },
             default={},
         ),

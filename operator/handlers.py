@@ -1,12 +1,14 @@
-"""kopf handlers: thin glue between events and the pure modules.
+"""kopf handlers for InferenceServices: thin glue between events and the pure modules.
 
 Every InferenceService event (create, update, resume, the resync timer) runs the same idempotent
-:func:`reconcile`: validate, maybe autoscale, apply the children, write status. Nothing here
+:func:`reconcile`: validate, set the service's Redis user, maybe autoscale, apply the children
+(credentials Secret, NetworkPolicies, config, Services, workloads), write status. Nothing here
 raises on bad input: a spec problem becomes a ``Degraded`` condition; only API trouble (5xx,
-conflicts) raises ``kopf.TemporaryError`` for kopf to retry with a delay.
+conflicts) raises ``kopf.TemporaryError`` for kopf to retry with a delay. A Redis that is down
+never stops a reconcile (the next resync sets the user again). GPUNodePools: pool_handlers.
 
 Runtime dependencies arrive through kopf's ``memo`` (see ``__main__``): ``memo.kube`` (a
-:class:`Kube`), ``memo.load_source`` (URL -> :class:`LoadSource`).
+:class:`Kube`), ``memo.load_source`` ((URL, key prefix) -> :class:`LoadSource`).
 """
 
 from __future__ import annotations
@@ -16,22 +18,16 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import NamedTuple, TypedDict, cast
+from typing import NamedTuple, cast
 
 import kopf
 
-from radixserve.operator import manifests, nodepool, status, validation
+from radixserve.operator import manifests, netpol, redis_acl, status, validation
 from radixserve.operator.config import OperatorConfig
-from radixserve.operator.crds import (
-    GPU_NODE_POOL_SPEC,
-    GROUP,
-    INFERENCE_SERVICE_SPEC,
-    VERSION,
-    apply_defaults,
-    schema_problems,
-)
+from radixserve.operator.crds import GROUP, INFERENCE_SERVICE_SPEC, VERSION, apply_defaults, schema_problems
 from radixserve.operator.kube import Kube, KubeError, load_config
 from radixserve.operator.manifests import Obj
+from radixserve.operator.pool_handlers import PoolEntry, PoolIndex, pool_entry
 from radixserve.operator.scaling import (
     LoadSource,
     RedisLoadSource,
@@ -43,10 +39,9 @@ from radixserve.operator.scaling import (
 )
 
 ISVC = (GROUP, VERSION, "inferenceservices")
-POOL = (GROUP, VERSION, "gpunodepools")
 CONFIG = OperatorConfig.from_env()  # read at import: timer intervals are fixed when handlers register
-SCHEDULER_PODS = f"app.kubernetes.io/component=scheduler,app.kubernetes.io/managed-by={manifests.MANAGED_BY}"
 RESYNC = "resync"  # the param kopf hands reconcile when the resync timer calls it
+LoadSourceFactory = Callable[[str, str], LoadSource]  # (Redis URL, key prefix) -> LoadSource
 
 
 @kopf.on.startup()
@@ -56,6 +51,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: object) -> 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = logging.WARNING
+    # A deletion waits for a resync timer that is running (a sync reconcile cannot be cancelled);
+    # kopf looks again after this many seconds (its default, 60, held every such deletion a minute).
+    settings.background.cancellation_polling = 2.0
     if getattr(memo, "kube", None) is None:
         load_config()
         memo.kube = Kube()
@@ -68,23 +66,17 @@ def _isvc_spec(spec: Mapping[str, object]) -> Obj:
     return apply_defaults(INFERENCE_SERVICE_SPEC, dict(spec))
 
 
-def _pool_spec(spec: Mapping[str, object]) -> Obj:
-    return apply_defaults(GPU_NODE_POOL_SPEC, dict(spec))
+def _cached(factory: LoadSourceFactory) -> LoadSourceFactory:
+    sources: dict[tuple[str, str], LoadSource] = {}
 
+    def get(url: str, key_prefix: str) -> LoadSource:
+        key = (url, key_prefix)
+        return sources.get(key) or sources.setdefault(key, factory(url, key_prefix))
 
-def _cached(factory: Callable[[str], LoadSource]) -> Callable[[str], LoadSource]:
-    sources: dict[str, LoadSource] = {}
-    return lambda url: sources.get(url) or sources.setdefault(url, factory(url))
+    return get
 
 
 # ------------------------------------------------------------------------------------ indexes
-class PoolEntry(TypedDict):
-    """The ``pools`` index's value for a GPUNodePool (keyed by its name)."""
-
-    spec: Obj  # defaulted
-    status: Obj
-
-
 class GpuClaim(NamedTuple):
     """The ``gpu_claims`` index's value: GPUs one InferenceService's schedulers hold in a pool."""
 
@@ -92,17 +84,7 @@ class GpuClaim(NamedTuple):
     gpus: int
 
 
-PoolIndex = kopf.Index[str, PoolEntry]
 GpuClaimIndex = kopf.Index[str, GpuClaim]  # keyed by pool name
-
-
-@kopf.index(*POOL)
-def pools(
-    name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, **_: object
-) -> dict[str, PoolEntry] | None:
-    if meta.get("deletionTimestamp"):
-        return None  # a pool on its way out claims no more nodes
-    return {name: {"spec": _pool_spec(spec), "status": dict(status)}}
 
 
 @kopf.index(*ISVC)
@@ -124,23 +106,57 @@ def _indexes(handler_kwargs: Mapping[str, object]) -> tuple[PoolIndex, GpuClaimI
     return cast(PoolIndex, handler_kwargs["pools"]), cast(GpuClaimIndex, handler_kwargs["gpu_claims"])
 
 
-def _pool_entry(pools: PoolIndex, pool_name: str | None) -> PoolEntry | None:
-    return next(iter(pools.get(pool_name, [])), None) if pool_name else None
+# ----------------------------------------------------------------------------------- Redis
+def _credentials_secret(ctx: manifests.BuildContext) -> Obj | None:
+    """The service's Redis credentials Secret, when it has its own user on the chart's Redis."""
+    chart = CONFIG.chart_redis
+    if chart is None or ctx.spec["redis"]["mode"] != "chart":
+        return None
+    return redis_acl.credentials_secret(chart, ctx.namespace, ctx.name, manifests.labels(ctx, "redis"))
 
 
-# ----------------------------------------------------------------------------- InferenceService
-def _redis_url(kube: Kube, namespace: str, spec: Obj) -> str | None:
-    redis = spec["redis"]
+def _sync_redis_user(ctx: manifests.BuildContext, param: object, logger: kopf.Logger) -> None:
+    """Set the service's Redis user (every round: Redis keeps no users across a restart); a service
+    that left chart mode loses it (on spec events only). Best effort: Redis down is a warning."""
+    chart = CONFIG.chart_redis
+    if chart is None or (ctx.spec["redis"]["mode"] != "chart" and param == RESYNC):
+        return
+    user, password, _ = chart.service_credentials(ctx.namespace, ctx.name)
+    prefix = redis_acl.key_prefix(ctx.namespace, ctx.name)
+    try:
+        admin = redis_acl.admin_client(chart.admin_url)
+        if ctx.spec["redis"]["mode"] == "chart":
+            redis_acl.ensure_user(admin, user, password, prefix)
+        elif redis_acl.delete_user(admin, user):  # its keys only then: a SCAN reads the whole keyspace
+            keys = redis_acl.delete_keys(admin, prefix)
+            logger.info(f"dropped Redis user {user} and {keys} keys: redis.mode is no longer chart")
+    except Exception as e:  # redis.RedisError, OSError: retried at the next resync
+        logger.warning(f"cannot set Redis user {user} on the chart's Redis: {e}")
+
+
+def _load_url(kube: Kube, ctx: manifests.BuildContext) -> str | None:
+    """Where the service's schedulers publish their load (as the service's own Redis user)."""
+    redis = ctx.spec["redis"]
     if redis["mode"] == "chart":
-        return CONFIG.chart_redis_url
+        chart = CONFIG.chart_redis
+        return chart.service_credentials(ctx.namespace, ctx.name)[2] if chart else CONFIG.chart_redis_url
     if redis["mode"] == "external":
         ref = redis["urlSecretRef"]
-        secret = kube.get("Secret", namespace, ref["name"]) or {}
+        try:
+            secret = kube.get("Secret", ctx.namespace, ref["name"]) or {}
+        except KubeError as e:
+            if e.status != 403:
+                raise
+            raise PermissionError(
+                f"the operator may not read Secret {ctx.namespace}/{ref['name']} (the external Redis URL):"
+                " grant it get there (the chart's rbac.secretReadNamespaces)"
+            ) from e
         raw = (secret.get("data") or {}).get(ref.get("key") or "url")
         return base64.b64decode(raw).decode() if raw else None
     return None
 
 
+# ----------------------------------------------------------------------------- InferenceService
 def _scheduler_domain(name: str, namespace: str | None) -> str:
     """The host suffix every scheduler of InferenceService ``name`` advertises (see manifests)."""
     return f".{name}-scheduler.{namespace}.svc"
@@ -158,8 +174,10 @@ def _autoscale(
     policy = ScalePolicy.from_spec(ctx.spec["autoscaling"])
     replicas = ctx.scheduler_replicas
     try:
-        url = _redis_url(kube, ctx.namespace, ctx.spec)
-        loads = memo.load_source(url).loads(_scheduler_domain(ctx.name, ctx.namespace)) if url else {}
+        url = _load_url(kube, ctx)
+        prefix = redis_acl.key_prefix(ctx.namespace, ctx.name)
+        source = memo.load_source(url, prefix) if url else None
+        loads = source.loads(_scheduler_domain(ctx.name, ctx.namespace)) if source else {}
     except Exception as e:  # Redis down must not stop reconciling; we just do not scale this round
         logger.warning(f"autoscaling: cannot read scheduler load: {e}")
         return replicas
@@ -174,7 +192,7 @@ def _autoscale(
         logger.info(f"autoscaling schedulers {replicas} -> {new} ({waiting} waiting over {len(loads)} pods)")
         last = status.now_iso()
     decision = {"desiredReplicas": new, "waiting": waiting, **({"lastScaleTime": last} if last else {})}
-    _write_status(patch, current, {"autoscaling": decision})
+    status.write_status(patch, current, {"autoscaling": decision})
     return new
 
 
@@ -206,7 +224,8 @@ def reconcile(
     """Validate, maybe autoscale, apply the children, write status.
 
     The resync timer (``param`` is :data:`RESYNC`) is the level-triggered upkeep: status from the
-    children, autoscaling, a pool that appeared; it alone autoscales.
+    children, autoscaling, a pool that appeared, the Redis user after a Redis restart; it alone
+    autoscales.
     """
     assert namespace is not None, "InferenceServices are namespaced"
     kube: Kube = memo.kube
@@ -220,9 +239,12 @@ def reconcile(
         return
 
     ctx = _build_context(name, namespace, defaulted, pool, current)
+    _sync_redis_user(ctx, param, logger)
     if param == RESYNC and defaulted["autoscaling"]["enabled"]:
         ctx = dataclasses.replace(ctx, scheduler_replicas=_autoscale(ctx, kube, memo, patch, current, logger))
-    rejected = _apply_children(kube, body, ctx)
+    # NetworkPolicies turned off (or never on) are deleted on spec events, not every resync.
+    drop_policies = param != RESYNC and not netpol.enabled(defaulted, CONFIG.policies)
+    rejected = _apply_children(kube, body, ctx, drop_policies)
     if rejected is not None:
         _write_degraded(patch, current, [rejected], generation)
         return
@@ -244,7 +266,7 @@ def _checked_spec(
         return {}, None, [validation.Problem("InvalidSpec", f"spec does not match the schema: {why}")]
     try:
         defaulted = _isvc_spec(spec)
-        pool = _pool_entry(pools, defaulted["scheduler"].get("nodePool"))
+        pool = pool_entry(pools, defaulted["scheduler"].get("nodePool"))
         pool_spec = pool["spec"] if pool else None
         return defaulted, pool, validation.validate(defaulted, pool_spec, CONFIG.chart_redis_url)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -254,7 +276,7 @@ def _checked_spec(
 def _build_context(
     name: str, namespace: str, spec: Obj, pool: PoolEntry | None, current: Obj
 ) -> manifests.BuildContext:
-    return manifests.BuildContext(
+    ctx = manifests.BuildContext(
         name=name,
         namespace=namespace,
         spec=spec,
@@ -264,14 +286,36 @@ def _build_context(
         pool=pool["spec"] if pool else None,
         pool_name=spec["scheduler"].get("nodePool") or "",
     )
+    secret = _credentials_secret(ctx)
+    return dataclasses.replace(ctx, redis_secret=secret["metadata"]["name"]) if secret else ctx
 
 
-def _apply_children(kube: Kube, owner: kopf.Body, ctx: manifests.BuildContext) -> validation.Problem | None:
-    """Apply every child: the problem when the API server rejects one; API trouble raises (kopf retries)."""
+def _children(ctx: manifests.BuildContext) -> list[Obj]:
+    """In order: the credentials and the policies before the pods that use (and are bound by) them."""
+    secret = _credentials_secret(ctx)
+    return [*([secret] if secret else []), *netpol.build(ctx, CONFIG.policies), *manifests.build_all(ctx)]
+
+
+def _drop_policies(kube: Kube, ctx: manifests.BuildContext) -> None:
+    for component in netpol.COMPONENTS:
+        kube.delete("NetworkPolicy", ctx.namespace, manifests.child_name(ctx, component))
+
+
+def _apply_children(
+    kube: Kube, owner: kopf.Body, ctx: manifests.BuildContext, drop_policies: bool = False
+) -> validation.Problem | None:
+    """Apply every child: the problem when the API server rejects one; API trouble raises (kopf retries).
+
+    The credentials Secret is only ever created (it is immutable and named by its contents)."""
     try:
-        for obj in manifests.build_all(ctx):
+        if drop_policies:
+            _drop_policies(kube, ctx)
+        for obj in _children(ctx):
             kopf.append_owner_reference(obj, owner=owner)
-            kube.apply(obj)
+            if obj["kind"] == "Secret":
+                kube.create(obj)
+            else:
+                kube.apply(obj)
     except KubeError as e:
         if e.status >= 500 or e.status in (404, 409, 429):
             raise kopf.TemporaryError(f"applying children: {e}", delay=10) from e
@@ -299,7 +343,7 @@ def _write_degraded(
     """Conditions for a round that stopped at ``problems`` (and any other status ``fields``)."""
     previous = current.get("conditions")
     conditions = status.service_conditions(problems, None, {}, {}, generation, previous)
-    _write_status(patch, current, {"conditions": conditions, **fields})
+    status.write_status(patch, current, {"conditions": conditions, **fields})
 
 
 def _write_observed(
@@ -316,7 +360,7 @@ def _write_observed(
         kube.list("Pod", ctx.namespace, labels=manifests.selector(ctx, "scheduler"))
     )
     previous = current.get("conditions")
-    _write_status(
+    status.write_status(
         patch,
         current,
         {
@@ -330,13 +374,6 @@ def _write_observed(
             ),
         },
     )
-
-
-def _write_status(patch: kopf.Patch, current: Obj, new: Mapping[str, object]) -> None:
-    """Patch only what changed: the resync timer then writes nothing to a settled object."""
-    for key, value in new.items():
-        if current.get(key) != value:
-            patch.status[key] = value
 
 
 def _observe(kube: Kube, ctx: manifests.BuildContext) -> tuple[dict[str, int], dict[str, int]]:
@@ -357,140 +394,21 @@ def _observe(kube: Kube, ctx: manifests.BuildContext) -> tuple[dict[str, int], d
 
 
 @kopf.on.delete(*ISVC)
-def isvc_deleted(
-    name: str, namespace: str | None, spec: kopf.Spec, memo: kopf.Memo, logger: kopf.Logger, **_: object
-) -> None:
-    """Children go by owner references; here we only drop the schedulers' entries from the
-    chart's Redis (best effort: a Redis that is down must not hold the deletion)."""
-    s = _isvc_spec(spec)
-    if s["redis"]["mode"] != "chart" or not CONFIG.chart_redis_url:
+def isvc_deleted(name: str, namespace: str | None, spec: kopf.Spec, logger: kopf.Logger, **_: object) -> None:
+    """Children go by owner references; here the service's Redis user and keys go from the chart's
+    Redis. Best effort: a Redis that is down must not hold the deletion (and, having no
+    persistence, it comes back without them)."""
+    assert namespace is not None, "InferenceServices are namespaced"
+    if _isvc_spec(spec)["redis"]["mode"] != "chart" or not CONFIG.chart_redis_url:
         return
+    chart = CONFIG.chart_redis
+    prefix = redis_acl.key_prefix(namespace, name)
     try:
-        source = RedisLoadSource(CONFIG.chart_redis_url)
-        for pod in source.loads(_scheduler_domain(name, namespace)):
-            source.index.remove_pod(pod)
-    except Exception as e:
-        logger.warning(f"could not clean the prefix index of {name}: {e}")
-
-
-# ---------------------------------------------------------------------------------- GPUNodePool
-def sync_pool(name: str, spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch) -> None:
-    """Label and taint the matching nodes, release the ones that stopped matching, count GPUs."""
-    kube: Kube = memo.kube
-    s = _pool_spec(spec)
-    selector = s.get("nodeSelector") or {}
-    taint = s.get("taint")
-    members = []
-    # Candidates: the nodes the selector matches and the nodes we labelled before (they may have
-    # stopped matching). Selectors go to the server and are checked here too (an emulator or a
-    # proxy may ignore them); an empty selector matches nothing rather than every node.
-    candidates = {n["metadata"]["name"]: n for n in kube.list("Node", None, f"{manifests.POOL_LABEL}={name}")}
-    if selector:
-        match = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-        candidates.update({n["metadata"]["name"]: n for n in kube.list("Node", None, match)})
-    for node_name, node in sorted(candidates.items()):
-        if nodepool.node_matches(node, selector):
-            members.append(node)
-            change = nodepool.join_patch(node, name, taint)
+        admin = redis_acl.admin_client(chart.admin_url if chart else CONFIG.chart_redis_url)
+        if chart is not None:
+            existed, keys = redis_acl.drop_user(admin, redis_acl.user_name(namespace, name), prefix)
         else:
-            change = nodepool.leave_patch(node, name, taint)
-        if change:
-            kube.merge_patch("Node", None, node_name, change)
-    requested = 0
-    for pod in kube.list("Pod", None, SCHEDULER_PODS):
-        if (pod.get("spec", {}).get("nodeSelector") or {}).get(manifests.POOL_LABEL) == name:
-            requested += nodepool.pod_gpus(pod, s["gpuResourceName"])
-    st = nodepool.pool_status(members, s["gpuResourceName"], requested)
-    generation = int(body.get("metadata", {}).get("generation") or 1)
-    previous = body.get("status", {}).get("conditions")
-    has_nodes = st["nodes"] > 0
-    message = (
-        f"{st['nodes']} nodes, {st['gpus']['allocatable']} GPUs allocatable"
-        if has_nodes
-        else f"no node matches {selector}"
-    )
-    st["conditions"] = [
-        status.condition(
-            "Ready",
-            has_nodes,
-            "NodesFound" if has_nodes else "NoMatchingNodes",
-            message,
-            generation,
-            previous,
-            status.now_iso(),
-        )
-    ]
-    st["observedGeneration"] = generation
-    _write_status(patch, dict(body.get("status") or {}), st)
-
-
-@kopf.on.create(*POOL)
-def pool_created(
-    name: str, spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: object
-) -> None:
-    sync_pool(name, spec, body, memo, patch)
-
-
-@kopf.on.update(*POOL)
-def pool_updated(
-    name: str,
-    spec: kopf.Spec,
-    old: kopf.BodyEssence | None,
-    body: kopf.Body,
-    memo: kopf.Memo,
-    patch: kopf.Patch,
-    **_: object,
-) -> None:
-    # A changed taint: take the old one off our nodes first (sync_pool only knows the new one).
-    old_taint = _pool_spec((old or {}).get("spec") or {}).get("taint")
-    if old_taint and old_taint != _pool_spec(spec).get("taint"):
-        _release_nodes(memo.kube, name, old_taint, keep_label=True)
-    sync_pool(name, spec, body, memo, patch)
-
-
-@kopf.on.resume(*POOL)
-def pool_resumed(
-    name: str, spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: object
-) -> None:
-    sync_pool(name, spec, body, memo, patch)
-
-
-@kopf.timer(*POOL, interval=CONFIG.pool_interval_s, initial_delay=CONFIG.pool_interval_s)
-def pool_resync(
-    name: str, spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: object
-) -> None:
-    sync_pool(name, spec, body, memo, patch)
-
-
-@kopf.on.delete(*POOL)
-def pool_deleted(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: object) -> None:
-    """Give the nodes back: drop our label and taint."""
-    _release_nodes(memo.kube, name, _pool_spec(spec).get("taint"))
-
-
-def _release_nodes(kube: Kube, pool: str, taint: Obj | None, keep_label: bool = False) -> None:
-    for node in kube.list("Node", None, f"{manifests.POOL_LABEL}={pool}"):
-        change = nodepool.leave_patch(node, pool, taint)
-        if change and keep_label:
-            change.pop("metadata", None)
-        if change:
-            kube.merge_patch("Node", None, node["metadata"]["name"], change)
-
-
-@kopf.on.event("v1", "nodes")
-def node_changed(type: str, body: kopf.Body, memo: kopf.Memo, **kw: object) -> None:
-    """A node joined or changed labels: label and taint it now rather than at the next resync."""
-    if type == "DELETED" or getattr(memo, "kube", None) is None:
-        return
-    pools, _ = _indexes(kw)
-    node = dict(body)
-    for pool_name, store in pools.items():
-        for pool in store:
-            if not nodepool.node_matches(node, pool["spec"].get("nodeSelector") or {}):
-                continue
-            change = nodepool.join_patch(node, pool_name, pool["spec"].get("taint"))
-            # The index can lag a pool's deletion by an event: ask the API before claiming.
-            live = memo.kube.get("GPUNodePool", None, pool_name) if change else None
-            if live and not live["metadata"].get("deletionTimestamp"):
-                memo.kube.merge_patch("Node", None, node["metadata"]["name"], change)
-                return
+            existed, keys = False, redis_acl.delete_keys(admin, prefix)
+        logger.info(f"Redis: deleted {keys} keys under {prefix}" + (" and the user" if existed else ""))
+    except Exception as e:
+        logger.warning(f"could not delete the Redis user and keys of {namespace}/{name}: {e}")

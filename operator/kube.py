@@ -22,6 +22,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "Secret": ("api/v1", "secrets", True),
     "Pod": ("api/v1", "pods", True),
     "Node": ("api/v1", "nodes", False),
+    "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies", True),
     "Deployment": ("apis/apps/v1", "deployments", True),
     "StatefulSet": ("apis/apps/v1", "statefulsets", True),
     "InferenceService": ("apis/radixserve.io/v1alpha1", "inferenceservices", True),
@@ -116,6 +117,28 @@ class Kube:
             for o in items
             if all((o.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in labels.items())
         ]
+
+    def create(self, obj: Obj) -> Obj | None:
+        """Create ``obj``; None when an object of that name exists already (left as it is)."""
+        meta = obj["metadata"]
+        try:
+            return self.request(
+                "POST", path(obj["kind"], meta.get("namespace")), obj, query={"fieldManager": FIELD_MANAGER}
+            )
+        except KubeError as e:
+            if e.status == 409:
+                return None
+            raise
+
+    def delete(self, kind: str, namespace: str | None, name: str) -> bool:
+        """Delete an object; False when there was none."""
+        try:
+            self.request("DELETE", path(kind, namespace, name))
+        except KubeError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     def merge_patch(
         self, kind: str, namespace: str | None, name: str, patch: Obj, sub: str | None = None

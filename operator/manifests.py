@@ -34,6 +34,8 @@ from radixserve.operator.pods import (
     grpc_probes,
     http_probes,
 )
+from radixserve.operator.redis_acl import key_prefix
+from radixserve.operator.volumes import CACHE_DIR, MODEL_DIR, add_api_keys, model_volumes
 
 # The services' own defaults (service_config.py): the pods run with them.
 GATEWAY_HTTP_PORT = GatewayConfig().port
@@ -44,8 +46,6 @@ SCHEDULER_METRICS_PORT = SchedulerPodConfig().metrics_port  # Prometheus /metric
 DETOKENIZER_METRICS_PORT = DetokenizerConfig().metrics_port
 POOL_LABEL = "radixserve.io/gpu-node-pool"
 MANAGED_BY = "radixserve-operator"
-MODEL_DIR = "/models"
-CACHE_DIR = "/cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,9 @@ class BuildContext:
     spec: Obj  # defaulted (crds.apply_defaults)
     image: str  # spec.image or the operator's default
     scheduler_replicas: int  # spec's, or the autoscaler's decision
-    chart_redis_url: str = ""
+    chart_redis_url: str = ""  # without credentials
+    # redis.mode chart with per-service Redis users: the service's credentials Secret (redis_acl)
+    redis_secret: str = ""
     pool: Obj | None = None  # the GPUNodePool's defaulted spec, when scheduler.nodePool names one
     pool_name: str = ""
 
@@ -131,6 +133,8 @@ def engine_settings(ctx: BuildContext) -> dict[str, str]:
         CACHE_DIR_ENV: f"{CACHE_DIR}/radixserve",
         "HOME": CACHE_DIR,  # Hugging Face and torch caches land in the writable emptyDir
     }
+    if spec["redis"]["mode"] != "none":  # one key prefix per service: its Redis user may touch no other
+        data[env_var(SchedulerPodConfig, "index_key_prefix")] = key_prefix(ctx.namespace, ctx.name)
     if spec["model"].get("servedModelName"):
         data[env_name("served_model_name")] = spec["model"]["servedModelName"]
     engine = spec["scheduler"]["engine"]
@@ -172,66 +176,18 @@ def _env(config: type, setting: str, value: str) -> Obj:
 
 
 def _redis_env(ctx: BuildContext) -> list[Obj]:
+    """RADIXSERVE_PREFIX_INDEX: a URL with credentials comes from a Secret, never the pod spec."""
     redis = ctx.spec["redis"]
-    if redis["mode"] == "chart":
+    if redis["mode"] == "chart" and not ctx.redis_secret:  # a chart Redis without ACLs (no admin)
         return [_env(SchedulerPodConfig, "prefix_index", ctx.chart_redis_url)]
-    if redis["mode"] == "external":
+    if redis["mode"] == "chart":
+        key = {"name": ctx.redis_secret, "key": "url"}
+    elif redis["mode"] == "external":
         ref = redis["urlSecretRef"]
         key = {"name": ref["name"], "key": ref.get("key") or "url"}
-        return [{"name": env_var(SchedulerPodConfig, "prefix_index"), "valueFrom": {"secretKeyRef": key}}]
-    return []
-
-
-def _model_volumes(ctx: BuildContext) -> tuple[list[Obj], list[Obj], list[Obj]]:
-    """(volumes, mounts, init containers) that put the model where RADIXSERVE_MODEL points."""
-    volumes: list[Obj] = [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
-    mounts: list[Obj] = [{"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}]
-    inits: list[Obj] = []
-    source = ctx.spec["model"].get("source") or {}
-    if source.get("pvc"):
-        volumes.append(
-            {
-                "name": "model",
-                "persistentVolumeClaim": {"claimName": source["pvc"]["claimName"], "readOnly": True},
-            }
-        )
-        mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
-    elif source.get("hub"):
-        hub = source["hub"]
-        volumes.append({"name": "model", "emptyDir": {}})
-        mounts.append({"name": "model", "mountPath": MODEL_DIR})
-        env: list[Obj] = [
-            {"name": "HF_REPO_ID", "value": hub["id"]},
-            {"name": "HF_REVISION", "value": hub.get("revision") or "main"},
-            {"name": "HOME", "value": CACHE_DIR},
-        ]
-        if hub.get("tokenSecretRef"):
-            ref = hub["tokenSecretRef"]
-            env.append(
-                {
-                    "name": "HF_TOKEN",
-                    "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref.get("key") or "token"}},
-                }
-            )
-        # huggingface_hub ships with transformers, so the service image can fetch its own model.
-        script = (
-            "import os; from huggingface_hub import snapshot_download; "
-            "snapshot_download(os.environ['HF_REPO_ID'], revision=os.environ['HF_REVISION'], "
-            f"local_dir='{MODEL_DIR}/model')"
-        )
-        inits.append(
-            {
-                "name": "fetch-model",
-                "image": ctx.image,
-                "imagePullPolicy": ctx.spec["imagePullPolicy"],
-                "command": ["python", "-c", script],
-                "env": env,
-                "volumeMounts": mounts,
-                "securityContext": CONTAINER_SECURITY,
-                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-            }
-        )
-    return volumes, mounts, inits
+    else:
+        return []
+    return [{"name": env_var(SchedulerPodConfig, "prefix_index"), "valueFrom": {"secretKeyRef": key}}]
 
 
 def _pod_template(
@@ -244,7 +200,7 @@ def _pod_template(
     resources: Obj,
     metrics_port: int,
 ) -> Obj:
-    volumes, mounts, inits = _model_volumes(ctx)
+    volumes, mounts, inits = model_volumes(ctx.spec, ctx.image)
     container: Obj = {
         "name": component,
         "image": ctx.image,
@@ -323,6 +279,14 @@ def gateway_deployment(ctx: BuildContext) -> Obj:
         resources,
         GATEWAY_HTTP_PORT,  # /metrics is served next to the OpenAI API
     )
+    auth = spec["auth"]
+    if auth.get("apiKeySecretRef"):
+        pod = template["spec"]
+        container = pod["containers"][0]
+        keys_file = add_api_keys(pod, container, auth["apiKeySecretRef"])
+        container["env"].append(_env(GatewayConfig, "api_key_file", keys_file))
+    if auth["protectMetrics"]:
+        template["spec"]["containers"][0]["env"].append(_env(GatewayConfig, "protect_metrics", "true"))
     return _deployment(ctx, "gateway", spec["tokenizer"]["replicas"], template)
 
 

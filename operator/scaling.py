@@ -3,7 +3,8 @@
     LoadSource.loads()  ->  recommend()  ->  Stabilizer.decide()  ->  StatefulSet replicas
 
 Scheduler pods publish their load (``waiting``, ``running``, KV use, ...) as expiring heartbeats
-in the prefix index's Redis, keyed by their advertised address; the operator reads them through
+in the prefix index's Redis, keyed by their advertised address under the service's key prefix; the
+operator reads them (as the service's own Redis user, where it has one) through
 :class:`RedisLoadSource` (over ``radixserve.common.prefix_index.RedisPrefixIndex``, which owns the
 key layout). Tests use :class:`StaticLoadSource`.
 """
@@ -36,10 +37,12 @@ def _on_service(pod: str, host_suffix: str) -> bool:
 
 
 class RedisLoadSource:
-    def __init__(self, url: str) -> None:
+    """``key_prefix``: the service's (every InferenceService has its own, redis_acl.key_prefix)."""
+
+    def __init__(self, url: str, key_prefix: str) -> None:
         from radixserve.common.prefix_index import RedisPrefixIndex
 
-        self.index = RedisPrefixIndex(url, timeout_s=2.0)
+        self.index = RedisPrefixIndex(url, key_prefix, timeout_s=2.0)
 
     def loads(self, host_suffix: str) -> dict[str, Load]:
         return {pod: load for pod, load in self.index.live_pods().items() if _on_service(pod, host_suffix)}

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
+
+import kopf
 
 from radixserve.operator.manifests import Obj
 from radixserve.operator.validation import Problem
@@ -125,3 +128,10 @@ def service_conditions(
         condition("Progressing", *progressing, generation, previous, now),
         condition("Degraded", *degraded, generation, previous, now),
     ]
+
+
+def write_status(patch: kopf.Patch, current: Obj, new: Mapping[str, object]) -> None:
+    """Patch only what changed: the resync timers then write nothing to a settled object."""
+    for key, value in new.items():
+        if current.get(key) != value:
+            patch.status[key] = value

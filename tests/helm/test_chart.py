@@ -126,9 +126,13 @@ def test_default_render_is_valid_and_complete(helm_env: dict[str, str]) -> None:
     assert kinds == [
         ("ClusterRole", "rs-radixserve-operator"),
         ("ClusterRoleBinding", "rs-radixserve-operator"),
+        ("ConfigMap", "rs-radixserve-redis"),
         ("CustomResourceDefinition", "gpunodepools.radixserve.io"),
         ("CustomResourceDefinition", "inferenceservices.radixserve.io"),
         ("Deployment", "rs-radixserve-operator"),
+        ("NetworkPolicy", "rs-radixserve-operator"),
+        ("NetworkPolicy", "rs-radixserve-redis"),
+        ("Secret", "rs-radixserve-redis-auth"),
         ("Service", "rs-radixserve-redis"),
         ("ServiceAccount", "rs-radixserve"),
         ("StatefulSet", "rs-radixserve-redis"),
@@ -136,8 +140,12 @@ def test_default_render_is_valid_and_complete(helm_env: dict[str, str]) -> None:
     op = next(d for d in docs if d["kind"] == "Deployment")
     pod = op["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["RADIXSERVE_OPERATOR_REDIS_URL"] == "redis://rs-radixserve-redis.serving.svc:6379/0"
+    assert env["RADIXSERVE_OPERATOR_REDIS_PASSWORD"] == {
+        "secretKeyRef": {"name": "rs-radixserve-redis-auth", "key": "password"}
+    }
+    assert env["RADIXSERVE_OPERATOR_NETWORK_POLICY"] == "true"
     assert env["RADIXSERVE_OPERATOR_IMAGE"] == "ghcr.io/radixserve/radixserve:0.1.0"
     assert container["command"] == ["python", "-m", "radixserve.operator"]
     assert pod["serviceAccountName"] == "rs-radixserve"
@@ -185,16 +193,26 @@ def test_non_default_render_is_valid_and_wires_external_redis(helm_env: dict[str
 
 
 def test_rbac_grants_only_what_the_operator_uses(helm_env: dict[str, str]) -> None:
-    role = next(d for d in render(helm_env) if d["kind"] == "ClusterRole")
+    role = next(
+        d
+        for d in render(helm_env)
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rs-radixserve-operator"
+    )
     grants = {
         (g, r): set(rule["verbs"])
         for rule in role["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]
     }
-    assert grants[("", "secrets")] == {"get"}
+    assert grants[("", "secrets")] == {"create"}  # the services' Redis credentials; never read back
     assert grants[("apps", "deployments")] == {"get", "create", "patch"}
-    assert all("delete" not in verbs and "*" not in verbs for verbs in grants.values())
+    assert grants[("", "nodes")] == {"list", "watch", "patch"}
+    # Deleting is the garbage collector's job (owner references), but for a service's
+    # NetworkPolicies when the service turns them off.
+    assert {k for k, verbs in grants.items() if "delete" in verbs} == {
+        ("networking.k8s.io", "networkpolicies")
+    }
+    assert all("*" not in verbs for verbs in grants.values())
 
 
 def test_notes_tell_how_to_reach_the_endpoint(helm_env: dict[str, str], tmp_path: Path) -> None:

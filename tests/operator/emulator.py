@@ -92,11 +92,19 @@ class Harness:
     """The emulator, a client for the test's own requests (run in a thread: the emulator
     shares the test's event loop), the fake load source, and a poller."""
 
-    def __init__(self, emulator: Emulator, kube: Kube, loads: StaticLoadSource, urls: list[str]) -> None:
+    def __init__(
+        self,
+        emulator: Emulator,
+        kube: Kube,
+        loads: StaticLoadSource,
+        urls: list[str],
+        prefixes: list[str] | None = None,
+    ) -> None:
         self.emulator = emulator
         self.kube = kube
         self.loads = loads
         self.load_urls = urls  # the Redis URLs the operator read load from
+        self.load_prefixes = prefixes if prefixes is not None else []  # ... and the key prefixes
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
@@ -147,9 +155,11 @@ async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
     async with serving_emulator(tmp_path, monkeypatch) as (emulator, _):
         loads = StaticLoadSource()
         urls: list[str] = []
+        prefixes: list[str] = []
 
-        def load_source(url: str) -> StaticLoadSource:
+        def load_source(url: str, key_prefix: str) -> StaticLoadSource:
             urls.append(url)
+            prefixes.append(key_prefix)
             return loads
 
         memo = kopf.Memo(kube=Kube(), load_source=load_source)
@@ -162,7 +172,7 @@ async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         task = asyncio.create_task(operator)
         await asyncio.wait_for(ready.wait(), 15)
         try:
-            yield Harness(emulator, Kube(user_agent="radixserve-tests"), loads, urls)
+            yield Harness(emulator, Kube(user_agent="radixserve-tests"), loads, urls, prefixes)
         finally:
             stop.set()
             with contextlib.suppress(asyncio.CancelledError):  # kopf cancels its tasks on the way out
@@ -180,11 +190,15 @@ RBAC = Path(__file__).resolve().parents[2] / "helm" / "radixserve" / "templates"
 
 
 def chart_rbac() -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) triples the chart grants; template lines are dropped (names only)."""
+    """(apiGroup, resource, verb) triples the chart grants; template lines are dropped (names only).
+
+    Every ClusterRole counts: the Secret reader's is bound only in the namespaces the operator
+    watches (tests/helm checks that), and the emulator's tests play in one namespace."""
     text = "\n".join(line for line in RBAC.read_text().splitlines() if "{{" not in line)
-    role = next(d for d in yaml.safe_load_all(text) if d and d["kind"] == "ClusterRole")
+    roles = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "ClusterRole"]
     return {
         (g, r, v)
+        for role in roles
         for rule in role["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]

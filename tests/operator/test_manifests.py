@@ -110,6 +110,7 @@ def test_config_map_holds_the_engine_settings_as_radixserve_variables() -> None:
             "RADIXSERVE_DISABLE_OVERLAP": "false",
             "RADIXSERVE_DRAIN_TIMEOUT": "30",
             "RADIXSERVE_HOST": "0.0.0.0",
+            "RADIXSERVE_INDEX_KEY_PREFIX": "rs:prod/llm:",  # its own: its Redis user may touch no other
             "RADIXSERVE_MODEL": "/models/llama-8b",
             "RADIXSERVE_PAGE_SIZE": "16",
             "RADIXSERVE_ROUTER": "cache-aware",

@@ -361,6 +361,7 @@ async def test_autoscaler_follows_reported_load_within_bounds(harness: Harness) 
     gateways = lambda: env(harness.obj(DEPLOY, "default", "auto-gateway"))["RADIXSERVE_SCHEDULERS"].split()  # noqa: E731
     await harness.until(lambda: len(gateways()) == 3, what="the gateway to list 3 schedulers")
     assert set(harness.load_urls) == {"redis://ext:6379/1"}
+    assert set(harness.load_prefixes) == {"rs:default/auto:"}  # the service's own keys
     harness.loads.by_pod[addr] = {"waiting": 0}
     await harness.until(
         lambda: harness.obj(STS, "default", "auto-scheduler")["spec"]["replicas"] == 1, what="back to 1"

@@ -56,3 +56,61 @@ readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
 {{- end -}}
+
+{{/* The chart Redis's admin user (the operator's): its password is in this Secret's key. */}}
+{{- define "radixserve.redisAdminUser" -}}
+admin
+{{- end -}}
+
+{{- define "radixserve.redisAuthSecret" -}}
+{{- .Values.redis.auth.existingSecret | default (printf "%s-redis-auth" (include "radixserve.fullname" .)) -}}
+{{- end -}}
+
+{{- define "radixserve.redisAuthKey" -}}
+{{- if .Values.redis.auth.existingSecret -}}
+{{- .Values.redis.auth.existingSecretKey | default "password" -}}
+{{- else -}}
+password
+{{- end -}}
+{{- end -}}
+
+{{/* Pods of every InferenceService the operator runs (any namespace it watches). */}}
+{{- define "radixserve.servicePodsPeer" -}}
+{{- $namespaces := dict -}}
+{{- with .Values.operator.watchNamespaces -}}
+{{- $namespaces = dict "matchExpressions" (list (dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" .)) -}}
+{{- end -}}
+{{- $pods := dict "app.kubernetes.io/name" "radixserve" "app.kubernetes.io/managed-by" "radixserve-operator" -}}
+{{- toYaml (dict "namespaceSelector" $namespaces "podSelector" (dict "matchLabels" $pods)) -}}
+{{- end -}}
+
+{{/* The chart's Redis pod, as a NetworkPolicyPeer seen from any namespace. */}}
+{{- define "radixserve.redisPeer" -}}
+namespaceSelector:
+  matchLabels:
+    kubernetes.io/metadata.name: {{ .Release.Namespace }}
+podSelector:
+  matchLabels:
+    {{- include "radixserve.selector" . | nindent 4 }}
+    app.kubernetes.io/component: redis
+{{- end -}}
+
+{{/* The chart Redis's redis.conf (its ConfigMap; its hash rolls the pod). */}}
+{{- define "radixserve.redisConf" -}}
+port 6379
+dir /data
+# No persistence: a restarted Redis is empty (the schedulers republish, the operator sets the
+# users again within a resync interval).
+save ""
+appendonly no
+maxmemory {{ .Values.redis.maxMemory }}
+# volatile-lru (redis.maxmemoryPolicy's default) evicts only keys with a TTL. Index entries
+# carry one; liveness keys (heartbeats, the pod list) carry none, so they are never evicted:
+# a full Redis forgets cached blocks (shorter matches), never a live pod.
+maxmemory-policy {{ .Values.redis.maxmemoryPolicy }}
+# Users (the admin, no default user) come from this file, written at start from the Secret;
+# the operator adds one per InferenceService at run time (ACL SETUSER).
+aclfile /data/users.acl
+# Every user needs a password (the default user is off); NetworkPolicy limits who connects.
+protected-mode no
+{{- end -}}
