@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import grpc
 import httpx
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixserve.common.rpc import TLS, channel, pb, pb_grpc
 from radixserve.launcher import Cluster
 from tests.certs import CertFiles, make_certs
 from tests.integration.conftest import MODEL_NAME, start_cluster
+from tests.unit.test_tls import check_code
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +41,6 @@ def tls_cluster(model_dir, certs: CertFiles) -> Iterator[Cluster]:
 def read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
-
-
-def health_code(address: str, tls: TLS | None) -> grpc.StatusCode:
-    with channel(address, tls) as ch:
-        try:
-            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        except grpc.RpcError as e:
-            return e.code()
-    return grpc.StatusCode.OK
 
 
 def test_completion_over_mutual_tls(tls_cluster):
@@ -76,9 +67,9 @@ def test_ports_refuse_plaintext_and_clients_without_a_certificate(tls_cluster, c
     without = TLS(read(certs.ca))
     ports = [s.grpc_address or "" for s in (*tls_cluster.schedulers, tls_cluster.detokenizer)]
     for address in [*ports, tls_cluster.grpc_address]:
-        assert health_code(address, with_cert) == grpc.StatusCode.OK, address
-        assert health_code(address, None) == grpc.StatusCode.UNAVAILABLE, address
-        assert health_code(address, without) == grpc.StatusCode.UNAVAILABLE, address
+        assert check_code(address, with_cert) == grpc.StatusCode.OK, address
+        assert check_code(address, None) == grpc.StatusCode.UNAVAILABLE, address
+        assert check_code(address, without) == grpc.StatusCode.UNAVAILABLE, address
     # nor does a plaintext call of the Scheduler service
     address = tls_cluster.schedulers[0].grpc_address or ""
     with grpc.insecure_channel(address) as ch, pytest.raises(grpc.RpcError) as e:
