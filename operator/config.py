@@ -22,6 +22,9 @@ class OperatorConfig:
     # Without one (a Redis without ACLs) they share chart_redis_url.
     redis_admin_user: str = "admin"
     redis_admin_password: str = field(default="", repr=False)
+    # A CA file (PEM) the operator's own Redis connections trust: added to a rediss:// URL without
+    # ssl_ca_certs (the chart's redisCA value mounts it).
+    redis_ca_file: str = ""
     # How often every InferenceService is re-reconciled (status, autoscaling, a pool that
     # appeared) and every GPUNodePool recounted. Handlers are idempotent, so this is only load.
     resync_interval_s: float = 15.0
@@ -52,6 +55,7 @@ class OperatorConfig:
             chart_redis_url=env.get("RADIXSERVE_OPERATOR_REDIS_URL", d.chart_redis_url),
             redis_admin_user=env.get("RADIXSERVE_OPERATOR_REDIS_USER") or d.redis_admin_user,
             redis_admin_password=env.get("RADIXSERVE_OPERATOR_REDIS_PASSWORD", ""),
+            redis_ca_file=env.get("RADIXSERVE_OPERATOR_REDIS_CA", ""),
             resync_interval_s=float(env.get("RADIXSERVE_OPERATOR_RESYNC_INTERVAL", d.resync_interval_s)),
             pool_interval_s=float(env.get("RADIXSERVE_OPERATOR_POOL_INTERVAL", d.pool_interval_s)),
             policies=policies,

@@ -15,6 +15,7 @@ from typing import TypedDict, TypeVar
 
 from radixserve.common.service_config import DRAIN_TIMEOUT_S, ROUTERS, ROUTING_DEFAULTS, SCHEDULE_POLICIES
 from radixserve.operator.manifests import Obj
+from radixserve.operator.tls import REDIS_CA_SCHEMA, TLS_SCHEMA
 
 GROUP = "radixserve.io"
 VERSION = "v1alpha1"
@@ -176,6 +177,7 @@ INFERENCE_SERVICE_SPEC = _obj(
                     "in-memory index (one gateway, no autoscaling)",
                 ),
                 "urlSecretRef": _SECRET_KEY,
+                "caSecretRef": REDIS_CA_SCHEMA,
             },
             default={},
         ),
@@ -216,6 +218,7 @@ INFERENCE_SERVICE_SPEC = _obj(
             },
             default={},
         ),
+        "tls": TLS_SCHEMA,
         "tracing": _obj(
             {
                 "otlpEndpoint": _str(description="OTLP/gRPC collector, e.g. http://otel-collector:4317"),

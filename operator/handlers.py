@@ -18,11 +18,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import kopf
 
-from radixserve.operator import manifests, netpol, redis_acl, status, validation
+from radixserve.operator import manifests, netpol, redis_acl, status, tls, validation
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.crds import GROUP, INFERENCE_SERVICE_SPEC, VERSION, apply_defaults, schema_problems
 from radixserve.operator.kube import Kube, KubeError, load_config
@@ -37,6 +37,9 @@ from radixserve.operator.scaling import (
     scheduler_replicas,
     total_waiting,
 )
+
+if TYPE_CHECKING:
+    import redis
 
 ISVC = (GROUP, VERSION, "inferenceservices")
 CONFIG = OperatorConfig.from_env()  # read at import: timer intervals are fixed when handlers register
@@ -124,7 +127,7 @@ def _sync_redis_user(ctx: manifests.BuildContext, param: object, logger: kopf.Lo
     user, password, _ = chart.service_credentials(ctx.namespace, ctx.name)
     prefix = redis_acl.key_prefix(ctx.namespace, ctx.name)
     try:
-        admin = redis_acl.admin_client(chart.admin_url)
+        admin = _redis_admin(chart.admin_url)
         if ctx.spec["redis"]["mode"] == "chart":
             redis_acl.ensure_user(admin, user, password, prefix)
         elif redis_acl.delete_user(admin, user):  # its keys only then: a SCAN reads the whole keyspace
@@ -134,8 +137,19 @@ def _sync_redis_user(ctx: manifests.BuildContext, param: object, logger: kopf.Lo
         logger.warning(f"cannot set Redis user {user} on the chart's Redis: {e}")
 
 
+def _redis_admin(url: str) -> redis.Redis:
+    """redis_acl.admin_client, trusting the operator's Redis CA (if any) on a rediss:// URL."""
+    return redis_acl.admin_client(tls.with_ca(url, CONFIG.redis_ca_file))
+
+
 def _load_url(kube: Kube, ctx: manifests.BuildContext) -> str | None:
-    """Where the service's schedulers publish their load (as the service's own Redis user)."""
+    """Where the service's schedulers publish their load (as the service's own Redis user), with the
+    operator's Redis CA (if any) on a rediss:// URL."""
+    url = _service_redis_url(kube, ctx)
+    return tls.with_ca(url, CONFIG.redis_ca_file) if url else None
+
+
+def _service_redis_url(kube: Kube, ctx: manifests.BuildContext) -> str | None:
     redis = ctx.spec["redis"]
     if redis["mode"] == "chart":
         chart = CONFIG.chart_redis
@@ -307,16 +321,24 @@ def _apply_children(
     """Apply every child: the problem when the API server rejects one; API trouble raises (kopf retries).
 
     The credentials Secret is only ever created (it is immutable and named by its contents)."""
+    kind = ""
     try:
         if drop_policies:
             _drop_policies(kube, ctx)
         for obj in _children(ctx):
+            kind = obj["kind"]
             kopf.append_owner_reference(obj, owner=owner)
             if obj["kind"] == "Secret":
                 kube.create(obj)
             else:
                 kube.apply(obj)
     except KubeError as e:
+        if e.status == 404 and kind == "Certificate":  # no such kind: cert-manager is not installed
+            return validation.Problem(
+                "CertManagerMissing",
+                "spec.tls.certManager: this cluster has no cert-manager Certificate kind (install"
+                " cert-manager, or name a TLS Secret in spec.tls.secretName)",
+            )
         if e.status >= 500 or e.status in (404, 409, 429):
             raise kopf.TemporaryError(f"applying children: {e}", delay=10) from e
         # The API server rejected what the spec asked for (e.g. a malformed resource quantity).
@@ -404,7 +426,7 @@ def isvc_deleted(name: str, namespace: str | None, spec: kopf.Spec, logger: kopf
     chart = CONFIG.chart_redis
     prefix = redis_acl.key_prefix(namespace, name)
     try:
-        admin = redis_acl.admin_client(chart.admin_url if chart else CONFIG.chart_redis_url)
+        admin = _redis_admin(chart.admin_url if chart else CONFIG.chart_redis_url)
         if chart is not None:
             existed, keys = redis_acl.drop_user(admin, redis_acl.user_name(namespace, name), prefix)
         else:

@@ -27,6 +27,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "StatefulSet": ("apis/apps/v1", "statefulsets", True),
     "InferenceService": ("apis/radixserve.io/v1alpha1", "inferenceservices", True),
     "GPUNodePool": ("apis/radixserve.io/v1alpha1", "gpunodepools", False),
+    "Certificate": ("apis/cert-manager.io/v1", "certificates", True),  # spec.tls.certManager only
 }
 
 

@@ -9,6 +9,7 @@
       Service      NAME-scheduler     headless: NAME-scheduler-{i}.NAME-scheduler.NS.svc
       Deployment   NAME-detokenizer   python -m radixserve.detokenizer gRPC 50052, metrics 9401
       Service      NAME-detokenizer   ClusterIP
+      Certificate  NAME-grpc-tls      cert-manager.io/v1, only with spec.tls.certManager (see tls.py)
 
 Schedulers are a StatefulSet, not a Deployment, because the gateway takes a static scheduler list
 and the prefix index keys blocks by the address a scheduler advertises: stable pod names give
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 from radixserve.common.config import CACHE_DIR_ENV, env_name, env_var
 from radixserve.common.service_config import DetokenizerConfig, GatewayConfig, SchedulerPodConfig
+from radixserve.operator import tls
 from radixserve.operator.pods import (
     CONTAINER_SECURITY,
     POD_SECURITY,
@@ -185,6 +187,12 @@ def _redis_env(ctx: BuildContext) -> list[Obj]:
     elif redis["mode"] == "external":
         ref = redis["urlSecretRef"]
         key = {"name": ref["name"], "key": ref.get("key") or "url"}
+        if redis.get("caSecretRef"):  # the URL from the Secret, then the mounted CA added to it
+            url = f"$({tls.REDIS_URL_VAR})?ssl_ca_certs={tls.REDIS_CA_FILE}"
+            return [
+                {"name": tls.REDIS_URL_VAR, "valueFrom": {"secretKeyRef": key}},
+                {"name": env_var(SchedulerPodConfig, "prefix_index"), "value": url},
+            ]
     else:
         return []
     return [{"name": env_var(SchedulerPodConfig, "prefix_index"), "valueFrom": {"secretKeyRef": key}}]
@@ -231,6 +239,7 @@ def _pod_template(
     }
     if inits:
         pod["initContainers"] = inits
+    _add_tls(ctx, pod, container, env)
     return {
         "metadata": {
             "labels": labels(ctx, component),
@@ -244,6 +253,20 @@ def _pod_template(
         },
         "spec": pod,
     }
+
+
+def _add_tls(ctx: BuildContext, pod: Obj, container: Obj, env: list[Obj]) -> None:
+    """spec.tls: the Secret and RADIXSERVE_TLS_*, gRPC probes as exec probes; spec.redis.caSecretRef
+    (where the pod dials Redis): the CA its RADIXSERVE_PREFIX_INDEX names."""
+    redis_ca = ctx.spec["redis"].get("caSecretRef")
+    if redis_ca and any(e["name"] == tls.REDIS_URL_VAR for e in env):
+        tls.add_redis_ca(pod, container, redis_ca)
+    if not tls.enabled(ctx.spec):
+        return
+    tls.add_grpc_tls(pod, container, ctx.name, ctx.namespace, ctx.spec)
+    probes = {k: v for k, v in container.items() if k.endswith("Probe") and "grpc" in v}
+    if probes:  # the gateway's are HTTP (plaintext): they stay
+        container.update(tls.exec_probes(probes, next(iter(probes.values()))["grpc"]["port"]))
 
 
 def _default_resources(given: Obj | None, cpu: str, memory: str) -> Obj:
@@ -437,7 +460,9 @@ def detokenizer_service(ctx: BuildContext) -> Obj:
 
 def build_all(ctx: BuildContext) -> list[Obj]:
     """Every child, in the order to apply them (config and services before the pods that use them)."""
+    cert = tls.certificate(ctx.name, ctx.namespace, ctx.spec, labels(ctx, "tls"))
     return [
+        *([cert] if cert else []),  # before the pods that mount its Secret
         config_map(ctx),
         detokenizer_service(ctx),
         scheduler_service(ctx),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from radixserve.operator import tls
 from radixserve.operator.manifests import Obj
 
 
@@ -56,6 +57,9 @@ def validate(spec: Obj, pool: Obj | None, chart_redis_url: str) -> list[Problem]
                 "redis.mode none keeps the prefix index in one gateway: tokenizer.replicas must be 1",
             )
         )
+
+    bad_tls = tls.problems(spec)
+    problems += [Problem("InvalidSpec", message) for message in bad_tls]
 
     auto = spec["autoscaling"]
     if auto["enabled"]:

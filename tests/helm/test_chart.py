@@ -236,3 +236,47 @@ def test_notes_tell_how_to_reach_the_endpoint(helm_env: dict[str, str], tmp_path
     assert "http://llm-gateway.serving.svc:8000" in text and "port-forward svc/llm-gateway 8000:8000" in text
     assert "Prefix index: Redis at redis://rs-radixserve-redis.serving.svc:6379/0" in text
     assert "kind: InferenceService" in notes()  # no service yet: how to create one
+
+
+TLS_VALUES = [
+    "--set", "inferenceService.create=true",
+    "--set", "inferenceService.tls.enabled=true",
+    "--set", "inferenceService.tls.certManager.issuerName=internal-ca",
+    "--set", "inferenceService.tls.certManager.issuerKind=ClusterIssuer",
+    "--set", "inferenceService.tls.clientAuth=true",
+    "--set", "redis.enabled=false",
+    "--set", "redis.external.secretName=redis-url",
+    "--set", "redis.external.caSecretName=redis-ca",
+]  # fmt: skip
+
+
+def test_tls_values_render_valid_objects_and_wire_both(helm_env: dict[str, str]) -> None:
+    helm(helm_env, "lint", "--strict", str(CHART), *TLS_VALUES)
+    docs = render(helm_env, *TLS_VALUES)
+    _validate_all(docs)
+    isvc = next(d for d in docs if d["kind"] == "InferenceService")
+    assert isvc["spec"]["tls"] == {
+        "certManager": {"issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}},
+        "clientAuth": True,
+    }
+    assert isvc["spec"]["redis"]["caSecretRef"] == {"name": "redis-ca", "key": "ca.crt"}
+    op = next(d for d in docs if d["kind"] == "Deployment")
+    pod = op["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["RADIXSERVE_OPERATOR_REDIS_CA"] == "/etc/radixserve/redis-ca/ca.crt"
+    assert {"name": "redis-ca", "mountPath": "/etc/radixserve/redis-ca", "readOnly": True} in pod[
+        "containers"
+    ][0]["volumeMounts"]
+    assert next(v for v in pod["volumes"] if v["name"] == "redis-ca")["secret"]["secretName"] == "redis-ca"
+    given = ["--set", "inferenceService.create=true", "--set", "inferenceService.tls.enabled=true"]
+    secret = render(helm_env, *given, "--set", "inferenceService.tls.secretName=grpc-certs")
+    assert next(d for d in secret if d["kind"] == "InferenceService")["spec"]["tls"] == {
+        "secretName": "grpc-certs",
+        "clientAuth": False,
+    }
+    plain = render(helm_env, "--set", "inferenceService.create=true")
+    assert "tls" not in next(d for d in plain if d["kind"] == "InferenceService")["spec"]
+    done = subprocess.run(
+        [HELM or "helm", "template", "rs", str(CHART), *given], env=helm_env, capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "tls.certManager.issuerName" in done.stderr
