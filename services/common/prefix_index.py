@@ -198,20 +198,28 @@ class InMemoryPrefixIndex:
         self._heartbeats: dict[str, tuple[Load, float]] = {}  # pod -> (load, expires at)
 
     def apply(self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False) -> None:
+        check_pod(pod)
         stored, removed = _clean_hashes(stored, pod, "stored"), _clean_hashes(removed, pod, "removed")
         if cleared:
             self._drop_blocks(pod)
-        mine = self._blocks_of.setdefault(pod, set())
+        # a pod that only removes (blocks it never announced) gets no entry: nothing to hold
+        mine = self._blocks_of.setdefault(pod, set()) if stored else self._blocks_of.get(pod, set())
         for h in stored:
             self._pods_of.setdefault(h, set()).add(pod)
             mine.add(h)
+        unheld = 0
         for h in removed:
+            if h not in mine:  # never stored (or already removed): touches no other pod's entry
+                unheld += 1
+                continue
+            mine.discard(h)
             pods = self._pods_of.get(h)
             if pods is not None:
                 pods.discard(pod)
                 if not pods:
                     del self._pods_of[h]
-            mine.discard(h)
+        if unheld:  # as RedisPrefixIndex: normal when a block is stored and removed between updates
+            log.debug("prefix index: %d removed block(s) of %s were not in the index", unheld, pod)
 
     def _drop_blocks(self, pod: str) -> None:
         for h in self._blocks_of.pop(pod, ()):
@@ -222,6 +230,9 @@ class InMemoryPrefixIndex:
                     del self._pods_of[h]
 
     def heartbeat(self, pod: str, load: Load, ttl_s: float) -> bool:
+        check_pod(pod)
+        if not ttl_s > 0 or not math.isfinite(ttl_s):
+            raise ValueError(f"heartbeat ttl_s={ttl_s}: expected a positive number of seconds")
         now = self._clock()
         prev = self._heartbeats.get(pod)
         self._heartbeats[pod] = (clean_load(load, pod), now + ttl_s)

@@ -40,6 +40,10 @@ from radixserve.scheduler.worker import AlreadyHere, EngineWorker, ShuttingDown,
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "radixserve.v1.Scheduler"
+# A Watch's interval_s: shorter ones are raised to the minimum (a pod is not a busy loop for a
+# client); longer ones, and NaN or negative ones, are INVALID_ARGUMENT.
+_MIN_WATCH_INTERVAL_S = 0.01
+_MAX_WATCH_INTERVAL_S = 3600.0
 
 # The worker's refusals as gRPC status codes (ValueError: a bad request).
 _REFUSALS: dict[type[Exception], grpc.StatusCode] = {
@@ -85,6 +89,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):
 
     # ------------------------------------------------------------------------- handlers
     def Submit(self, request: pb.TokenizedRequest, context: grpc.ServicerContext) -> pb.SubmitReply:
+        if not request.reply_to:  # else the detokenizer would retry a stream to "" for good
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "reply_to is empty: expected the gateway's address"
+            )
         try:
             self.worker.submit(
                 Submit(
@@ -113,6 +121,12 @@ class SchedulerService(pb_grpc.SchedulerServicer):
 
     def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext) -> Iterator[pb.PodUpdate]:
         interval = request.interval_s or self.load_interval_s
+        if not 0 < interval <= _MAX_WATCH_INTERVAL_S:  # NaN, negative: a stream of updates without pause
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"interval_s={request.interval_s}: expected 0 (default) to {_MAX_WATCH_INTERVAL_S:g} s",
+            )
+        interval = max(interval, _MIN_WATCH_INTERVAL_S)
         events = self.worker.events
         sub = events.subscribe(EventSubscriber()) if request.kv_events else None
         self.worker.wake()  # the engine thread sends the snapshot at its next iteration

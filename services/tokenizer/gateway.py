@@ -98,6 +98,8 @@ class Gateway:
             stale_s=config.scheduler_stale_after,
             on_up=self.scheduler_up,
             tls=tls,
+            model_name=model_name,  # a pod serving another model is refused, never routed to
+            block_size=routing.block_size or None,
         )
         self.router: Router
         if routing.router == "cache-aware":

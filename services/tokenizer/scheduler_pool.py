@@ -23,6 +23,10 @@ from radixserve.common.service_config import GATEWAY_DEFAULTS
 log = logging.getLogger(__name__)
 
 
+class _Refused(Exception):
+    """A pod's Watch update that this gateway must not use (it serves another model)."""
+
+
 @dataclass(eq=False)
 class SchedulerHandle:
     address: str
@@ -34,6 +38,7 @@ class SchedulerHandle:
     pending_aborts: dict[str, str] = field(default_factory=dict)  # rid -> reason, for when it is back
     sent: int = 0  # requests this gateway sent here since the pod's last load report
     routed_tokens: int = 0  # uncached prompt tokens this gateway sent here since the last load report
+    refused: str | None = None  # why its Watch updates are not used (another model...), as last logged
 
     @property
     def stub(self) -> pb_grpc.SchedulerStub:
@@ -75,7 +80,15 @@ class SchedulerPool:
         stale_s: float = GATEWAY_DEFAULTS.scheduler_stale_after,
         on_up: Callable[[SchedulerHandle], None] | None = None,
         tls: TLS | None = None,
+        model_name: str | None = None,
+        block_size: int | None = None,
     ) -> None:
+        """``model_name`` / ``block_size``: what this gateway serves and hashes with; a pod whose
+        Watch updates name another model is refused (down, never routed to), one that hashes with
+        another block size is routed to but its block events stay out of the index (its hashes could
+        never match this gateway's). None: not checked."""
+        self.model_name = model_name
+        self.block_size = block_size
         self.handles = [SchedulerHandle(a) for a in addresses]
         self._on_down = on_down
         self._on_up = on_up
@@ -115,6 +128,7 @@ class SchedulerPool:
                     update = await asyncio.wait_for(call.read(), self.stale_s if h.healthy else None)
                     if update is grpc.aio.EOF:
                         break
+                    mine = self._check_update(h, update)
                     came_up = not h.healthy
                     h.reported(update.load)
                     h.healthy = True
@@ -122,7 +136,7 @@ class SchedulerPool:
                         log.info("scheduler %s is up", h.address)
                         if self._on_up is not None:
                             self._on_up(h)
-                    if index is not None:
+                    if index is not None and mine:
                         index.apply(h.address, update.stored, update.removed, update.cleared)
                         index.heartbeat(h.address, {}, 10 * self._interval + 1)
                     backoff = 0.05
@@ -134,6 +148,8 @@ class SchedulerPool:
                 why = f"sent nothing for {self.stale_s:.1f} s"
             except grpc.aio.AioRpcError as e:
                 why = f"{e.code().name}: {e.details()}"
+            except _Refused as e:
+                why = str(e)
             except Exception as e:  # a bug here must not end the watch: the pod would never be down
                 log.exception("watching scheduler %s failed", h.address)
                 why = f"{type(e).__name__}: {e}"
@@ -147,6 +163,23 @@ class SchedulerPool:
                 self._on_down(h, why)
             await asyncio.sleep(backoff)
             backoff = min(1.0, backoff * 2)
+
+    def _check_update(self, h: SchedulerHandle, update: pb.PodUpdate) -> bool:
+        """Whether ``update``'s block events belong in this gateway's index; raises _Refused for a
+        pod that serves another model (logged once per reason). Unset fields (""/0): not checked."""
+        why, refuse = None, False
+        if self.model_name is not None and update.model_name and update.model_name != self.model_name:
+            why, refuse = f"serves model {update.model_name[:100]!r}, not {self.model_name!r}", True
+        elif self.block_size is not None and update.block_size and update.block_size != self.block_size:
+            why = f"hashes blocks of {update.block_size} tokens, not {self.block_size}"
+        if why != h.refused:
+            if why is not None:
+                then = "refused" if refuse else "routed to, its block events not indexed"
+                log.error("scheduler %s %s: %s", h.address, why, then)
+            h.refused = why
+        if refuse:
+            raise _Refused(f"{why} (refused)")
+        return why is None
 
     async def close(self) -> None:
         for t in self._tasks:
