@@ -13,7 +13,8 @@ Only the engine thread mutates scheduler state; callers read a few counters (lis
 sizes), which is safe under the GIL and at worst a step stale.
 
 Tensor parallelism hangs off this seam: rank 0's worker keeps the scheduler and the request
-lifecycle, and each step it runs is what it would send to the other ranks, which only run the model.
+lifecycle; the runner hands each step's plan to the other ranks, which only run the model
+(tensor_parallel.py). A rank that dies fails the engine loop: ``on_failure`` then stops the pod.
 """
 
 from __future__ import annotations
