@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,25 +24,9 @@ from pathlib import Path
 
 import httpx
 
+from radixserve.common.ports import free_port as free_port  # re-exported: tests and benchmarks
+from radixserve.common.ports import free_ports
 from radixserve.common.rpc import TLS, is_serving, tls_from_env
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports: all held open at once, so the kernel cannot hand one out twice."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass

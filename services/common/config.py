@@ -163,6 +163,11 @@ def env_var(cls: type[DataclassInstance], name: str) -> str:
     return env_name(name)
 
 
+def env_flag(raw: str) -> bool:
+    """A boolean setting's environment value: 1 / true / yes / on (any case) is true."""
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse ``argv`` with defaults taken from the environment where a variable is set."""
     for action in parser._actions:
@@ -176,7 +181,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         if isinstance(action, argparse._StoreFalseAction):  # the negation of a flag set above
             continue
         if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
-            action.default = raw.strip().lower() in ("1", "true", "yes", "on")
+            action.default = env_flag(raw)
         elif action.nargs in ("+", "*"):
             action.default = [_convert(action, x) for x in raw.split()]
         else:

@@ -60,7 +60,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
 from radixserve.common import prefix_index_lua as lua
 from radixserve.common.service_config import INDEX_KEY_PREFIX
@@ -127,16 +127,12 @@ def acl_rules(prefix: str, password: str | None = None) -> list[str]:
 def _clean_hashes(hashes: Sequence[object], pod: str, what: str, chain: bool = False) -> list[int]:
     """``hashes`` without the ones that cannot be block hashes (each a warning); ``chain``: a
     prompt's chain, which ends at the first bad one."""
-    out = [h for h in hashes if type(h) is int and 0 <= h < _HASH_END]
-    if len(out) == len(hashes):
-        return out
-    bad = [h for h in hashes if not (type(h) is int and 0 <= h < _HASH_END)]
-    if chain:
-        out = []
-        for h in hashes:
-            if not (type(h) is int and 0 <= h < _HASH_END):
-                break
-            out.append(h)
+    ok = [type(h) is int and 0 <= h < _HASH_END for h in hashes]
+    if all(ok):
+        return list(hashes)  # type: ignore[arg-type]  # every one an int, checked above
+    bad = [h for h, good in zip(hashes, ok, strict=True) if not good]
+    end = ok.index(False) if chain else len(hashes)
+    out = cast(list[int], [h for h, good in zip(hashes[:end], ok, strict=False) if good])
     log.warning(
         "prefix index: %d %s block hash(es) of %s ignored, not ints in [0, 2**64): %s",
         len(bad),

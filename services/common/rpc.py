@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from radixserve.common import protogen
-from radixserve.common.config import env_name, flag_fields
+from radixserve.common.config import env_flag, env_name, flag_fields
 from radixserve.common.sampling import SamplingParams
 from radixserve.common.service_config import TLSConfig
 
@@ -148,7 +148,7 @@ def tls_from_env(environ: Mapping[str, str]) -> TLS | None:
     for name, f in flag_fields(TLSConfig).items():
         raw = environ.get(env_name(name))
         if raw is not None:
-            values[name] = raw.strip().lower() in ("1", "true", "yes", "on") if f.default is False else raw
+            values[name] = env_flag(raw) if f.default is False else raw
     return load_tls(TLSConfig(**values))  # type: ignore[arg-type]
 
 
@@ -171,20 +171,22 @@ def channel(
     address: str, tls: TLS | None = None, options: Sequence[tuple[str, object]] = CHANNEL_OPTIONS
 ) -> grpc.Channel:
     """A channel to ``address``: TLS with ``tls`` (the server's certificate checked), else plaintext."""
-    if tls is None:
-        return grpc.insecure_channel(address, options=list(options))
-    opts = [*options, *tls.channel_options()]
-    return grpc.secure_channel(address, tls.channel_credentials(), options=opts)
+    return _open(grpc, address, tls, options)
 
 
 def aio_channel(
     address: str, tls: TLS | None = None, options: Sequence[tuple[str, object]] = CHANNEL_OPTIONS
 ) -> grpc.aio.Channel:
     """``channel`` for asyncio."""
+    return _open(grpc.aio, address, tls, options)
+
+
+def _open(mod: Any, address: str, tls: TLS | None, options: Sequence[tuple[str, object]]) -> Any:
+    """``mod`` (grpc or grpc.aio)'s channel: plaintext, or TLS with ``tls``'s name override."""
     if tls is None:
-        return grpc.aio.insecure_channel(address, options=list(options))
+        return mod.insecure_channel(address, options=list(options))
     opts = [*options, *tls.channel_options()]
-    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=opts)
+    return mod.secure_channel(address, tls.channel_credentials(), options=opts)
 
 
 # ------------------------------------------------------------------------- health checking

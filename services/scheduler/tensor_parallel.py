@@ -38,7 +38,6 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -52,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from radixserve.common.child import die_with_parent
+from radixserve.common.ports import free_port
 from radixserve.scheduler.memory.allocator import kv_capacity
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.config import ModelConfig
@@ -138,12 +138,6 @@ def init_group(layout: ShardLayout, port: int, device: torch.device, timeout_s: 
 
 def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ------------------------------------------------------------------------------- rank 0
@@ -245,7 +239,7 @@ def start_followers(
 ) -> tuple[TPFollowers, TPGroup]:
     """Spawn ranks 1..size-1 and join the group as rank 0; returns the followers and rank 0's group."""
     rank_device(profile, size - 1, size)  # enough devices for every rank, before starting any
-    port = _free_port()
+    port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     conns: list[Connection] = []
     for rank in range(1, size):

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from radixserve.common import health
+from radixserve.common.ports import free_port
 from radixserve.common.rpc import SERVER_OPTIONS, TLS, add_health, listen, load_tls, set_not_serving
 from radixserve.common.service_config import TLSConfig
 from tests.certs import CertFiles, make_certs
@@ -73,7 +74,7 @@ def test_serving_is_0_and_not_serving_is_1(serve):
 
 def test_nothing_listening_is_1(serve):
     address, _ = serve()
-    closed = f"127.0.0.1:{_free_port()}"
+    closed = f"127.0.0.1:{free_port()}"
     assert health.main([closed, "--timeout", "0.5"]) == 1
     assert health.main([address]) == 0
 
@@ -105,11 +106,3 @@ def test_bad_tls_settings_are_2(certs, monkeypatch, capsys):
     monkeypatch.setenv("RADIXSERVE_TLS_CERT", certs.server_cert)
     assert health.main(["127.0.0.1:1"]) == 2
     assert "RADIXSERVE_TLS_KEY" in capsys.readouterr().err
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
