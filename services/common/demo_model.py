@@ -39,12 +39,131 @@ PRETOKENIZE_REGEX = (
     r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+# ChatML with Qwen2.5-style (Hermes) tool calling. Without tools every message renders as
+# "<|im_start|>{role}\n{content}<|im_end|>\n". With tools, a system turn (holding the first system
+# message's text, if any) lists them as JSON inside <tools></tools>; past calls render as
+# <tool_call> blocks in the assistant turn (content may be None); consecutive "tool" results render
+# as one user turn of <tool_response> blocks. radixserve.tokenizer.tool_calls parses the answers.
+# Every tag strips the whitespace before it ("{%-", "{{-"), so only the quoted strings are output.
+CHAT_TEMPLATE = """\
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages and messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- '# Tools\n\nYou can call functions to help with the request. Their signatures are listed, one JSON \
+object per line, between <tools></tools>:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' + (tool | tojson) }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nTo call a function, answer with one block per call, each holding a JSON object with \
+the name of the function and its arguments:\n<tool_call>\n{"name": <function-name>, "arguments": \
+<args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if tools and loop.first and message.role == 'system' %}
+        {#- already in the tools system turn #}
+    {%- elif message.role == 'assistant' and message.tool_calls %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- if message.content %}
+            {{- message.content }}
+        {%- endif %}
+        {%- for call in message.tool_calls %}
+            {%- set fn = call.function if call.function is defined else call %}
+            {%- if message.content or not loop.first %}
+                {{- '\n' }}
+            {%- endif %}
+            {{- '<tool_call>\n{"name": ' + (fn.name | tojson) + ', "arguments": ' }}
+            {%- if fn.arguments is string %}
+                {{- fn.arguments }}
+            {%- else %}
+                {{- fn.arguments | tojson }}
+            {%- endif %}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or loop.previtem.role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
+        {%- if loop.last or loop.nextitem.role != 'tool' %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+# A Llama-3.1-style template with JSON tool calling (not the demo model's default: tests set it to
+# exercise the llama3_json parser). The header tokens are plain text to the demo tokenizer. With
+# tools, the system turn says "Environment: ipython" and lists them as JSON; past calls render as
+# {"name": ..., "parameters": ...} ("; "-separated); "tool"/"ipython" results as ipython turns.
+LLAMA3_CHAT_TEMPLATE = """\
+{{- bos_token }}
+{%- if messages and messages[0].role == 'system' %}
+    {%- set system_message = messages[0].content | trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = '' %}
+{%- endif %}
+{%- if tools or system_message %}
+    {{- '<|start_header_id|>system<|end_header_id|>\n\n' }}
+    {%- if tools %}
+        {{- 'Environment: ipython\n\n' }}
+    {%- endif %}
+    {{- system_message }}
+    {%- if tools %}
+        {%- if system_message %}
+            {{- '\n\n' }}
+        {%- endif %}
+        {{- 'Given the following functions, answer with a JSON object that calls the one that best \
+serves the request, in the format {"name": function name, "parameters": dictionary of argument names \
+and values}. Use literal values, not variables.\n\n' }}
+        {%- for tool in tools %}
+            {{- (tool | tojson(indent=4)) + '\n\n' }}
+        {%- endfor %}
+    {%- endif %}
+    {{- '<|eot_id|>' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'assistant' and message.tool_calls %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+        {%- for call in message.tool_calls %}
+            {%- set fn = call.function if call.function is defined else call %}
+            {%- if not loop.first %}
+                {{- '; ' }}
+            {%- endif %}
+            {{- '{"name": ' + (fn.name | tojson) + ', "parameters": ' }}
+            {%- if fn.arguments is string %}
+                {{- fn.arguments }}
+            {%- else %}
+                {{- fn.arguments | tojson }}
+            {%- endif %}
+            {{- '}' }}
+        {%- endfor %}
+        {{- '<|eot_id|>' }}
+    {%- elif message.role in ('tool', 'ipython') %}
+        {{- '<|start_header_id|>ipython<|end_header_id|>\n\n' }}
+        {%- if message.content is mapping or message.content is iterable and message.content is not string %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- '<|eot_id|>' }}
+    {%- else %}
+        {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\n\n' + (message.content | trim) \
++ '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
 
 
 class Shape(TypedDict):

@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from radixserve.common import protogen
 from radixserve.common.config import env_flag, env_name, flag_fields
-from radixserve.common.sampling import SamplingParams
+from radixserve.common.sampling import Constraint, SamplingParams
 from radixserve.common.service_config import TLSConfig
 
 protogen.ensure()  # a source checkout whose contract changed since install regenerates here
@@ -225,10 +225,26 @@ def sampling_to_proto(sp: SamplingParams, skip_special_tokens: bool = True) -> p
         stop=list(sp.stop),
         ignore_eos=sp.ignore_eos,
         skip_special_tokens=skip_special_tokens,
+        logit_bias=dict(sp.logit_bias),
     )
-    if sp.seed is not None:
-        msg.seed = sp.seed
+    for name, default in _OPTIONAL.items():
+        if getattr(sp, name) != default:
+            setattr(msg, name, getattr(sp, name))
+    if sp.constraint is not None:
+        msg.constraint.kind = sp.constraint.kind
+        msg.constraint.spec = sp.constraint.spec
     return msg
+
+
+# Optional proto fields, set only away from SamplingParams' default: name -> default.
+_OPTIONAL = {
+    "seed": None,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logprobs": None,
+    "prompt_logprobs": None,
+}
 
 
 def sampling_from_proto(msg: pb.SamplingParams, default_max_new_tokens: int | None = None) -> SamplingParams:
@@ -236,13 +252,28 @@ def sampling_from_proto(msg: pb.SamplingParams, default_max_new_tokens: int | No
     sp = SamplingParams()
     if default_max_new_tokens is not None:
         sp.max_new_tokens = default_max_new_tokens
-    for name in ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed"):
+    for name in ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", *_OPTIONAL):
         if msg.HasField(name):
             setattr(sp, name, getattr(msg, name))
     sp.stop_token_ids = tuple(msg.stop_token_ids)
     sp.stop = tuple(msg.stop)
     sp.ignore_eos = msg.ignore_eos
+    sp.logit_bias = tuple(sorted(msg.logit_bias.items()))
+    if msg.HasField("constraint"):
+        sp.constraint = Constraint(msg.constraint.kind, msg.constraint.spec)
     return sp
+
+
+def logprobs_to_proto(entries: Sequence[tuple[float, list[int], list[float]] | None]) -> pb.Logprobs:
+    """(logprob, top ids, top logprobs) per token as a ``Logprobs``; None (a prompt's first token,
+    which nothing predicts) is NaN with no alternatives."""
+    msg = pb.Logprobs()
+    alternatives = any(e is not None and e[1] for e in entries)
+    for e in entries:
+        msg.logprob.append(float("nan") if e is None else e[0])
+        if alternatives:
+            msg.top.add(token_ids=e[1] if e else (), logprobs=e[2] if e else ())
+    return msg
 
 
 # ------------------------------------------------------------------------ stream sender

@@ -12,6 +12,13 @@ MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 256
 MAX_TOKENS = 2**31 - 1  # what fits the gRPC contract's int32; the context is checked later
 SEED_BITS = 64  # a signed 64-bit seed (the gRPC contract's int64)
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's bound for top_logprobs)
+MAX_PENALTY = 2.0  # presence/frequency: OpenAI's [-2, 2]
+MAX_REPETITION_PENALTY = 2.0  # HF's multiplicative penalty, in (0, 2] (SGLang's bound)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's [-100, 100]
+MAX_LOGIT_BIAS_TOKENS = 1024
+MAX_CONSTRAINT_CHARS = 1 << 20  # a JSON schema / regex / grammar's text
+CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "choice", "lark")
 
 
 class SamplingError(ValueError):
@@ -20,6 +27,20 @@ class SamplingError(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """Structured output: the tokens a request may produce, enforced by masking logits each step
+    (scheduler/grammar.py).
+
+    ``kind`` / ``spec``: ``json_object`` (spec ignored: any JSON object), ``json_schema`` (spec: the
+    schema as JSON text), ``regex`` (spec: the pattern the whole output matches), ``choice`` (spec: a
+    JSON list of strings, the output is one of them), ``lark`` (spec: an llguidance Lark grammar; the
+    gateway's tool calls build these)."""
+
+    kind: str
+    spec: str = ""
 
 
 @dataclass(slots=True)
@@ -33,14 +54,29 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     stop: tuple[str, ...] = field(default_factory=tuple)  # stop strings (checked on text, not tokens)
     ignore_eos: bool = False
+    # OpenAI's presence/frequency penalties (over the generated tokens) and HF's repetition penalty
+    # (over prompt and generated tokens); applied on the device (scheduler/model/penalties.py).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)  # (token id, added to its logit)
+    # Log-probabilities: None asks for none; k >= 0 asks for each token's own and its k most likely
+    # alternatives'. ``prompt_logprobs`` scores the prompt's tokens too (completions' echo).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    constraint: Constraint | None = None
 
     def validate(self) -> None:
         """Raise SamplingError with a message a client can act on."""
         mt = self.max_new_tokens
-        if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= MAX_TOKENS:
+        # 0 only to score a prompt (completions' echo with max_tokens 0): nothing is generated.
+        least = 0 if self.prompt_logprobs is not None else 1
+        if isinstance(mt, bool) or not isinstance(mt, int) or not least <= mt <= MAX_TOKENS:
             raise SamplingError(
                 "max_new_tokens",
-                f"max_new_tokens must be a positive integer (at most {MAX_TOKENS}), got {mt!r}",
+                f"max_new_tokens must be a positive integer (at most {MAX_TOKENS}), got {mt!r}"
+                if least
+                else f"max_new_tokens must be an integer in [0, {MAX_TOKENS}], got {mt!r}",
             )
         _in_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
         _in_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
@@ -74,6 +110,49 @@ class SamplingParams:
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
         if any(not 0 <= t <= MAX_TOKENS for t in self.stop_token_ids):
             raise SamplingError("stop_token_ids", "stop_token_ids must be token ids (integers >= 0)")
+        _in_range("presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
+        _in_range("frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
+        _in_range("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
+            raise SamplingError("logit_bias", f"logit_bias takes at most {MAX_LOGIT_BIAS_TOKENS} tokens")
+        bias = []
+        for item in self.logit_bias:
+            tok, value = item
+            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= MAX_TOKENS:
+                raise SamplingError("logit_bias", f"logit_bias keys must be token ids, got {tok!r}")
+            _in_range("logit_bias", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+            bias.append((tok, float(value)))
+        self.logit_bias = tuple(bias)
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (
+                isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS
+            ):
+                raise SamplingError(name, f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}")
+        c = self.constraint
+        if c is not None:
+            if c.kind not in CONSTRAINT_KINDS:
+                raise SamplingError(
+                    "constraint", f"constraint kind must be one of {CONSTRAINT_KINDS}, got {c.kind!r}"
+                )
+            if not isinstance(c.spec, str) or len(c.spec) > MAX_CONSTRAINT_CHARS:
+                raise SamplingError(
+                    "constraint", f"a constraint's spec is text of at most {MAX_CONSTRAINT_CHARS} characters"
+                )
+            if self.ignore_eos:
+                raise SamplingError(
+                    "ignore_eos", "ignore_eos cannot be combined with a structured-output constraint"
+                )
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the sampler must adjust this request's logits (penalties or a logit bias)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
 
 
 def _in_range(name: str, value: object, lo: float, hi: float, low_open: bool = False) -> None:

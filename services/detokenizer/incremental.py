@@ -66,6 +66,9 @@ class TextDelta:
     cached_tokens: int = 0
     ended_early: bool = False  # ended here while the scheduler may still run it
     lost_start: bool = False  # its start never came here: no text of it left this detokenizer
+    # Passed through untouched (pb.Logprobs): the gateway formats them.
+    logprobs: object | None = None
+    prompt_logprobs: object | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +85,8 @@ class TokenUpdate:
     skip_special_tokens: bool = True
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    logprobs: object | None = None  # pb.Logprobs of token_ids, passed through
+    prompt_logprobs: object | None = None
 
 
 class IncrementalDetokenizer:
@@ -190,6 +195,8 @@ class IncrementalDetokenizer:
             len(st.ids),
             st.cached_tokens,
             ended_early=bool(matched) and not u.finish_reason,
+            logprobs=u.logprobs,
+            prompt_logprobs=u.prompt_logprobs,
         )
         st.sent = end
         if finish:

@@ -30,12 +30,16 @@ def updates_from_proto(batch: pb.TokenBatch) -> list[TokenUpdate]:
             o = e.options
             u.stop, u.skip_special_tokens = tuple(o.stop), o.skip_special_tokens
             u.prompt_tokens, u.cached_tokens = o.prompt_tokens, o.cached_tokens
+        if e.HasField("logprobs"):
+            u.logprobs = e.logprobs
+        if e.HasField("prompt_logprobs"):
+            u.prompt_logprobs = e.prompt_logprobs
         out.append(u)
     return out
 
 
 def text_to_proto(d: TextDelta) -> pb.RequestText:
-    return pb.RequestText(
+    msg = pb.RequestText(
         rid=d.rid,
         text=d.text,
         token_ids=d.token_ids,
@@ -48,6 +52,11 @@ def text_to_proto(d: TextDelta) -> pb.RequestText:
         ended_early=d.ended_early,
         lost_start=d.lost_start,
     )
+    if d.logprobs is not None:
+        msg.logprobs.CopyFrom(d.logprobs)
+    if d.prompt_logprobs is not None:
+        msg.prompt_logprobs.CopyFrom(d.prompt_logprobs)
+    return msg
 
 
 class DetokenizerMetrics:

@@ -20,6 +20,49 @@ class ForwardMode(Enum):
     DECODE = "decode"  # one new token per request
 
 
+@dataclass(slots=True)
+class ScoreLayout:
+    """Which log-probabilities one step computes, for the requests that asked (the rest cost nothing).
+
+    ``rows``: batch rows whose sampled token is scored, with up to ``top_k`` alternatives.
+    ``prompt``: (batch row, prompt position) per scored prompt token: the model also computes logits at
+    ``prompt_index`` (batch-token indices: the position before each scored token), ``prompt_top_k``
+    alternatives each. A prompt's last token predicts the first output, which ``rows`` scores.
+    """
+
+    rows: list[int]
+    top_k: int
+    prompt: list[tuple[int, int]]
+    prompt_index: npt.NDArray[np.int64]
+    prompt_top_k: int
+
+    @classmethod
+    def of(cls, batch: ScheduleBatch) -> ScoreLayout | None:
+        rows: list[int] = []
+        top_k = prompt_top_k = 0
+        prompt: list[tuple[int, int]] = []
+        index: list[npt.NDArray[np.int64]] = []
+        offset = 0
+        lens = batch.extend_lens.tolist()
+        for i, (r, n) in enumerate(zip(batch.reqs, lens, strict=True)):
+            sp = r.sampling
+            if sp.logprobs is not None and batch.token_index[i] >= 0:
+                rows.append(i)
+                top_k = max(top_k, sp.logprobs)
+            if sp.prompt_logprobs is not None and batch.mode is ForwardMode.EXTEND:
+                p = int(batch.prefix_lens[i])
+                end = min(p + n, r.prompt_len - 1)  # positions p..end-1 predict prompt tokens p+1..end
+                if end > p:
+                    prompt += [(i, j + 1) for j in range(p, end)]
+                    index.append(np.arange(offset, offset + end - p, dtype=np.int64))
+                    prompt_top_k = max(prompt_top_k, sp.prompt_logprobs)
+            offset += n
+        if not rows and not prompt:
+            return None
+        flat = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
+        return cls(rows, top_k, prompt, flat, prompt_top_k)
+
+
 @dataclass(slots=True, eq=False)  # identity equality: batches are tracked in lists
 class ScheduleBatch:
     mode: ForwardMode
@@ -33,6 +76,11 @@ class ScheduleBatch:
     token_index: npt.NDArray[np.int64] = field(default_factory=_empty)  # output index of its token, -1: none
     future_ids: npt.NDArray[np.int64] = field(default_factory=_empty)  # FutureMap id of its token, -1: none
     epochs: npt.NDArray[np.int64] = field(default_factory=_empty)  # req.retractions at launch
+    # Set when the batch is planned (ModelRunner.plan), only when some request asks for more than a
+    # sampled token (Req.special): the logprobs it computes, and whether a request is constrained.
+    special: bool = False  # some request does (Req.special)
+    scores: ScoreLayout | None = None
+    constrained: bool = False
 
     @property
     def size(self) -> int:

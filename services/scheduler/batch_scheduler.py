@@ -27,8 +27,10 @@ prefix only with room for the requests waiting to hit it (PrefillAdder, ``keep_w
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections.abc import Callable, Container, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,6 +42,11 @@ from radixserve.scheduler.memory.radix_cache import TreeNode
 from radixserve.scheduler.policy.prefill_adder import AddResult, PrefillAdder, decode_reserve
 from radixserve.scheduler.policy.schedule_policy import SchedulePolicy
 from radixserve.scheduler.req import FinishReason, Req
+
+if TYPE_CHECKING:  # the scheduler itself is model-free: it only reads the host copies of the scores
+    from radixserve.scheduler.model.logits import StepScores
+
+log = logging.getLogger(__name__)
 
 
 class QueueFullError(RuntimeError):
@@ -367,8 +374,15 @@ class BatchScheduler:
         return self.kv.decode_pages_needed(reqs) * self.kv.page_size <= self.kv.available()
 
     # ---------------------------------------------------------------- results
-    def process(self, batch: ScheduleBatch, next_token_ids: Sequence[int] | np.ndarray) -> list[Req]:
-        """Fold one step's sampled tokens (one per request) back in; returns the finished requests."""
+    def process(
+        self,
+        batch: ScheduleBatch,
+        next_token_ids: Sequence[int] | np.ndarray,
+        scores: StepScores | None = None,
+    ) -> list[Req]:
+        """Fold one step's sampled tokens (one per request) back in, with their log-probabilities for
+        the requests that asked (``batch.scores`` says which rows ``scores`` holds); returns the
+        finished requests."""
         self.in_flight.remove(batch)
         tokens = next_token_ids.tolist() if isinstance(next_token_ids, np.ndarray) else list(next_token_ids)
         if len(tokens) != batch.size:
@@ -377,6 +391,8 @@ class BatchScheduler:
         extend = batch.mode is ForwardMode.EXTEND
         written = (batch.prefix_lens + batch.extend_lens).tolist()
         eos = self.eos_token_ids
+        if scores is not None and batch.scores is not None:
+            _store_scores(batch, scores)
         per_request = zip(
             batch.reqs, tokens, batch.epochs.tolist(), batch.token_index.tolist(), written, strict=True
         )
@@ -393,6 +409,11 @@ class BatchScheduler:
             req.output_ids[idx] = tok  # the placeholder becomes the sampled token
             req._fill_cache = None
             sp = req.sampling
+            if req.grammar is not None and self._grammar_ends(req, tok):
+                req.truncate_output(idx + 1)
+                self.running.remove(req)
+                finished.append(self._finish(req, FinishReason.STOP))
+                continue
             if idx + 1 >= sp.max_new_tokens or tok in eos or tok in sp.stop_token_ids:  # rare: check fully
                 reason = self._stop_reason(req, tok, idx)
                 if reason is not None:
@@ -401,13 +422,55 @@ class BatchScheduler:
                     finished.append(self._finish(req, reason))
         return finished
 
+    def _grammar_ends(self, req: Req, tok: int) -> bool:
+        """Advance ``req``'s grammar by its new token; True when the output is complete."""
+        assert req.grammar is not None
+        if not req.grammar.accept(tok):
+            # The mask allowed only what the grammar accepts, so this is a bug: end the output
+            # rather than let it go on unconstrained.
+            log.error("request %s: its grammar refused token %d; ending it", req.rid, tok)
+            return True
+        return req.grammar.done
+
     def _stop_reason(self, req: Req, tok: int, idx: int) -> FinishReason | None:
         sp = req.sampling
+        if sp.max_new_tokens == 0:  # it only scored its prompt: the token sampled after it is not output
+            req.truncate_output(0)
+            return FinishReason.LENGTH
         if (not sp.ignore_eos and tok in self.eos_token_ids) or tok in sp.stop_token_ids:
             return FinishReason.STOP
         if idx + 1 >= sp.max_new_tokens:
             return FinishReason.LENGTH
         return None
+
+
+def _store_scores(batch: ScheduleBatch, scores: StepScores) -> None:
+    """Hand a step's log-probabilities (host tensors) to the requests they belong to."""
+    layout = batch.scores
+    assert layout is not None
+    token, top_ids, top = scores.token.tolist(), scores.top_ids.tolist(), scores.top.tolist()
+    for j, row in enumerate(layout.rows):
+        req = batch.reqs[row]
+        if req.finish_reason is not None or req.retractions != batch.epochs[row]:
+            continue  # its results are void (process skips it too)
+        k = req.sampling.logprobs or 0
+        entry = (token[j], top_ids[j][:k], top[j][:k])
+        idx = int(batch.token_index[row])
+        if idx < len(req.output_logprobs):
+            req.output_logprobs[idx] = entry
+        else:
+            req.output_logprobs.append(entry)
+    if layout.prompt:
+        prompt, p_ids, p_top = (
+            scores.prompt.tolist(),
+            scores.prompt_top_ids.tolist(),
+            scores.prompt_top.tolist(),
+        )
+        for j, (row, pos) in enumerate(layout.prompt):
+            req = batch.reqs[row]
+            k = req.sampling.prompt_logprobs or 0
+            if req.prompt_logprobs is not None and req.retractions == batch.epochs[row]:
+                req.prompt_logprobs[pos] = (prompt[j], p_ids[j][:k], p_top[j][:k])
 
 
 def placeholder(future_id: int) -> int:

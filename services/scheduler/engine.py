@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,7 +35,11 @@ from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.req import FinishReason, Req
 from radixserve.scheduler.tensor_parallel import RunnerSpec, TPFollowers, start_followers, weight_bytes
 
+if TYPE_CHECKING:
+    from radixserve.scheduler.grammar import GrammarBackend
+
 log = logging.getLogger(__name__)
+GRAMMAR_TIMEOUT_S = 60.0  # compiling one constraint (a huge schema); the gateway checked it already
 
 
 def chunk_size(requested: int | None, device: str) -> int | None:
@@ -78,6 +82,7 @@ class Engine:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self._grammars: GrammarBackend | None = None  # built on the first constrained request
         max_context = cfg.max_context_len or self.model_config.max_position_embeddings
         max_positions = max(max_context, self.model_config.max_position_embeddings)
         self.followers: TPFollowers | None = None
@@ -162,6 +167,22 @@ class Engine:
         self.startup["graphs_s"] = self.runner.capture_graphs()  # CUDA; nothing on CPU
         if cfg.warmup:
             self.warmup()
+
+    def attach_grammar(self, req: Req, timeout_s: float = GRAMMAR_TIMEOUT_S) -> None:
+        """Give a constrained request its grammar state. Compiling runs on the grammar backend's
+        threads (cached per constraint), never the engine thread: callers are the gRPC threads and
+        ``generate``. Raises ValueError (a GrammarError) for an invalid constraint."""
+        c = req.sampling.constraint
+        if c is None:
+            return
+        if self._grammars is None:
+            from radixserve.scheduler.grammar import GrammarBackend  # llguidance: only when asked
+
+            self._grammars = GrammarBackend(
+                self.tokenizer, self.model_config.vocab_size, self._eos_token_ids()
+            )
+        backend = self._grammars
+        req.grammar = backend.matcher(backend.compile(c).result(timeout=timeout_s))
 
     def _eos_token_ids(self) -> list[int]:
         eos = set(self.model_config.eos_token_ids)
@@ -252,6 +273,7 @@ class Engine:
             reqs.append(Req(f"r{next(self._ids)}", ids, sp))
         for r in reqs:  # validate all before queueing any: a rejected call leaves nothing behind
             self.scheduler.check_admissible(r)
+            self.attach_grammar(r)
         free = self.scheduler.config.max_waiting_requests - len(self.scheduler.waiting)
         if len(reqs) > free:
             raise QueueFullError(f"{len(reqs)} requests, room for {free} in the waiting queue")
@@ -283,7 +305,7 @@ class Engine:
         cut, _ = find_stop(text, r.sampling.stop)
         if cut >= 0:  # the text ends before the first stop string, which ended the request
             text, reason = text[:cut], FinishReason.STOP.value
-        return {
+        out = {
             "text": text,
             "token_ids": ids,
             "finish_reason": reason,
@@ -293,6 +315,12 @@ class Engine:
                 "cached_tokens": r.num_cached_tokens,
             },
         }
+        # (logprob, top ids, top logprobs) per token, as asked; a prompt's first entry is None
+        if r.sampling.logprobs is not None:
+            out["output_logprobs"] = r.output_logprobs[: len(ids)]
+        if r.prompt_logprobs is not None:
+            out["prompt_logprobs"] = r.prompt_logprobs
+        return out
 
     # ------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
@@ -300,6 +328,8 @@ class Engine:
             self._closed = True
             try:
                 self.loop.close()
+                if self._grammars is not None:
+                    self._grammars.close()
             finally:
                 if self.followers is not None:
                     self.followers.close()

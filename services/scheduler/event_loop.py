@@ -30,6 +30,7 @@ import torch
 from radixserve.scheduler.batch import ScheduleBatch
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.model.forward_batch import ForwardBatch
+from radixserve.scheduler.model.logits import StepScores
 from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.req import Req
 
@@ -89,17 +90,18 @@ class _DeviceStream:
             if mark is not None:
                 mark.record(self.stream)
             host = tokens.to("cpu", non_blocking=True)
+            scores = fb.scores.to_host(non_blocking=True) if fb.scores is not None else None
             done = torch.cuda.Event()
             done.record(self.stream)
         # fb rides along: its device tensors were made on the main stream and must not go back
         # to the caching allocator (and be reused) while this stream may still read them.
-        return host, done, fb
+        return host, scores, done, fb
 
-    def _forward_cpu(self, fb: ForwardBatch) -> list[int]:
+    def _forward_cpu(self, fb: ForwardBatch) -> tuple[list[int], StepScores | None]:
         t = time.perf_counter()
         tokens = self.runner.forward(fb).tolist()
         self._note(time.perf_counter() - t)
-        return tokens
+        return tokens, fb.scores
 
     def ran_inline(self, seconds: float) -> None:
         """The loop ran a CPU forward itself, in ``seconds``."""
@@ -110,12 +112,13 @@ class _DeviceStream:
     def _note(self, seconds: float) -> None:
         self.forward_s += self.EMA * (seconds - self.forward_s)
 
-    def result(self, handle) -> list[int]:
+    def result(self, handle) -> tuple[list[int], StepScores | None]:
+        """The step's tokens, and its log-probabilities when some request asked."""
         if isinstance(handle, Future):
             return handle.result()
-        host, done, _fb = handle
+        host, scores, done, _fb = handle
         done.synchronize()
-        return host.tolist()
+        return host.tolist(), scores
 
     def close(self) -> None:
         if not self.cuda:
@@ -194,10 +197,11 @@ class EventLoop:
         if mark is not None:
             mark.record(torch.cuda.current_stream(self.runner.device))
         tokens = out.tolist()
+        scores = fb.scores.to_host() if fb.scores is not None else None
         t2 = time.perf_counter()
         if self.stream is not None:  # the overlap loop stepping as this one (short CPU forwards)
             self.stream.ran_inline(t2 - t1)
-        finished = self.scheduler.process(batch, tokens)
+        finished = self.scheduler.process(batch, tokens, scores)
         t3 = time.perf_counter()
         self._account(t1 - t0 + t3 - t2, 0.0)
         if self.on_batch is not None:
@@ -206,9 +210,11 @@ class EventLoop:
 
     def _step_overlap(self) -> list[Req]:
         assert self.stream is not None
-        if not self.stream.overlaps:
+        if not self.stream.overlaps or (self.in_flight and self.in_flight[-1][0].constrained):
             # Nothing to hide the host's work behind (short CPU forwards): finish what was launched
-            # on the worker, then step as the normal loop does.
+            # on the worker, then step as the normal loop does. Also when the last batch launched
+            # holds a constrained request: its next mask needs the token that batch samples (the
+            # grammar must accept it first), so that request's steps cannot overlap.
             finished = self.drain()
             return finished + self._step_normal()
         t0 = time.perf_counter()
@@ -230,9 +236,9 @@ class EventLoop:
         while len(self.in_flight) > keep:
             done_batch, handle, launched = self.in_flight.popleft()
             w0 = time.perf_counter()
-            tokens = self.stream.result(handle)
+            tokens, scores = self.stream.result(handle)
             waited += time.perf_counter() - w0
-            finished += self.scheduler.process(done_batch, tokens)
+            finished += self.scheduler.process(done_batch, tokens, scores)
             if self.on_batch is not None:
                 self.on_batch(done_batch, launched, time.perf_counter())
         return finished, waited

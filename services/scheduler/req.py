@@ -13,6 +13,7 @@ import numpy.typing as npt
 from radixserve.common.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.grammar import GrammarMatcher
     from radixserve.scheduler.memory.radix_cache import MatchResult, TreeNode
 
 
@@ -20,6 +21,10 @@ class FinishReason(str, Enum):
     LENGTH = "length"  # max_new_tokens reached
     STOP = "stop"  # EOS or a stop token
     ABORT = "abort"  # client gone, deadline, shutdown
+
+
+# One token's log-probability, its top alternatives' ids and log-probabilities (most likely first).
+TokenLogprob = tuple[float, list[int], list[float]]
 
 
 @dataclass(eq=False, slots=True)
@@ -49,12 +54,31 @@ class Req:
     num_cached_tokens: int = 0  # prompt tokens served from cache at first admission
     retractions: int = 0
     finish_reason: FinishReason | None = None
+
+    # Asked-for extras (SamplingParams.logprobs / prompt_logprobs / constraint).
+    # output_logprobs[i]: output token i's (logprob, top ids, top logprobs), filled as tokens arrive.
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # prompt_logprobs[i]: prompt token i's, by position (a re-prefill after retraction rewrites the same
+    # entries); entry 0 stays None (nothing predicts the first token).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    grammar: GrammarMatcher | None = None  # the constraint's state: the tokens accepted so far
+    special: bool = False  # set from ``sampling`` (__post_init__)
     _fill_cache: npt.NDArray[np.int32] | None = None
 
     def __post_init__(self) -> None:
         self.origin_ids = np.asarray(self.origin_ids, dtype=np.int32)
         if self.queue_time < 0:
             self.queue_time = self.arrival_time
+        sp = self.sampling
+        if sp.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None] * len(self.origin_ids)
+        # Asks the step for more than a sampled token (model/logits.py); checked per step, so kept here.
+        self.special = (
+            sp.logprobs is not None
+            or sp.prompt_logprobs is not None
+            or sp.penalized
+            or sp.constraint is not None
+        )
 
     @property
     def prompt_len(self) -> int:
@@ -90,6 +114,8 @@ class Req:
         if len(self.output_ids) > n:
             del self.output_ids[n:]
             self._fill_cache = None
+        if len(self.output_logprobs) > n:
+            del self.output_logprobs[n:]
 
     @property
     def known_len(self) -> int:

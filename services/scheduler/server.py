@@ -25,6 +25,7 @@ from radixserve.common.rpc import (
     StreamSender,
     add_health,
     listen,
+    logprobs_to_proto,
     pb,
     pb_grpc,
     sampling_from_proto,
@@ -201,6 +202,10 @@ def _to_proto(u: TokenUpdate) -> pb.RequestTokens:
         eo.prompt_tokens, eo.cached_tokens = o.prompt_tokens, u.cached_tokens
         if o.trace_context:
             eo.trace_context.update(o.trace_context)
+    if u.logprobs is not None:
+        e.logprobs.CopyFrom(logprobs_to_proto(u.logprobs))
+    if u.prompt_logprobs is not None:
+        e.prompt_logprobs.CopyFrom(logprobs_to_proto(u.prompt_logprobs))
     return e
 
 

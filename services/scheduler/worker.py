@@ -38,7 +38,7 @@ from radixserve.scheduler.batch_scheduler import QueueFullError
 from radixserve.scheduler.engine import Engine
 from radixserve.scheduler.kv_events import EventHub
 from radixserve.scheduler.metrics import SchedulerMetrics
-from radixserve.scheduler.req import FinishReason, Req
+from radixserve.scheduler.req import FinishReason, Req, TokenLogprob
 from radixserve.scheduler.tracing import SchedulerTracer
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,8 @@ class TokenUpdate:
     error: str = ""
     options: DetokenizeOptions | None = None  # with a request's first update only
     cached_tokens: int = 0  # prompt tokens found in the prefix cache (first update)
+    logprobs: list[TokenLogprob] | None = None  # of token_ids, when the request asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # once, with the first update (echo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +200,7 @@ class EngineWorker:
             raise ValueError(f"input_ids must be in [0, {self.vocab_size})")
         req = Req(msg.rid, ids.astype(np.int32), msg.sampling)
         self.scheduler.check_admissible(req)  # reads the config only
+        self.engine.attach_grammar(req)  # compiles on the grammar threads; this caller waits, not the engine
         with self._lock:
             if msg.rid in self._rids:
                 raise AlreadyHere(f"request {msg.rid} is already here")
@@ -350,9 +353,15 @@ class EngineWorker:
         return self._update(lv, r.output_ids[lv.sent : known], reason, error)
 
     def _update(self, lv: _Live, tokens: list[int], finish_reason: str = "", error: str = "") -> TokenUpdate:
-        u = TokenUpdate(lv.req.rid, tokens, lv.reply_to, finish_reason, error)
+        r = lv.req
+        u = TokenUpdate(r.rid, tokens, lv.reply_to, finish_reason, error)
+        if r.sampling.logprobs is not None:
+            u.logprobs = r.output_logprobs[lv.sent : lv.sent + len(tokens)]
         if lv.first:
             u.options, u.cached_tokens = lv.options, lv.req.num_cached_tokens
+            scored = r.prompt_logprobs
+            if scored is not None and all(e is not None for e in scored[1:]):  # not if it ended before
+                u.prompt_logprobs = scored
             lv.first = False
             self.metrics.prompt_tokens.inc(lv.req.prompt_len)
             self.metrics.cache_hit_tokens.inc(lv.req.num_cached_tokens)

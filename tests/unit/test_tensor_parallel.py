@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model, model_config, save_random_model
+from radixserve.common.sampling import Constraint
 from radixserve.launcher import free_port
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.parallel import ShardLayout, tp_problem
@@ -106,16 +108,28 @@ def test_tp2_greedy_equals_hf_under_decode_retraction(tmp_path):
 
 
 def test_tp2_seeded_sampling_equals_tp1(tmp_path):
+    """Also with what rank 0 alone does after the logits: logprobs (and the prompt positions every
+    rank computes logits for), penalties and a grammar mask."""
     path = make_demo_model(tmp_path / "qwen3", arch="qwen3", size="tiny")
     params = [
         SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=50, seed=s, ignore_eos=True)
         for s in range(len(PROMPTS))
     ]
+    params[0] = replace(params[0], logprobs=2, prompt_logprobs=2)
+    params[1] = replace(params[1], repetition_penalty=1.4, presence_penalty=0.5)
+    params[2] = replace(params[2], ignore_eos=False, constraint=Constraint("regex", "[a-z]{3,8}"))
     outs = {}
     for tp in (1, 2):
-        with Engine(path, tp_size=tp, device="cpu", max_total_tokens=2048) as engine:
-            outs[tp] = [o["token_ids"] for o in engine.generate(prompt=PROMPTS, sampling_params=params)]
-    assert outs[1] == outs[2]
+        with Engine(path, tp_size=tp, device="cpu", max_total_tokens=2048, chunked_prefill_size=8) as engine:
+            outs[tp] = engine.generate(prompt=PROMPTS, sampling_params=params)
+    assert [o["token_ids"] for o in outs[1]] == [o["token_ids"] for o in outs[2]]
+    for key in ("output_logprobs", "prompt_logprobs"):
+        one, two = outs[1][0][key], outs[2][0][key]
+        assert len(one) == len(two) > 1
+        for a, b in zip(one, two, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a[0] == pytest.approx(b[0], abs=1e-4) and a[1] == b[1]
 
 
 def test_a_model_that_does_not_split_is_refused_before_any_process_starts(tmp_path):

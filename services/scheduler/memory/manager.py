@@ -62,7 +62,9 @@ class KVCacheManager:
         result for ``cached_match`` until the cache changes.
         """
         ids = req.fill_ids()
-        m = self.cache.match_prefix(ids[: len(ids) - 1])
+        # A request scoring its prompt needs the logits of every prompt position: it recomputes the
+        # prompt rather than reuse cached KV, whose logits were never kept.
+        m = self.cache.match_prefix(ids[: len(ids) - 1 if req.sampling.prompt_logprobs is None else 0])
         req.match_len = len(m.slots)
         req.last_match = (self.cache.version, m)
         return m

@@ -12,6 +12,7 @@ import torch
 from radixserve.scheduler.batch import ForwardMode
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.model.logits import LogitsStep, StepScores
     from radixserve.scheduler.model.sampler import SamplingInfo
 
 
@@ -34,6 +35,8 @@ class ForwardBatch:
     staged: dict[str, torch.Tensor] = field(default_factory=dict)
     graph_bucket: int | None = None  # decode padded to this many rows for the static path (graph_runner)
     num_real: int | None = None  # rows that are requests (the rest is padding); None: all
+    logits_step: LogitsStep | None = None  # bias, penalties, mask, logprobs (model/logits.py); rank 0
+    scores: StepScores | None = None  # the step's log-probabilities (device), set by the forward
 
     @property
     def batch_size(self) -> int:

@@ -21,7 +21,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
+from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, ScoreLayout
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention import make_backend
@@ -29,6 +29,7 @@ from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.graph_runner import DecodeGraphRunner, pad_rows
 from radixserve.scheduler.model.llama import CausalLM
+from radixserve.scheduler.model.logits import LogitsProcessor
 from radixserve.scheduler.model.ops import make_ops
 from radixserve.scheduler.model.parallel import TPGroup
 from radixserve.scheduler.model.sampler import Sampler, SamplingInfo
@@ -113,6 +114,7 @@ class ModelRunner:
             req_to_token.log_writes()  # the other ranks replay rank 0's table writes
         fi_sampling = getattr(flashinfer, "sampling", None)
         self.sampler = Sampler(flashinfer_module=fi_sampling) if fi_sampling is not None else Sampler()
+        self.logits = LogitsProcessor(req_to_token.scratch_row + 1, model.config.vocab_size, self.device)
         self.futures = FutureMap(4 * max_batch + 8, self.device)
         self.staging = Staging(self.device)
         self.graphs = DecodeGraphRunner(
@@ -129,11 +131,18 @@ class ModelRunner:
         if self.step_sink is not None:
             self.step_sink(plan)
         steps = np.maximum(batch.token_index, 0).tolist()
-        return self.load(plan, SamplingInfo.from_params([r.sampling for r in batch.reqs], steps, self.device))
+        fb = self.load(plan, SamplingInfo.from_params([r.sampling for r in batch.reqs], steps, self.device))
+        if batch.special:
+            fb.logits_step = self.logits.plan(batch)
+        return fb
 
     def plan(self, batch: ScheduleBatch) -> StepPlan:
         """The step's host arrays; a decode batch that fits a graph bucket is padded to it."""
         n = batch.size
+        batch.special = any(r.special for r in batch.reqs)
+        if batch.special:
+            batch.scores = ScoreLayout.of(batch)
+            batch.constrained = any(r.grammar is not None for r in batch.reqs)
         rows = np.fromiter((r.req_pool_idx for r in batch.reqs), dtype=np.int64, count=n)
         host = {
             "input_ids": self.futures.encode_inputs(batch.input_ids.astype(np.int64)),
@@ -151,6 +160,8 @@ class ModelRunner:
                 rows=self.req_to_token.scratch_row, prefix_lens=0, extend_lens=1,
             )  # fmt: skip
             host = pad_rows(host, bucket, pads)
+        if batch.scores is not None and batch.scores.prompt:
+            host["score_index"] = batch.scores.prompt_index  # prompt positions scored (logprobs)
         return StepPlan(batch.mode, host, n, bucket, self.req_to_token.take_pending())
 
     def load(self, plan: StepPlan, sampling: SamplingInfo | None = None) -> ForwardBatch:
@@ -167,7 +178,11 @@ class ModelRunner:
         names = ["input_ids", "positions", "out_slots", "future_out"]
         arrays = [host[k] for k in names]
         if mode is not ForwardMode.DECODE:
-            arrays.append(np.cumsum(host["extend_lens"]) - 1)  # each request's last token
+            # the positions whose logits the model computes: each request's last token, then any
+            # prompt positions scored for logprobs (model/logits.py splits them off again)
+            last = np.cumsum(host["extend_lens"]) - 1
+            scored = host.get("score_index")
+            arrays.append(last if scored is None else np.concatenate([last, scored]))
         arrays += [*staged_host.values(), *([sync] if sync is not None else [])]
         dev = self.staging.send(arrays)
         if sync is not None:
@@ -202,14 +217,21 @@ class ModelRunner:
         else:
             logits = self.model(ids, fb.positions, fb, self.backend)
         if self.tp is None:
-            tokens = self.sampler(logits, fb.sampling)
+            tokens = self._sample(logits, fb)
         else:  # rank 0 samples (its generator alone draws the unseeded rows); every rank gets them
             if fb.sampling is not None:
-                tokens = self.sampler(logits, fb.sampling).to(torch.int64)
+                tokens = self._sample(logits, fb).to(torch.int64)
             else:
                 tokens = torch.empty(fb.real_size, dtype=torch.int64, device=self.device)
             self.tp.broadcast(tokens)
         self.futures.tokens.index_put_((fb.future_out.narrow(0, 0, fb.real_size),), tokens)
+        return tokens
+
+    def _sample(self, logits: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        assert fb.sampling is not None
+        if fb.logits_step is None:
+            return self.sampler(logits, fb.sampling)
+        tokens, fb.scores = self.logits.sample(logits, fb.sampling, fb.logits_step, self.sampler)
         return tokens
 
     def capture_graphs(self) -> float:
