@@ -1,7 +1,8 @@
 """``mypy --strict`` is clean on the strict set: ``services/common`` (its generated pb stubs aside),
 the scheduler's ``memory/`` and ``policy/`` packages, the core types they share (``req``, ``batch``,
-``config``), the ``EngineWorker`` (``worker``) and tensor parallelism (``tensor_parallel``,
-``model.parallel``). pyproject.toml's ``[tool.mypy]`` names the set;
+``config``), the ``EngineWorker`` (``worker``), tensor parallelism (``tensor_parallel``,
+``model.parallel``), what runs between the model and the sampler (``model.logits``,
+``model.penalties``, ``grammar``) and the tool-call parsers. pyproject.toml's ``[tool.mypy]`` names the set;
 the modules they import are read for their types, their own errors not reported.
 
 mypy cannot follow the editable install's import hook (``radixserve`` is ``services/`` through
@@ -32,6 +33,10 @@ MODULES = (
     "radixserve.scheduler.worker",  # the engine thread and request lifecycle behind the servicer
     "radixserve.scheduler.tensor_parallel",  # rank 0's followers and the followers' loop
     "radixserve.scheduler.model.parallel",  # the shard layout and the collectives
+    "radixserve.scheduler.model.logits",  # logprobs, bias, penalties, the grammar mask
+    "radixserve.scheduler.model.penalties",
+    "radixserve.scheduler.grammar",  # structured outputs (llguidance)
+    "radixserve.tokenizer.tool_calls",
 )
 
 

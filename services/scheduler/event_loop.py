@@ -10,6 +10,10 @@ The "device stream" is a CUDA stream on CUDA and one ordered worker thread on CP
 the overlap loop runs, and is tested, everywhere. Results are read only after the
 step's copy-done event (CUDA) or the worker's future (CPU).
 
+A constrained request (structured outputs) cannot run ahead: the mask of its step N+1 is built on
+the host from its grammar after that grammar accepted token N. So while the last batch launched holds
+one, the loop first processes what is in flight, then schedules; those steps do not overlap.
+
 On CPU the overlap loop overlaps only while recent forwards were long (see _DeviceStream):
 both threads run Python under one GIL, so the host's work can hide only behind a forward's
 long kernels, and a short, dispatch-bound forward would just pay the hand-off. While forwards

@@ -39,6 +39,19 @@ def teacher_forced(model, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
+def hf_generate(hf, **kwargs) -> list[list[int]]:
+    """HF greedy ``generate`` of NEW tokens per prompt (no EOS stop)."""
+    model, tok = hf
+    out = []
+    for p in PROMPTS:
+        ids = tok.encode(p)
+        gen = model.generate(
+            torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, pad_token_id=0, **kwargs
+        )
+        out.append(gen[0, len(ids) :].tolist())
+    return out
+
+
 def check_entry(entry, lp_row: torch.Tensor, token: int, k: int) -> None:
     logprob, top_ids, top = entry
     assert logprob == pytest.approx(lp_row[token].item(), abs=1e-4)
@@ -96,20 +109,7 @@ def test_max_tokens_zero_scores_the_prompt_only(model_dir, hf):
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_repetition_penalty_equals_hf_generate(model_dir, hf, overlap):
-    model, tok = hf
-    ref = []
-    for p in PROMPTS:
-        ids = tok.encode(p)
-        gen = model.generate(
-            torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, repetition_penalty=1.5, pad_token_id=0
-        )
-        ref.append(gen[0, len(ids) :].tolist())
-    plain = [
-        model.generate(torch.tensor([tok.encode(p)]), max_new_tokens=NEW, do_sample=False, pad_token_id=0)[
-            0, len(tok.encode(p)) :
-        ].tolist()
-        for p in PROMPTS
-    ]
+    ref, plain = hf_generate(hf, repetition_penalty=1.5), hf_generate(hf)
     assert ref != plain  # the penalty changes what greedy picks: the comparison below can fail
     with Engine(
         model_dir, max_total_tokens=2048, disable_overlap=not overlap, cpu_overlap_thread_min_ms=0
@@ -124,14 +124,7 @@ def test_repetition_penalty_equals_hf_generate(model_dir, hf, overlap):
 
 
 def test_repetition_penalty_survives_retraction(model_dir, hf):
-    model, tok = hf
-    ref = []
-    for p in PROMPTS:
-        ids = tok.encode(p)
-        gen = model.generate(
-            torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, repetition_penalty=1.5, pad_token_id=0
-        )
-        ref.append(gen[0, len(ids) :].tolist())
+    ref = hf_generate(hf, repetition_penalty=1.5)
     with Engine(
         model_dir,
         max_total_tokens=64,

@@ -1,5 +1,8 @@
 """ModelRunner: the model, its KV pool, the attention backend, the sampler and the FutureMap.
 
+Between the model and the sampler sits ``LogitsProcessor`` (logits.py): logprobs, logit bias,
+penalties and the structured-output mask, for the batches whose requests ask (``Req.special``).
+
 ``prepare`` runs on the scheduler thread (host work: tensors, attention metadata);
 ``forward`` runs on the device stream: it resolves placeholder input tokens from the
 FutureMap, runs the model, samples, and stores the sampled tokens back into the FutureMap
