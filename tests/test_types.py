@@ -37,6 +37,7 @@ MODULES = (
     "radixserve.scheduler.model.penalties",
     "radixserve.scheduler.grammar",  # structured outputs (llguidance)
     "radixserve.tokenizer.tool_calls",
+    "radixserve.tokenizer.tool_grammar",
 )
 
 

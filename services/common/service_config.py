@@ -217,6 +217,11 @@ class GatewayConfig:
     )
     api_key_file: str | None = setting(None, "a file of API keys, one per line (e.g. a mounted Secret)")
     protect_metrics: bool = setting(False, "/metrics needs an API key too (/health never does)")
+    tool_call_parser: str | None = setting(
+        None,
+        "the model's tool-call format for chat requests with tools (hermes, llama3_json);"
+        " default: the one its chat template shows, if any (else such requests get a 400)",
+    )
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
 

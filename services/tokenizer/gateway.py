@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from radixserve.common.service_config import GatewayConfig
 from radixserve.tokenizer.auth import ApiKeys
 from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
 from radixserve.tokenizer.metrics import GatewayMetrics
+from radixserve.tokenizer.model_text import ModelText
 from radixserve.tokenizer.router import CacheAwareRouter, LeastLoadRouter, RoundRobinRouter, Router
 from radixserve.tokenizer.scheduler_pool import SchedulerHandle, SchedulerPool
 from radixserve.tokenizer.tracing import RequestTrace
@@ -77,8 +78,6 @@ class Gateway:
         config: GatewayConfig,
         tls: TLS | None = None,  # of the channels to the schedulers (rpc.load_tls of config.tls)
     ) -> None:
-        from transformers import AutoTokenizer
-
         self.api_keys = ApiKeys.from_config(config)  # first: a bad key file stops the start at once
         self.protect_metrics = config.protect_metrics
         log.info("API keys: %s", f"{len(self.api_keys)} accepted" if self.api_keys.enabled else "none (open)")
@@ -86,7 +85,8 @@ class Gateway:
         reply_to = config.advertise_address or f"localhost:{config.grpc_port}"
         routing = config.routing
         self.model_name = model_name
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.text = ModelText(model_path, config.tool_call_parser)  # a bad parser name stops the start
+        self.tokenizer = self.text.tokenizer
         self.reply_to = reply_to
         self.routing = routing
         self.index = open_index(routing.prefix_index, routing.index_key_prefix)
@@ -227,16 +227,12 @@ class Gateway:
             )
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
+        return self.text.encode(text)
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        if not messages:
-            raise ApiError(400, "messages must not be empty", param="messages")
-        try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as e:  # the template's own checks (roles, order) raise
-            raise ApiError(400, f"messages do not fit the chat template: {e}", param="messages") from e
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, object]], tools: list[dict[str, object]] | None = None
+    ) -> list[int]:
+        return self.text.encode_chat(messages, tools)
 
     def max_context(self) -> int | None:
         known = [h.load.max_context_len for h in self.pool.healthy() if h.load is not None]

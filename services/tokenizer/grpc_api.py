@@ -13,11 +13,12 @@ from collections.abc import AsyncIterator
 import grpc
 
 from radixserve.common.rpc import pb, pb_grpc, sampling_from_proto
+from radixserve.common.sampling import SamplingParams
 from radixserve.tokenizer.auth import MISSING_GRPC
 from radixserve.tokenizer.errors import ApiError
 from radixserve.tokenizer.gateway import Gateway
 from radixserve.tokenizer.openai_api import COMPLETIONS_DEFAULT_MAX_TOKENS
-from radixserve.tokenizer.session import RequestSession
+from radixserve.tokenizer.session import Output, RequestSession
 
 _TO_GRPC = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -64,23 +65,35 @@ class GatewayService(pb_grpc.GatewayServicer):
             async with session:
                 ids = self._input_ids(request)
                 sp = sampling_from_proto(request.sampling, COMPLETIONS_DEFAULT_MAX_TOKENS)
+                await self._check_sampling(sp)
                 s = request.sampling
                 skip = s.skip_special_tokens if s.HasField("skip_special_tokens") else True
                 session.trace.child("tokenize", session.trace.start, time.monotonic())
                 await session.submit([ids], sp, 1, skip)
-                text: list[str] = []
-                tokens: list[int] = []
+                whole = pb.GenerateResponse()  # a non-streamed call's one response, built up
+                parts: list[str] = []  # its text (joined once: protobuf strings do not grow in place)
                 async for outputs in session:
                     for o in outputs:
                         if request.stream:
-                            yield _response(session, o.text, o.token_ids, o.finish_reason)
+                            yield _response(session, o, pb.GenerateResponse(text=o.text))
                             continue
-                        text.append(o.text)
-                        tokens += o.token_ids
-                        if o.finish_reason is not None:
-                            yield _response(session, "".join(text), tokens, o.finish_reason)
+                        parts.append(o.text)
+                        if _response(session, o, whole).finish_reason:
+                            whole.text = "".join(parts)
+                            yield whole
         except ApiError as e:  # an unexpected exception is one too (a 500: INTERNAL), see RequestSession
             await context.abort(_TO_GRPC.get(e.status, grpc.StatusCode.INTERNAL), e.message)
+
+    async def _check_sampling(self, sp: SamplingParams) -> None:
+        """What SamplingParams.validate cannot know: the model's vocabulary, and whether the
+        constraint compiles (a 400 here rather than a failure on the scheduler)."""
+        vocab = self.gw.text.vocab_size
+        bad = next((t for t, _ in sp.logit_bias if not 0 <= t < vocab), None)
+        if bad is not None:
+            msg = f"logit_bias keys must be token ids of this model (0..{vocab - 1}), got {bad}"
+            raise ApiError(400, msg, param="logit_bias")
+        if sp.constraint is not None:
+            await self.gw.text.check_constraint(sp.constraint, "constraint")
 
     def _input_ids(self, request: pb.GenerateRequest) -> list[int]:
         gw = self.gw
@@ -100,18 +113,27 @@ class GatewayService(pb_grpc.GatewayServicer):
         return ids
 
 
-def _response(
-    session: RequestSession, text: str, token_ids: list[int], finish_reason: str | None
-) -> pb.GenerateResponse:
-    """A GenerateResponse of the request's one choice; the last one (finished) carries the usage."""
-    usage = None
-    if finish_reason is not None:
+def _response(session: RequestSession, o: Output, into: pb.GenerateResponse) -> pb.GenerateResponse:
+    """``o``'s tokens added to ``into`` (a fresh one per delivery when streaming: the delivery alone;
+    else the whole response so far; its text is the caller's). Logprobs are the detokenizer's, passed
+    on as they came; the prompt's come with the first delivery. The last (finished) one carries the
+    usage."""
+    into.rid = session.rid
+    into.token_ids.extend(o.token_ids)
+    if o.logprobs is not None:
+        into.logprobs.SetInParent()  # present (the request asked) even when this brought no tokens
+        into.logprobs.logprob.extend(o.logprobs.logprob)
+        into.logprobs.top.extend(o.logprobs.top)
+    if o.prompt_logprobs is not None:
+        into.prompt_logprobs.CopyFrom(o.prompt_logprobs)
+    if o.finish_reason is not None:
         u = session.usage()
-        usage = pb.Usage(
-            prompt_tokens=u.prompt_tokens,
-            completion_tokens=u.completion_tokens,
-            cached_tokens=u.cached_tokens,
+        into.finish_reason = o.finish_reason
+        into.usage.CopyFrom(
+            pb.Usage(
+                prompt_tokens=u.prompt_tokens,
+                completion_tokens=u.completion_tokens,
+                cached_tokens=u.cached_tokens,
+            )
         )
-    return pb.GenerateResponse(
-        rid=session.rid, text=text, token_ids=token_ids, finish_reason=finish_reason or "", usage=usage
-    )
+    return into

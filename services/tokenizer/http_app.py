@@ -1,9 +1,11 @@
 """OpenAI-compatible HTTP: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
 A request's lifecycle (submit, results, abort on disconnect, usage) is its RequestSession's
-(session.py); this module turns OpenAI's bodies into a session and its outputs into OpenAI's
-responses: one JSON body, or server-sent events ending in ``[DONE]``. With API keys configured, every
-path but /health (and /metrics, unless --protect-metrics) needs one (auth.py).
+(session.py); this module turns OpenAI's bodies (openai_api.py: checked, mapped to SamplingParams)
+into a session and its outputs into OpenAI's responses: one JSON body, or server-sent events ending in
+``[DONE]``. What each choice shows (echo, logprobs, tool calls) is openai_choices.py's; the bodies
+are openai_responses.py's. With API keys configured, every path but /health (and /metrics, unless
+--protect-metrics) needs one (auth.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import asyncio
 import inspect
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,12 +23,25 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from radixserve.common.sampling import Constraint, SamplingParams
 from radixserve.tokenizer import openai_api as api
+from radixserve.tokenizer import openai_responses as resp
 from radixserve.tokenizer.auth import RequireApiKey
 from radixserve.tokenizer.body_limits import BodyLimits
 from radixserve.tokenizer.errors import ApiError, internal_error
 from radixserve.tokenizer.gateway import Gateway
+from radixserve.tokenizer.openai_choices import (
+    ChatChoiceState,
+    CompletionChoiceState,
+    CompletionFold,
+    chat_content,
+    finish_reason,
+)
+from radixserve.tokenizer.openai_responses import Pieces, chat_logprobs, scored
 from radixserve.tokenizer.session import Output, RequestSession
+from radixserve.tokenizer.tokenize_api import add_routes
+from radixserve.tokenizer.tool_calls import PARSERS, ToolParser
+from radixserve.tokenizer.tool_grammar import tool_choice_constraint, validate_tools
 
 MAX_BODY_BYTES = 8 * 2**20  # 413 above this, before parsing
 MAX_JSON_DEPTH = 32  # the schemas nest 5 deep; far deeper is an attack on the parser
@@ -53,6 +68,7 @@ def build_app(gw: Gateway) -> FastAPI:
     app.get("/v1/models")(routes.models)
     app.post("/v1/completions")(routes.completions)
     app.post("/v1/chat/completions")(routes.chat)
+    add_routes(app, gw)  # /v1/tokenize, /v1/detokenize, /v1/models/{id}
     if gw.api_keys.enabled:  # added last, so outermost: a refusal comes before the body is read
         open_paths = ["/health"] if gw.protect_metrics else ["/health", "/metrics"]
         app.add_middleware(RequireApiKey, keys=gw.api_keys, open_paths=open_paths, refused=routes.refused)
@@ -70,7 +86,10 @@ class OpenAIRoutes:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.metrics = gw.metrics
-        self.paths = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
+        self.paths = {
+            "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
+            "/v1/tokenize", "/v1/detokenize",
+        }  # fmt: skip
 
     # -------------------------------------------------------------------------------- errors
     def refused(self, path: str) -> None:
@@ -123,21 +142,38 @@ class OpenAIRoutes:
         self._check(body)
         t0 = time.monotonic()
         prompts = _prompts(self.gw, body.prompt)
-        max_tokens = body.max_tokens if body.max_tokens is not None else api.COMPLETIONS_DEFAULT_MAX_TOKENS
-        return await self._serve(
-            request, body, prompts, max_tokens, chat=False, tokenized=(t0, time.monotonic())
-        )
+        t1 = time.monotonic()
+        sp = body.sampling_params(self.gw.text.vocab_size)
+        await self._check_constraint(sp, body)
+        echo = [_echo(self.gw, body.prompt, i, ids) for i, ids in enumerate(prompts)] if body.echo else None
+        pieces, wants = self.gw.text.pieces, body.logprobs is not None
+        states = [
+            CompletionChoiceState(pieces, wants, echo[i // body.n] if echo else None)
+            for i in range(len(prompts) * body.n)
+        ]
+        out = _CompletionOutput(states, wants)
+        return await self._serve(request, body, prompts, sp, out, tokenized=(t0, t1))
 
     async def chat(self, body: api.ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
+        body.check_fields()
         t0 = time.monotonic()
-        ids = self.gw.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages])
+        parser, tool_constraint = _tool_plan(self.gw, body)
+        ids = self.gw.encode_chat([m.openai_dict() for m in body.messages], body.tool_dicts())
         t1 = time.monotonic()
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:  # OpenAI: up to the context length
             ctx = self.gw.max_context()
             max_tokens = max(1, ctx - len(ids)) if ctx else api.COMPLETIONS_DEFAULT_MAX_TOKENS
-        return await self._serve(request, body, [ids], max_tokens, chat=True, tokenized=(t0, t1))
+        if max_tokens < 1:
+            field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+            raise ApiError(400, f"{field} must be at least 1, got {max_tokens}", param=field)
+        sp = body.sampling_params(max_tokens, self.gw.text.vocab_size, tool_constraint)
+        await self._check_constraint(sp, body)
+        out = _ChatOutput(
+            self.gw.text.pieces, bool(body.logprobs), parser, body.parallel_tool_calls is False, body.n
+        )
+        return await self._serve(request, body, [ids], sp, out, tokenized=(t0, t1))
 
     def _check(self, body: api.CompletionRequest | api.ChatCompletionRequest) -> None:
         self.gw.check_model(body.model)
@@ -145,27 +181,28 @@ class OpenAIRoutes:
         if refused is not None:
             raise ApiError(400, refused[1], param=refused[0], code="unsupported_parameter")
 
+    async def _check_constraint(
+        self, sp: SamplingParams, body: api.CompletionRequest | api.ChatCompletionRequest
+    ) -> None:
+        """An invalid schema, regex or grammar is the client's 400 here, not a failure on a scheduler."""
+        if sp.constraint is not None:
+            source = body.constraint()
+            await self.gw.text.check_constraint(sp.constraint, source[0] if source else "tools")
+
     async def _serve(
         self,
         request: Request,
         body: api.CompletionRequest | api.ChatCompletionRequest,
         prompts: list[list[int]],
-        max_tokens: int,
-        chat: bool,
+        sp: SamplingParams,
+        out: _Output,
         tokenized: tuple[float, float],
     ) -> Response:
-        if max_tokens < 1:
-            field = (
-                "max_completion_tokens"
-                if getattr(body, "max_completion_tokens", None) is not None
-                else "max_tokens"
-            )
-            raise ApiError(400, f"{field} must be at least 1, got {max_tokens}", param=field)
-        sp = body.sampling_params(max_tokens)
+        chat = isinstance(out, _ChatOutput)
         attributes = {
             "gen_ai.operation.name": "chat" if chat else "text_completion",
             "gen_ai.request.model": body.model,
-            "gen_ai.request.max_tokens": max_tokens,
+            "gen_ai.request.max_tokens": sp.max_new_tokens,
             "gen_ai.request.temperature": body.temperature,
             "gen_ai.request.top_p": body.top_p,
             "gen_ai.request.choice.count": body.n,
@@ -177,12 +214,12 @@ class OpenAIRoutes:
         await session.submit(prompts, sp, body.n, body.skip_special_tokens)  # failing, it ends the session
         if body.stream:
             return StreamingResponse(
-                _stream(session, body.include_usage, chat, path),
+                _stream(session, out, body.include_usage, path),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         async with session:
-            collect = asyncio.create_task(_collect(session))
+            collect = asyncio.create_task(out.collect(session))
             gone = asyncio.create_task(_disconnected(request))
             done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
             if collect not in done:  # the client went away: free the scheduler's slots now
@@ -190,10 +227,9 @@ class OpenAIRoutes:
                 self.metrics.requests.labels(path, "499").inc()
                 return Response(status_code=499)
             gone.cancel()
-            texts = collect.result()
+            built = collect.result()
         self.metrics.requests.labels(path, "200").inc()
-        build = api.chat_body if chat else api.completion_body
-        return JSONResponse(build(session.rid, self.gw.model_name, texts, _usage(session)))
+        return JSONResponse(built(session.rid, self.gw.model_name, _usage(session)))
 
 
 def _prompts(gw: Gateway, prompt: Prompt) -> list[list[int]]:
@@ -208,40 +244,141 @@ def _prompts(gw: Gateway, prompt: Prompt) -> list[list[int]]:
     return [list(p) for p in prompt]
 
 
+def _echo(gw: Gateway, prompt: Prompt, i: int, ids: list[int]) -> tuple[str, list[int]]:
+    """Prompt ``i``'s text as echo shows it (the client's own string, else its ids decoded), and its ids."""
+    if isinstance(prompt, str):
+        return prompt, ids
+    if isinstance(prompt, list) and prompt and isinstance(prompt[i], str):
+        return str(prompt[i]), ids
+    return str(gw.tokenizer.decode(ids, skip_special_tokens=False)), ids
+
+
+def _tool_plan(gw: Gateway, body: api.ChatCompletionRequest) -> tuple[ToolParser | None, Constraint | None]:
+    """The parser for the model's tool calls (None: the model is not to call any) and the grammar a
+    forcing tool_choice imposes."""
+    if not body.calls_tools:
+        return None, None
+    name = gw.text.tool_call_parser
+    if name is None:
+        msg = (
+            "this model's chat template has no tool-call format this server knows; start the gateway"
+            f" with --tool-call-parser ({', '.join(PARSERS)}) to use tools"
+        )
+        raise ApiError(400, msg, param="tools")
+    tools = body.tool_dicts() or []
+    try:
+        validate_tools(tools)
+        # parallel_tool_calls: false -> a forced call is exactly one call
+        constraint = tool_choice_constraint(
+            tools, body.tool_choice_value(), name, body.parallel_tool_calls is not False
+        )
+    except ValueError as e:
+        raise ApiError(400, str(e), param="tools") from e
+    return PARSERS[name](), constraint
+
+
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-async def _collect(session: RequestSession) -> list[api.ChoiceText]:
-    parts: list[list[str]] = [[] for _ in range(session.choice_count)]
-    reasons: list[str | None] = [None] * session.choice_count
-    async for outputs in session:
-        for o in outputs:
-            parts[o.index].append(o.text)
-            reasons[o.index] = o.finish_reason
-    return [api.ChoiceText(i, "".join(p), reasons[i]) for i, p in enumerate(parts)]
+BodyBuilder = Callable[[str, str, resp.UsageBody], resp.Body]  # (rid, model, usage) -> the response
 
 
-async def _stream(session: RequestSession, include_usage: bool, chat: bool, path: str) -> AsyncIterator[str]:
+class _CompletionOutput:
+    """/v1/completions' chunks and body from its choices' deliveries."""
+
+    def __init__(self, states: list[CompletionChoiceState], logprobs: bool) -> None:
+        self.states = states
+        self.logprobs = logprobs
+
+    def hello(self, rid: str, model: str, created: int) -> list[resp.Body]:
+        return []
+
+    def chunk(self, o: Output, rid: str, model: str, created: int) -> resp.Body | None:
+        """The delivery as a chunk; None when it says nothing (no text, no scores, not finished)."""
+        text, lp = self.states[o.index].step(o)
+        if not text and lp is None and o.finish_reason is None:
+            return None
+        return resp.completion_chunk(rid, model, created, o.index, text, o.finish_reason, lp)
+
+    async def collect(self, session: RequestSession) -> BodyBuilder:
+        fold = CompletionFold(self.states, self.logprobs)
+        async for outputs in session:
+            for o in outputs:
+                fold.add(o)
+        results = fold.done()
+        return lambda rid, model, use: resp.completion_body(rid, model, results, use)
+
+
+class _ChatOutput:
+    """/v1/chat/completions' chunks and body: text through the tool-call parser (``parser``, when the
+    model may call tools), logprobs when asked."""
+
+    def __init__(
+        self, pieces: Pieces, logprobs: bool, parser: ToolParser | None, one_call: bool, n: int
+    ) -> None:
+        self.logprobs, self.parser, self.one_call = logprobs, parser, one_call
+        self.states = [ChatChoiceState(pieces, logprobs, parser, one_call) for _ in range(n)]
+        self.pieces = pieces
+
+    def hello(self, rid: str, model: str, created: int) -> list[resp.Body]:
+        """Each choice's first chunk: the role (OpenAI's, before any content)."""
+        delta: resp.ChatDelta = {"role": "assistant", "content": ""}
+        return [resp.chat_chunk(rid, model, created, i, delta, None) for i in range(len(self.states))]
+
+    def chunk(self, o: Output, rid: str, model: str, created: int) -> resp.Body | None:
+        s = self.states[o.index].step(o)
+        if not s.content and not s.tool_calls and s.logprobs is None and s.finish_reason is None:
+            return None
+        delta: resp.ChatDelta = {}
+        if s.content:
+            delta["content"] = s.content
+        if s.tool_calls:
+            delta["tool_calls"] = s.tool_calls
+        return resp.chat_chunk(rid, model, created, o.index, delta, s.finish_reason, s.logprobs)
+
+    async def collect(self, session: RequestSession) -> BodyBuilder:
+        n = len(self.states)
+        texts: list[list[str]] = [[] for _ in range(n)]
+        scores: list[list[resp.ContentLogprob]] = [[] for _ in range(n)]
+        reasons: list[str | None] = [None] * n
+        async for outputs in session:
+            for o in outputs:
+                texts[o.index].append(o.text)
+                reasons[o.index] = o.finish_reason
+                if o.logprobs is not None:
+                    scores[o.index] += chat_logprobs(scored(o.token_ids, o.logprobs), self.pieces)
+        results = []
+        for i in range(n):
+            content, calls = chat_content("".join(texts[i]), self.parser, self.one_call)
+            lp = scores[i] if self.logprobs else None
+            results.append(resp.ChatResult(i, content, finish_reason(reasons[i], bool(calls)), calls, lp))
+        return lambda rid, model, use: resp.chat_body(rid, model, results, use)
+
+
+_Output = _CompletionOutput | _ChatOutput
+
+
+async def _stream(
+    session: RequestSession, out: _Output, include_usage: bool, path: str
+) -> AsyncIterator[str]:
     model, rid, created = session.gw.model_name, session.rid, int(time.time())
+    chat = isinstance(out, _ChatOutput)
     status = "200"
     try:
         async with session:
-            if chat:
-                hello: api.AssistantMessage = {"role": "assistant", "content": ""}
-                yield "".join(
-                    _sse(api.chat_chunk(rid, model, created, i, hello, None))
-                    for i in range(session.choice_count)
-                )
+            hello = out.hello(rid, model, created)
+            if hello:
+                yield "".join(_sse(c) for c in hello)
             async for outputs in session:
                 chunks = [
-                    _sse(c) for o in outputs if (c := _chunk(o, rid, model, created, chat, include_usage))
+                    _sse(c) for o in outputs if (c := _chunk(out, o, rid, model, created, include_usage))
                 ]
                 if chunks:
                     yield "".join(chunks)
             if include_usage:
-                yield _sse(api.usage_chunk(rid, model, created, chat, _usage(session)))
+                yield _sse(resp.usage_chunk(rid, model, created, chat, _usage(session)))
             yield "data: [DONE]\n\n"
     except ApiError as e:  # mid-stream: the status line is sent already; the error goes in the stream
         status = str(e.status)
@@ -252,23 +389,18 @@ async def _stream(session: RequestSession, include_usage: bool, chat: bool, path
         session.gw.metrics.requests.labels(path, status).inc()
 
 
-def _chunk(o: Output, rid: str, model: str, created: int, chat: bool, include_usage: bool) -> api.Body | None:
-    """One choice's new text as a chunk; None when there is nothing to say (no text, not finished)."""
-    if not o.text and o.finish_reason is None:
-        return None
-    if chat:
-        delta: api.AssistantMessage = {"content": o.text} if o.text else {}
-        chunk = api.chat_chunk(rid, model, created, o.index, delta, o.finish_reason)
-    else:
-        chunk = api.completion_chunk(rid, model, created, o.index, o.text, o.finish_reason)
-    if include_usage:
+def _chunk(
+    out: _Output, o: Output, rid: str, model: str, created: int, include_usage: bool
+) -> resp.Body | None:
+    chunk = out.chunk(o, rid, model, created)
+    if chunk is not None and include_usage:
         chunk["usage"] = None
     return chunk
 
 
-def _usage(session: RequestSession) -> api.UsageBody:
+def _usage(session: RequestSession) -> resp.UsageBody:
     u = session.usage()
-    return api.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+    return resp.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
 
 
 def _sse(obj: Mapping[str, object]) -> str:

@@ -1,32 +1,47 @@
-"""OpenAI-compatible request schemas and response bodies (pure: no I/O).
+"""OpenAI-compatible request schemas and their SamplingParams (pure: no I/O). The response bodies are
+openai_responses.py's.
 
 One schema per endpoint, strict and bounded, so bad input is a 400 that names the field, never a
 500 further in:
 - types are strict (a string where a number belongs is a 400, not a coercion); NaN and Infinity
   are refused; integers are bounded to what the gRPC contract carries (token ids and lengths int32,
   seeds int64); strings must be valid Unicode (no lone surrogates);
-- ranges are SamplingParams.validate's, the one check the gRPC front door and the Engine share;
-- fields OpenAI documents that radixserve does not implement are accepted only at their neutral
-  value (``presence_penalty: 0``, ``logprobs: null``, ...) and refused with a 400 naming them
-  otherwise (``unsupported``); ``user`` is accepted and ignored on purpose (it labels requests for
-  the provider's abuse monitoring); any other field is refused as unknown.
+- ranges are SamplingParams.validate's, the one check the gRPC front door and the Engine share (its
+  parameter names are mapped back to the request's own: ``max_new_tokens`` is ``max_tokens``, ...);
+- structured output comes from one source per request: OpenAI's ``response_format``, vLLM's
+  ``guided_json`` / ``guided_regex`` / ``guided_choice``, or a chat's forcing ``tool_choice``;
+- ``best_of`` (other than ``n``) and ``suffix`` are not implemented: a 400 naming them
+  (``unsupported``); ``user`` is accepted and ignored on purpose (it labels requests for the
+  provider's abuse monitoring); any other field is refused as unknown.
 """
 
 from __future__ import annotations
 
-import time
+import json
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Annotated, Literal, TypedDict
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from radixserve.common.sampling import MAX_TOKENS, SEED_BITS, SamplingParams
+from radixserve.common.sampling import (
+    MAX_LOGIT_BIAS_TOKENS,
+    MAX_LOGPROBS,
+    MAX_TOKENS,
+    SEED_BITS,
+    Constraint,
+    SamplingError,
+    SamplingParams,
+)
+from radixserve.tokenizer.errors import ApiError
 
 MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one /v1/completions request
 MAX_MESSAGES = 4096
-MAX_LOGPROBS = 20
+MAX_TOOLS = 128  # OpenAI's limit
+MAX_CHOICES = 1024  # guided_choice's strings
+MAX_NAME = 256  # ids and names a client echoes back (tool call ids, message names)
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's (and tool_calls.validate_tools')
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (gRPC Generate: the same)
 
@@ -39,8 +54,27 @@ def _valid_unicode(s: str) -> str:
     return s
 
 
+def _valid_unicode_json(value: dict[str, object]) -> dict[str, object]:
+    """Every key and string in a JSON object (a schema) valid Unicode: such text goes into prompts,
+    grammars and protobuf strings, which cannot hold a lone surrogate."""
+    stack: list[object] = [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            _valid_unicode(x)
+        elif isinstance(x, dict):
+            stack += [*x.keys(), *x.values()]
+        elif isinstance(x, list):
+            stack += x
+    return value
+
+
 Text = Annotated[str, AfterValidator(_valid_unicode)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
+Name = Annotated[Text, Field(max_length=MAX_NAME)]
+FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME)]
+JsonObject = Annotated[dict[str, object], AfterValidator(_valid_unicode_json)]
+Choices = Annotated[list[Annotated[Text, Field(min_length=1)]], Field(min_length=1, max_length=MAX_CHOICES)]
 
 
 class _Strict(BaseModel):
@@ -51,6 +85,70 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+# ---------------------------------------------------------------------------- response_format
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(_Strict):
+    name: FunctionName
+    description: Text | None = None
+    schema_: JsonObject | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # accepted: the schema is always enforced (llguidance masks every step)
+
+
+class JsonSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+_FORMATS = {"text": "TextFormat", "json_object": "JsonObjectFormat", "json_schema": "JsonSchemaFormat"}
+
+
+def _format_tag(v: object) -> str | None:
+    # Tagged by class name, not by the type's value: an error's location then holds the class name,
+    # which validation_message leaves out ("response_format.json_schema.name", said once).
+    kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return _FORMATS.get(kind) if isinstance(kind, str) else None
+
+
+ResponseFormat = Annotated[
+    Annotated[TextFormat, Tag("TextFormat")]
+    | Annotated[JsonObjectFormat, Tag("JsonObjectFormat")]
+    | Annotated[JsonSchemaFormat, Tag("JsonSchemaFormat")],
+    Discriminator(
+        _format_tag,
+        custom_error_type="invalid_response_format",
+        custom_error_message="type must be one of text, json_object, json_schema",
+    ),
+]
+
+
+def _format_constraint(rf: TextFormat | JsonObjectFormat | JsonSchemaFormat) -> Constraint | None:
+    if isinstance(rf, JsonSchemaFormat) and rf.json_schema.schema_ is not None:
+        return Constraint("json_schema", json.dumps(rf.json_schema.schema_, ensure_ascii=False))
+    if isinstance(rf, TextFormat):
+        return None
+    return Constraint("json_object")  # json_object, or a json_schema without a schema: any object
+
+
+def _guided_json(value: JsonObject | str) -> Constraint:
+    if isinstance(value, str):  # vLLM takes the schema as JSON text too
+        try:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError) as e:
+            raise ApiError(400, f"guided_json is not valid JSON: {e}", param="guided_json") from None
+        if not isinstance(parsed, dict):
+            raise ApiError(400, "guided_json must be a JSON schema (an object)", param="guided_json")
+        return Constraint("json_schema", value)
+    return Constraint("json_schema", json.dumps(value, ensure_ascii=False))
+
+
+# ------------------------------------------------------------------------------ common fields
 class _Sampling(_Strict):
     model: Annotated[Text, Field(max_length=512)]
     max_tokens: Annotated[int, Field(le=MAX_TOKENS)] | None = None
@@ -67,26 +165,17 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Annotated[Text, Field(max_length=512)] | None = None  # accepted and ignored on purpose
-    # Documented by OpenAI (or vLLM), not implemented yet: only their neutral values pass.
+    # Ranges: SamplingParams.validate's (the same words as over gRPC).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    logit_bias: dict[str, float] | None = None
-    response_format: dict[str, object] | None = None
-
-    def sampling_params(self, max_new_tokens: int) -> SamplingParams:
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return SamplingParams(
-            max_new_tokens=max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=self.seed,
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            stop=stop,
-            ignore_eos=self.ignore_eos,
-        )
+    # OpenAI's shape: token ids as strings; the vocabulary is checked with the model's (logit_bias_ids).
+    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's extensions for structured output.
+    guided_json: JsonObject | Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: Choices | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -100,20 +189,67 @@ class _Sampling(_Strict):
         return None
 
     def _optional_features(self) -> list[tuple[str, object, tuple[object, ...]]]:
-        rf = self.response_format
-        return [
-            ("presence_penalty", self.presence_penalty, (0.0,)),
-            ("frequency_penalty", self.frequency_penalty, (0.0,)),
-            ("repetition_penalty", self.repetition_penalty, (1.0,)),
-            ("logit_bias", self.logit_bias or None, (None,)),
-            (
-                "response_format",
-                None if rf is None or rf == {"type": "text"} else rf,
-                (None, {"type": "text"}),
-            ),
-        ]
+        return []
+
+    def constraint(self) -> tuple[str, Constraint] | None:
+        """The structured output asked for and the field that asked; a 400 for more than one."""
+        found: list[tuple[str, Constraint]] = []
+        if self.response_format is not None and (c := _format_constraint(self.response_format)):
+            found.append(("response_format", c))
+        if self.guided_json is not None:
+            found.append(("guided_json", _guided_json(self.guided_json)))
+        if self.guided_regex is not None:
+            found.append(("guided_regex", Constraint("regex", self.guided_regex)))
+        if self.guided_choice is not None:
+            found.append(("guided_choice", Constraint("choice", json.dumps(self.guided_choice))))
+        if len(found) > 1:
+            msg = f"{found[0][0]} and {found[1][0]} both constrain the output: give at most one"
+            raise ApiError(400, msg, param=found[1][0])
+        return found[0] if found else None
+
+    def logit_bias_ids(self, vocab_size: int) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` with its keys as token ids of this model's vocabulary (else a 400)."""
+        out = []
+        for key, value in (self.logit_bias or {}).items():
+            if not re.fullmatch(r"[0-9]{1,10}", key) or int(key) >= vocab_size:
+                msg = f"logit_bias keys must be token ids of this model (0..{vocab_size - 1}), got {key!r}"
+                raise ApiError(400, msg, param="logit_bias")
+            out.append((int(key), value))
+        return tuple(out)
+
+    def _sampling(
+        self, max_new_tokens: int, vocab_size: int, constraint: Constraint | None
+    ) -> SamplingParams:
+        """What both endpoints ask alike; the endpoint's own fields come on top."""
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            stop=stop,
+            ignore_eos=self.ignore_eos,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=self.logit_bias_ids(vocab_size),
+            constraint=constraint,
+        )
+
+    def _checked(self, sp: SamplingParams, names: Mapping[str, str]) -> SamplingParams:
+        """``sp`` validated, a failure a 400 naming this request's field (``names``: SamplingParams'
+        names where the request's differ)."""
+        try:
+            sp.validate()
+        except SamplingError as e:
+            raise ApiError(400, str(e), param=names.get(e.param, e.param)) from e
+        return sp
 
 
+# -------------------------------------------------------------------------------- completions
 class CompletionRequest(_Sampling):
     prompt: (
         Text
@@ -127,23 +263,47 @@ class CompletionRequest(_Sampling):
     suffix: Text | None = None
 
     def _optional_features(self) -> list[tuple[str, object, tuple[object, ...]]]:
-        return [
-            *super()._optional_features(),
-            ("echo", self.echo, (False,)),
-            ("logprobs", self.logprobs, (None,)),
-            ("best_of", self.best_of, (None, self.n)),
-            ("suffix", self.suffix or None, (None,)),
-        ]
+        return [("best_of", self.best_of, (None, self.n)), ("suffix", self.suffix or None, (None,))]
+
+    def sampling_params(self, vocab_size: int) -> SamplingParams:
+        """This request's SamplingParams (raises ApiError naming the field)."""
+        max_tokens = self.max_tokens if self.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+        if max_tokens < 1 and not (max_tokens == 0 and self.echo):
+            msg = f"max_tokens must be at least 1 (0 only with echo: true), got {max_tokens}"
+            raise ApiError(400, msg, param="max_tokens")
+        source = self.constraint()
+        sp = self._sampling(max_tokens, vocab_size, source[1] if source else None)
+        sp.logprobs = self.logprobs
+        if self.echo and (self.logprobs is not None or max_tokens == 0):
+            # The prompt's own scores come with its echo. max_tokens 0 generates nothing, which only
+            # prompt scoring asks for: the scores are then computed even if not shown.
+            sp.prompt_logprobs = self.logprobs if self.logprobs is not None else 0
+        names = {"max_new_tokens": "max_tokens", "prompt_logprobs": "logprobs"}
+        return self._checked(sp, {**names, "constraint": source[0] if source else "response_format"})
 
 
+# ----------------------------------------------------------------------------------------- chat
 class TextPart(_Strict):
     type: Literal["text"]
     text: Text
 
 
+class FunctionCall(_Strict):
+    name: Name
+    arguments: Text  # JSON text, as the model wrote it
+
+
+class MessageToolCall(_Strict):
+    id: Name
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Text | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)] | None = None
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOLS)] | None = None  # assistant
+    tool_call_id: Name | None = None  # tool: the call this message answers
 
     def text(self) -> str:
         if self.content is None:
@@ -152,170 +312,110 @@ class ChatMessage(_Strict):
             return self.content
         return "".join(p.text for p in self.content)
 
+    def openai_dict(self) -> dict[str, object]:
+        """The message as OpenAI's plain shape (content parts joined; unset fields left out), what
+        tool_calls.template_messages turns into the chat template's."""
+        out = self.model_dump(exclude_none=True, by_alias=True)
+        if self.content is not None:
+            out["content"] = self.text()
+        elif self.tool_calls is None:
+            out["content"] = ""  # templates concatenate content: a bare None would fail there
+        return out
+
+
+class FunctionDefinition(_Strict):
+    name: FunctionName
+    description: Text | None = None
+    parameters: JsonObject | None = None  # a JSON schema of the arguments
+    strict: bool | None = None
+
+
+class ChatTool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(_Strict):
+    name: FunctionName
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
 
 class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)]
     max_completion_tokens: Annotated[int, Field(le=MAX_TOKENS)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: list[dict[str, object]] | None = None
-    tool_choice: Text | dict[str, object] | None = None
+    tools: Annotated[list[ChatTool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
-    def _optional_features(self) -> list[tuple[str, object, tuple[object, ...]]]:
-        return [
-            *super()._optional_features(),
-            ("logprobs", self.logprobs, (None, False)),
-            ("top_logprobs", self.top_logprobs, (None, 0)),
-            ("tools", self.tools or None, (None,)),
-            ("tool_choice", self.tool_choice, (None, "none", "auto")),
-        ]
+    def check_fields(self) -> None:
+        """What the schema cannot say field by field: a 400 naming the field."""
+        if self.top_logprobs and not self.logprobs:  # 0 asks for nothing: let it pass, as before
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
+            names = {t.function.name for t in self.tools or ()}
+            if not names:
+                raise ApiError(400, "tool_choice forces a tool call: give tools", param="tool_choice")
+            named = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+            if named is not None and named not in names:
+                raise ApiError(
+                    400, f"tool_choice names {named!r}, which is not among tools", param="tool_choice"
+                )
+        for i, m in enumerate(self.messages):
+            _check_message(i, m)
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the model may call tools (then its output is parsed for calls)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def tool_dicts(self) -> list[dict[str, object]] | None:
+        """``tools`` as OpenAI-shaped dicts (what HF chat templates take); None with tool_choice none:
+        the model is not to call them, so they are left out of its prompt (vLLM renders them; here the
+        output cannot then be a call the client would get as text)."""
+        if not self.calls_tools:
+            return None
+        return [t.model_dump(exclude_none=True, by_alias=True) for t in self.tools or ()]
+
+    def tool_choice_value(self) -> str | dict[str, object]:
+        """``tool_choice`` as OpenAI's plain value (its default: auto when tools are given)."""
+        tc = self.tool_choice or "auto"
+        return tc if isinstance(tc, str) else tc.model_dump()
+
+    def sampling_params(
+        self, max_new_tokens: int, vocab_size: int, tool_constraint: Constraint | None = None
+    ) -> SamplingParams:
+        """This request's SamplingParams (raises ApiError naming the field); ``tool_constraint``: the
+        grammar a forcing tool_choice imposes."""
+        source = self.constraint()
+        if tool_constraint is not None:
+            if source is not None:
+                msg = f"{source[0]} cannot be combined with tool_choice {self.tool_choice_value()!r}"
+                raise ApiError(400, msg, param=source[0])
+            source = ("tool_choice", tool_constraint)
+        sp = self._sampling(max_new_tokens, vocab_size, source[1] if source else None)
+        sp.logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        tokens_field = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        names = {"max_new_tokens": tokens_field, "logprobs": "top_logprobs"}
+        return self._checked(sp, {**names, "constraint": source[0] if source else "response_format"})
 
 
-# ---------------------------------------------------------------------------------- responses
-class CachedTokens(TypedDict):
-    cached_tokens: int
+def _check_message(i: int, m: ChatMessage) -> None:
+    where = f"messages.{i}"
+    if m.tool_calls is not None and m.role != "assistant":
+        raise ApiError(400, f"{where}: only assistant messages carry tool_calls", param=f"{where}.tool_calls")
+    if m.role == "tool" and m.tool_call_id is None:
+        raise ApiError(400, f"{where}: a tool message needs tool_call_id", param=f"{where}.tool_call_id")
+    if m.tool_call_id is not None and m.role != "tool":
+        raise ApiError(400, f"{where}: only tool messages carry tool_call_id", param=f"{where}.tool_call_id")
 
 
-class UsageBody(TypedDict):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: CachedTokens
-
-
-class CompletionChoice(TypedDict):
-    index: int
-    text: str
-    logprobs: None
-    finish_reason: str | None
-
-
-class AssistantMessage(TypedDict, total=False):
-    role: str
-    content: str
-
-
-class ChatChoice(TypedDict):
-    index: int
-    message: AssistantMessage
-    logprobs: None
-    finish_reason: str | None
-
-
-class ChatDeltaChoice(TypedDict):
-    index: int
-    delta: AssistantMessage
-    logprobs: None
-    finish_reason: str | None
-
-
-class _Body(TypedDict):
-    id: str
-    object: str
-    created: int
-    model: str
-    choices: Sequence[CompletionChoice | ChatChoice | ChatDeltaChoice]
-
-
-class Body(_Body, total=False):
-    """A response, or a chunk of a streamed one (chunks have ``usage`` with include_usage only)."""
-
-    usage: UsageBody | None
-
-
-@dataclass(frozen=True, slots=True)
-class ChoiceText:
-    """A finished choice of a non-streamed response."""
-
-    index: int
-    text: str
-    finish_reason: str | None
-
-
-def response_id(rid: str, chat: bool) -> str:
-    """The OpenAI id of request ``rid``'s response (and of each chunk of it): the request's own id."""
-    return f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
-
-
-def usage(prompt: int, completion: int, cached: int) -> UsageBody:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def completion_body(rid: str, model: str, choices: Sequence[ChoiceText], use: UsageBody) -> Body:
-    return {
-        "id": response_id(rid, chat=False),
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-            for c in choices
-        ],
-        "usage": use,
-    }
-
-
-def chat_body(rid: str, model: str, choices: Sequence[ChoiceText], use: UsageBody) -> Body:
-    return {
-        "id": response_id(rid, chat=True),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": None,
-                "finish_reason": c.finish_reason,
-            }
-            for c in choices
-        ],
-        "usage": use,
-    }
-
-
-def completion_chunk(
-    rid: str, model: str, created: int, index: int, text: str, finish_reason: str | None
-) -> Body:
-    return {
-        "id": response_id(rid, chat=False),
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-    }
-
-
-def chat_chunk(
-    rid: str, model: str, created: int, index: int, delta: AssistantMessage, finish_reason: str | None
-) -> Body:
-    return {
-        "id": response_id(rid, chat=True),
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-    }
-
-
-def usage_chunk(rid: str, model: str, created: int, chat: bool, use: UsageBody) -> Body:
-    """The last chunk of a stream with include_usage: no choices, the request's usage."""
-    return {
-        "id": response_id(rid, chat),
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": use,
-    }
-
-
+# --------------------------------------------------------------------------------------- errors
 def validation_message(errors: Sequence[Mapping[str, object]]) -> tuple[str, str | None]:
     """A pydantic error list as one message a client can act on, and the offending field."""
     first = errors[0]
@@ -330,12 +430,13 @@ def validation_message(errors: Sequence[Mapping[str, object]]) -> tuple[str, str
 
 
 def _where(e: Mapping[str, object]) -> str:
-    # union branches appear in the location as their type ("str", "list[int]"): not a field name
+    # Union branches appear in the location as their type ("str", "list[int]", a model's class
+    # name, response_format's tags): not a field name.
     loc = e.get("loc", ())
     parts = [
         str(x)
         for x in (loc if isinstance(loc, (list, tuple)) else ())
-        if x != "body" and not (isinstance(x, str) and ("[" in x or x in _TYPES))
+        if x != "body" and not (isinstance(x, str) and ("[" in x or x in _TYPES or x[:1].isupper()))
     ]
     return ".".join(parts) or "body"
 

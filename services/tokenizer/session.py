@@ -47,6 +47,19 @@ class Output:
     text: str  # new text (stop strings cut, partial matches held back)
     token_ids: list[int]  # new tokens
     finish_reason: str | None  # None while the choice runs
+    logprobs: pb.Logprobs | None = None  # of token_ids, when the request asked
+    prompt_logprobs: pb.Logprobs | None = None  # of the prompt's tokens: once, with the first delivery
+
+
+def _output(index: int, t: pb.RequestText) -> Output:
+    return Output(
+        index,
+        t.text,
+        list(t.token_ids),
+        t.finish_reason or None,
+        t.logprobs if t.HasField("logprobs") else None,
+        t.prompt_logprobs if t.HasField("prompt_logprobs") else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +162,7 @@ class RequestSession:
                 self._reasons.append(t.finish_reason)
                 if t.finish_reason == "abort":
                     raise retryable(t.error or "the request was aborted")
-            outputs.append(Output(i, t.text, list(t.token_ids), t.finish_reason or None))
+            outputs.append(_output(i, t))
         return outputs
 
     def usage(self) -> Usage:

@@ -45,7 +45,8 @@ FIELDS = [
     "stop_token_ids", "n", "stream", "stream_options", "ignore_eos", "skip_special_tokens",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs",
     "top_logprobs", "echo", "best_of", "response_format", "tools", "tool_choice", "user", "model",
-    "prompt", "messages", "suffix", "no_such_field",
+    "prompt", "messages", "suffix", "guided_json", "guided_regex", "guided_choice", "parallel_tool_calls",
+    "no_such_field",
 ]  # fmt: skip
 MESSAGES = st.one_of(
     st.lists(
@@ -180,10 +181,15 @@ def test_a_body_over_the_limit_is_a_413_before_parsing(cluster, http):
         ("temperature", 1e308, 400),
         ("presence_penalty", 1e308, 400),
         ("frequency_penalty", -(2**63), 400),
-        ("logprobs", 2, 400),
-        ("response_format", {"type": "json_object"}, 400),
+        ("logprobs", 21, 400),
+        ("response_format", {"type": "xml"}, 400),
+        ("logit_bias", {"99999999": 1}, 400),
+        ("guided_regex", "(unclosed", 400),
         ("user", "alice", 200),
         ("presence_penalty", 0, 200),
+        ("presence_penalty", 0.5, 200),
+        ("logprobs", 2, 200),
+        ("response_format", {"type": "json_object"}, 200),
     ],
 )
 def test_the_issues_500s_and_silent_200s_are_400s_that_name_the_field(http, field, value, status):

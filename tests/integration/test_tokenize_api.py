@@ -20,7 +20,7 @@ from radixserve.common.service_config import GatewayConfig
 from radixserve.tokenizer.gateway import Gateway
 from radixserve.tokenizer.http_app import build_app
 from radixserve.tokenizer.openai_api import ChatCompletionRequest, CompletionRequest
-from radixserve.tokenizer.tokenize_api import DetokenizeRequest, TokenizeRequest, add_routes
+from radixserve.tokenizer.tokenize_api import DetokenizeRequest, TokenizeRequest
 from tests.integration.conftest import MODEL_NAME
 
 TEXTS = ["def add(a, b):", "import os\nimport sys\n", "# héllo wörld ✓", "  two  spaces , and . ", ""]
@@ -51,9 +51,7 @@ def make_gateway(model_dir) -> Callable[[str], Gateway]:
 
 
 def make_app(gw: Gateway) -> FastAPI:
-    app = build_app(gw)
-    add_routes(app, gw)
-    return app
+    return build_app(gw)  # build_app adds these routes (tokenize_api.add_routes)
 
 
 @pytest.fixture(scope="module")

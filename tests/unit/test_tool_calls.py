@@ -20,9 +20,8 @@ from radixserve.tokenizer.tool_calls import (
     ToolCall,
     parser_for_template,
     template_messages,
-    tool_choice_constraint,
-    validate_tools,
 )
+from radixserve.tokenizer.tool_grammar import tool_choice_constraint, validate_tools
 
 WEATHER = {
     "type": "function",
@@ -430,7 +429,14 @@ def test_required_grammar(tokenizer, ll_tokenizer, parser):
     assert not accepts("It is sunny.")
     assert not accepts("")  # at least one call
     # hermes: one or more blocks, newline-separated, as the template renders them
-    assert accepts(call("get_weather", PARIS) + "\n" + call("get_time", "{}")) == (parser == "hermes")
+    two = call("get_weather", PARIS) + "\n" + call("get_time", "{}")
+    assert accepts(two) == (parser == "hermes")
+    # parallel_tool_calls: false -> exactly one call in every format
+    single = tool_choice_constraint(TOOLS, "required", parser, parallel=False)
+    assert single is not None
+    one_call = LLMatcher.grammar_from_lark(single.spec)
+    assert _accepts(tokenizer, ll_tokenizer, one_call, call("get_weather", PARIS))
+    assert not _accepts(tokenizer, ll_tokenizer, one_call, two)
 
 
 def test_template_rendered_call_is_accepted(tokenizer, ll_tokenizer):
