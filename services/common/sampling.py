@@ -143,6 +143,10 @@ class SamplingParams:
                 raise SamplingError(
                     "ignore_eos", "ignore_eos cannot be combined with a structured-output constraint"
                 )
+            if mt == 0:
+                raise SamplingError(
+                    "max_new_tokens", "a structured-output constraint needs max_new_tokens >= 1"
+                )
 
     @property
     def penalized(self) -> bool:

@@ -49,13 +49,13 @@ class ScoreLayout:
             if sp.logprobs is not None and batch.token_index[i] >= 0:
                 rows.append(i)
                 top_k = max(top_k, sp.logprobs)
-            if sp.prompt_logprobs is not None and batch.mode is ForwardMode.EXTEND:
+            if r.scores_prompt and batch.mode is ForwardMode.EXTEND:
                 p = int(batch.prefix_lens[i])
                 end = min(p + n, r.prompt_len - 1)  # positions p..end-1 predict prompt tokens p+1..end
                 if end > p:
                     prompt += [(i, j + 1) for j in range(p, end)]
                     index.append(np.arange(offset, offset + end - p, dtype=np.int64))
-                    prompt_top_k = max(prompt_top_k, sp.prompt_logprobs)
+                    prompt_top_k = max(prompt_top_k, sp.prompt_logprobs or 0)
             offset += n
         if not rows and not prompt:
             return None

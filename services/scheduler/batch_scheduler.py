@@ -409,10 +409,11 @@ class BatchScheduler:
             req.output_ids[idx] = tok  # the placeholder becomes the sampled token
             req._fill_cache = None
             sp = req.sampling
-            if req.grammar is not None and self._grammar_ends(req, tok):
-                req.truncate_output(idx + 1)
+            ended = self._grammar_end(req, tok) if req.grammar is not None else None
+            if ended is not None:
+                req.truncate_output(idx + (ended is FinishReason.STOP))  # a refused token is not output
                 self.running.remove(req)
-                finished.append(self._finish(req, FinishReason.STOP))
+                finished.append(self._finish(req, ended))
                 continue
             if idx + 1 >= sp.max_new_tokens or tok in eos or tok in sp.stop_token_ids:  # rare: check fully
                 reason = self._stop_reason(req, tok, idx)
@@ -422,15 +423,18 @@ class BatchScheduler:
                     finished.append(self._finish(req, reason))
         return finished
 
-    def _grammar_ends(self, req: Req, tok: int) -> bool:
-        """Advance ``req``'s grammar by its new token; True when the output is complete."""
+    def _grammar_end(self, req: Req, tok: int) -> FinishReason | None:
+        """Advance ``req``'s grammar by its new token: STOP when the output is complete, ABORT when
+        the grammar refused the token, None while it goes on."""
         assert req.grammar is not None
         if not req.grammar.accept(tok):
-            # The mask allowed only what the grammar accepts, so this is a bug: end the output
-            # rather than let it go on unconstrained.
-            log.error("request %s: its grammar refused token %d; ending it", req.rid, tok)
-            return True
-        return req.grammar.done
+            # The mask allowed only what the grammar accepts, so this is a bug: end the request
+            # (aborted, without the token) rather than let it go on unconstrained.
+            log.error(
+                "request %s: its grammar refused token %d (%s); ending it", req.rid, tok, req.grammar.error
+            )
+            return FinishReason.ABORT
+        return FinishReason.STOP if req.grammar.done else None
 
     def _stop_reason(self, req: Req, tok: int, idx: int) -> FinishReason | None:
         sp = req.sampling

@@ -10,8 +10,10 @@ starts the other N-1; the scheduler runs here only.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import fields, replace
@@ -31,6 +33,7 @@ from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.device import resolve_profile
 from radixserve.scheduler.model.loader import load_model
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup, tp_problem
+from radixserve.scheduler.model.penalties import PenaltyState
 from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.req import FinishReason, Req
 from radixserve.scheduler.tensor_parallel import RunnerSpec, TPFollowers, start_followers, weight_bytes
@@ -83,6 +86,7 @@ class Engine:
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self._grammars: GrammarBackend | None = None  # built on the first constrained request
+        self._grammar_lock = threading.Lock()
         max_context = cfg.max_context_len or self.model_config.max_position_embeddings
         max_positions = max(max_context, self.model_config.max_position_embeddings)
         self.followers: TPFollowers | None = None
@@ -117,7 +121,11 @@ class Engine:
         t_start = time.perf_counter()
         model = load_model(model_path, self.model_config, dev, max_positions, tp=tp)
         per_token = model.local_config.kv_bytes_per_token()
-        kv_tokens = [kv_capacity(dev, per_token, cfg.mem_fraction, cfg.page_size, cfg.tp_size)]
+        # Rank 0's penalty tables are allocated on the first penalised request: room kept for them.
+        penalties = PenaltyState.table_bytes(cfg.max_running_requests + 1, self.model_config.vocab_size)
+        kv_tokens = [
+            kv_capacity(dev, per_token, cfg.mem_fraction, cfg.page_size, cfg.tp_size) - penalties // per_token
+        ]
         weights = [weight_bytes(model)]
         if followers is not None:
             for loaded in followers.loaded():
@@ -175,14 +183,27 @@ class Engine:
         c = req.sampling.constraint
         if c is None:
             return
-        if self._grammars is None:
-            from radixserve.scheduler.grammar import GrammarBackend  # llguidance: only when asked
+        with self._grammar_lock:  # two gRPC threads may bring the first constrained requests
+            if self._grammars is None:
+                from radixserve.scheduler.grammar import GrammarBackend  # llguidance: only when asked
 
-            self._grammars = GrammarBackend(
-                self.tokenizer, self.model_config.vocab_size, self._eos_token_ids()
-            )
-        backend = self._grammars
-        req.grammar = backend.matcher(backend.compile(c).result(timeout=timeout_s))
+                self._grammars = GrammarBackend(
+                    self.tokenizer, self.model_config.vocab_size, self._eos_token_ids()
+                )
+            backend = self._grammars
+        try:
+            compiled = backend.compile(c).result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise ValueError(f"the constraint took over {timeout_s:g} s to prepare") from None
+        req.grammar = backend.matcher(compiled)
+
+    def check_vocab(self, ids: Sequence[int], sp: SamplingParams) -> None:
+        """Raise ValueError for token ids outside the model's vocabulary (the prompt, logit_bias)."""
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"input_ids must be integers in [0, {vocab})")
+        if any(t >= vocab for t, _ in sp.logit_bias):
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab})")
 
     def _eos_token_ids(self) -> list[int]:
         eos = set(self.model_config.eos_token_ids)
@@ -268,8 +289,7 @@ class Engine:
         for ids, sp in zip(all_ids, params, strict=True):
             sp = replace(sp)  # our own copy: validate() normalises fields in place
             sp.validate()
-            if any(not isinstance(t, int) or t < 0 or t >= self.model_config.vocab_size for t in ids):
-                raise ValueError(f"input_ids must be integers in [0, {self.model_config.vocab_size})")
+            self.check_vocab(ids, sp)
             reqs.append(Req(f"r{next(self._ids)}", ids, sp))
         for r in reqs:  # validate all before queueing any: a rejected call leaves nothing behind
             self.scheduler.check_admissible(r)

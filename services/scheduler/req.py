@@ -81,6 +81,13 @@ class Req:
         )
 
     @property
+    def scores_prompt(self) -> bool:
+        """Whether the next prefill must score prompt positions: asked, and not all scored yet (a
+        request retracted after its prompt was scored re-prefills like any other)."""
+        scored = self.prompt_logprobs
+        return scored is not None and len(scored) > 1 and scored[-1] is None
+
+    @property
     def prompt_len(self) -> int:
         return len(self.origin_ids)
 

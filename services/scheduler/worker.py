@@ -198,6 +198,8 @@ class EngineWorker:
         ids = np.asarray(msg.input_ids, dtype=np.int64)  # range-checked before the int32 Req holds
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"input_ids must be in [0, {self.vocab_size})")
+        if any(t >= self.vocab_size for t, _ in msg.sampling.logit_bias):
+            raise ValueError(f"logit_bias keys must be token ids in [0, {self.vocab_size})")
         req = Req(msg.rid, ids.astype(np.int32), msg.sampling)
         self.scheduler.check_admissible(req)  # reads the config only
         self.engine.attach_grammar(req)  # compiles on the grammar threads; this caller waits, not the engine

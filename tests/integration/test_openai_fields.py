@@ -12,6 +12,7 @@ import re
 import grpc
 import openai
 import pytest
+import torch
 
 from radixserve import SamplingParams
 from radixserve.common.rpc import pb, pb_grpc
@@ -43,6 +44,19 @@ def client(cluster) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0)
 
 
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+
+
+def hf_logprobs(hf, ids: list[int]) -> torch.Tensor:
+    """HF transformers' log-softmax of the teacher-forced logits at every position of ``ids``."""
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
 def reference(engine, sp: SamplingParams, prompt: str | None = None, ids: list[int] | None = None) -> dict:
     if ids is not None:
         return engine.generate(input_ids=ids, sampling_params=sp)
@@ -51,7 +65,7 @@ def reference(engine, sp: SamplingParams, prompt: str | None = None, ids: list[i
 
 # ------------------------------------------------------------------------------------ logprobs
 @pytest.mark.parametrize("stream", [False, True])
-def test_completion_logprobs_equal_the_engines(cluster, engine, stream):
+def test_completion_logprobs_equal_the_engines_and_hf(cluster, engine, hf, stream):
     ref = reference(engine, SamplingParams(max_new_tokens=12, temperature=0, logprobs=3))
     kwargs = dict(model=MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=3)
     if stream:
@@ -78,9 +92,13 @@ def test_completion_logprobs_equal_the_engines(cluster, engine, stream):
             want_top[: len(top)], abs=TOL
         )
     assert offsets == sorted(offsets) and offsets[0] == 0
+    prompt_ids = engine.tokenizer.encode(PROMPT)
+    lp = hf_logprobs(hf, prompt_ids + ref["token_ids"])
+    want = [lp[len(prompt_ids) - 1 + j, t].item() for j, t in enumerate(ref["token_ids"])]
+    assert values == pytest.approx(want, abs=1e-4)
 
 
-def test_echo_scores_the_prompt_as_generation_scored_the_output(cluster, engine):
+def test_echo_scores_the_prompt_as_generation_scored_the_output(cluster, engine, hf):
     """Teacher forcing agrees with generation: the prompt + greedy output, echoed with max_tokens 0,
     scores the output's tokens as generating them did."""
     c = client(cluster)
@@ -96,6 +114,10 @@ def test_echo_scores_the_prompt_as_generation_scored_the_output(cluster, engine)
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     scored = lp.token_logprobs[len(prompt_ids) :]
     assert scored == pytest.approx(gen.choices[0].logprobs.token_logprobs, abs=1e-2)
+    ref = hf_logprobs(hf, ids)
+    assert lp.token_logprobs[1:] == pytest.approx(
+        [ref[i - 1, ids[i]].item() for i in range(1, len(ids))], abs=1e-4
+    )
     # echo with generation: the prompt's tokens first, then the output's
     both = c.completions.create(
         model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0, echo=True, logprobs=0

@@ -144,6 +144,37 @@ def test_an_invalid_constraint_is_refused_and_the_engine_keeps_serving(model_dir
                 prompt=PROMPT,
                 sampling_params=SamplingParams(ignore_eos=True, constraint=Constraint("json_object")),
             )
+        with pytest.raises(ValueError, match="max_new_tokens"):  # scoring a prompt has nothing to constrain
+            engine.generate(
+                prompt=PROMPT,
+                sampling_params=SamplingParams(
+                    max_new_tokens=0, prompt_logprobs=1, constraint=Constraint("json_object")
+                ),
+            )
         out = engine.generate(prompt=PROMPT, sampling_params=SamplingParams(max_new_tokens=4))
         assert len(out["token_ids"]) >= 1
+        assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
+
+
+def test_a_token_the_grammar_refuses_ends_the_request_without_it(model_dir, monkeypatch):
+    """The mask makes this impossible; should the grammar still refuse a token (a bug), the request
+    ends aborted without it rather than run on unconstrained."""
+    from radixserve.scheduler.grammar import GrammarMatcher
+
+    accept = GrammarMatcher.accept
+    calls = {"n": 0}
+
+    def refuse_the_third(self, token):
+        calls["n"] += 1
+        return False if calls["n"] == 3 else accept(self, token)
+
+    monkeypatch.setattr(GrammarMatcher, "accept", refuse_the_third)
+    with Engine(model_dir, max_total_tokens=4096) as engine:
+        out = engine.generate(
+            prompt=PROMPT,
+            sampling_params=SamplingParams(
+                max_new_tokens=50, temperature=1.0, seed=0, constraint=Constraint("regex", "[a-z]{10,20}")
+            ),
+        )
+        assert out["finish_reason"] == "abort" and len(out["token_ids"]) == 2
         assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity

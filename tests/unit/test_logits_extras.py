@@ -123,19 +123,43 @@ def test_repetition_penalty_equals_hf_generate(model_dir, hf, overlap):
     assert [o["token_ids"] for o in outs] == ref + plain
 
 
-def test_repetition_penalty_survives_retraction(model_dir, hf):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_penalties_and_logprobs_survive_retraction(model_dir, hf, overlap):
+    """Retracted requests drop tokens the device already counted: their rows are rebuilt when they
+    sample again, and their logprobs (prompt and output) are whole and right."""
     ref = hf_generate(hf, repetition_penalty=1.5)
+    _, tok = hf
     with Engine(
         model_dir,
+        disable_overlap=not overlap,
+        cpu_overlap_thread_min_ms=0,
         max_total_tokens=64,
         init_new_token_ratio=0.0,
         chunked_prefill_size=0,
         max_running_requests=8,
     ) as engine:
-        sp = SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True, repetition_penalty=1.5)
+        sp = SamplingParams(
+            max_new_tokens=NEW,
+            temperature=0,
+            ignore_eos=True,
+            repetition_penalty=1.5,
+            logprobs=2,
+            prompt_logprobs=2,
+        )
         outs = engine.generate(prompt=PROMPTS, sampling_params=sp)
         assert engine.scheduler.num_retractions > 0
+        assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
     assert [o["token_ids"] for o in outs] == ref
+    model = hf[0]
+    for p, o in zip(PROMPTS, outs, strict=True):
+        ids = tok.encode(p)
+        lp = teacher_forced(model, ids + o["token_ids"])
+        assert [e[0] for e in o["output_logprobs"]] == pytest.approx(
+            [lp[len(ids) - 1 + j, t].item() for j, t in enumerate(o["token_ids"])], abs=1e-4
+        )
+        assert [e[0] for e in o["prompt_logprobs"][1:]] == pytest.approx(
+            [lp[i - 1, ids[i]].item() for i in range(1, len(ids))], abs=1e-4
+        )
 
 
 @pytest.mark.parametrize(("presence", "frequency"), [(1.5, 0.0), (0.0, 0.8), (-0.5, 1.0)])

@@ -64,7 +64,7 @@ class KVCacheManager:
         ids = req.fill_ids()
         # A request scoring its prompt needs the logits of every prompt position: it recomputes the
         # prompt rather than reuse cached KV, whose logits were never kept.
-        m = self.cache.match_prefix(ids[: len(ids) - 1 if req.sampling.prompt_logprobs is None else 0])
+        m = self.cache.match_prefix(ids[: 0 if req.scores_prompt else len(ids) - 1])
         req.match_len = len(m.slots)
         req.last_match = (self.cache.version, m)
         return m

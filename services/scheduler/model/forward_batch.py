@@ -26,7 +26,8 @@ class ForwardBatch:
     extend_lens: np.ndarray  # [B] host
     future_out: torch.Tensor  # [B] int64: FutureMap entries the sampled tokens go to
     sampling: SamplingInfo | None  # None: a batch for attention alone, or a graph capture
-    last_index: torch.Tensor | None = None  # [B] each request's last token in the batch (device)
+    # [B (+E)] each request's last token in the batch, then the E prompt positions scored (device)
+    last_index: torch.Tensor | None = None
     # The backend's own metadata (TorchMeta, ...), built by AttentionBackend.prepare on the scheduler thread.
     attn: object = None
     all_logits: bool = False  # return logits for every token (tests), not just each request's last
@@ -37,6 +38,13 @@ class ForwardBatch:
     num_real: int | None = None  # rows that are requests (the rest is padding); None: all
     logits_step: LogitsStep | None = None  # bias, penalties, mask, logprobs (model/logits.py); rank 0
     scores: StepScores | None = None  # the step's log-probabilities (device), set by the forward
+    # Prompt scoring (logprobs of prompt tokens): the last ``score_rows`` of ``last_index`` are
+    # positions whose next prompt token (``score_targets``) is scored with ``score_top_k``
+    # alternatives; the model leaves (logprob, top ids, top logprobs) in ``prompt_scores``.
+    score_rows: int = 0
+    score_targets: torch.Tensor | None = None
+    score_top_k: int = 0
+    prompt_scores: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def batch_size(self) -> int:

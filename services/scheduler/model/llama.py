@@ -169,6 +169,9 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+SCORE_SLICE = 512  # prompt positions scored per lm_head call (logprobs of a prompt)
+
+
 class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int | None = None, tp: TPGroup | None = None) -> None:
         """``cfg``: the whole model's; ``tp``: this rank's group (None: the whole model here)."""
@@ -217,7 +220,32 @@ class CausalLM(nn.Module):
                 last = torch.from_numpy(np.cumsum(fb.extend_lens) - 1).to(x.device)
             x, residual = x.index_select(0, last), residual.index_select(0, last)
         x, _ = self.model.norm(x, self.ops, residual)
+        if fb.score_rows:  # the trailing rows are prompt positions scored for logprobs
+            n = x.shape[0] - fb.score_rows
+            fb.prompt_scores = self._score_prompt(x[n:], fb)
+            x = x[:n]
+        return self._logits(x)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.output_weight())
         if self.tp is not None:
             logits = self.tp.all_gather_vocab(logits, self.config.vocab_size)
         return logits.float()
+
+    def _score_prompt(
+        self, x: torch.Tensor, fb: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each row's log-probability of its target (``fb.score_targets``) and its ``fb.score_top_k``
+        most likely (ids, log-probabilities), from the raw logits. In slices: a whole prompt chunk's
+        logits at once would be chunk x vocab floats (8,192 x 152k: 5 GB); a slice's are ~0.3 GB.
+        Every rank runs it (the logits' all-gather is a collective)."""
+        assert fb.score_targets is not None
+        chosen, ids, values = [], [], []
+        for start in range(0, x.shape[0], SCORE_SLICE):
+            lp = torch.log_softmax(self._logits(x[start : start + SCORE_SLICE]), dim=-1)
+            targets = fb.score_targets[start : start + SCORE_SLICE]
+            chosen.append(lp.gather(1, targets.unsqueeze(1)).squeeze(1))
+            best = torch.topk(lp, min(fb.score_top_k, lp.shape[1]), dim=-1)
+            ids.append(best.indices)
+            values.append(best.values)
+        return torch.cat(chosen), torch.cat(ids), torch.cat(values)

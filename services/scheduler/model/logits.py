@@ -3,8 +3,9 @@
 In this order, on the device:
 
 1. log-probabilities of the *raw* logits (``log_softmax`` before any of the below) for the rows whose
-   request asked (``SamplingParams.logprobs``), and for the prompt positions of requests scoring their
-   prompt (``prompt_logprobs``: the model computed logits there too, ``ScoreLayout.prompt_index``);
+   request asked (``SamplingParams.logprobs``); the prompt positions of requests scoring their prompt
+   (``prompt_logprobs``, ``ScoreLayout.prompt_index``) the model scores itself, in slices
+   (``CausalLM._score_prompt``), and they are collected here;
 2. ``logit_bias``: added to the named tokens' logits;
 3. penalties (penalties.py);
 4. the structured-output mask (grammar.py): disallowed tokens get ``-inf``;
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, ScoreLayout
-from radixserve.scheduler.grammar import allocate_bitmask, apply_bitmask
+from radixserve.scheduler.grammar import allocate_bitmask, apply_bitmask, fill_masks
 from radixserve.scheduler.model.penalties import PenaltyState, PenaltyStep
 from radixserve.scheduler.model.sampler import Sampler, SamplingInfo
 from radixserve.scheduler.model.staging import to_device
@@ -38,7 +39,6 @@ class LogitsStep:
 
     layout: ScoreLayout | None
     logprob_rows: torch.Tensor | None  # [R] int64: rows of the logits whose sampled token is scored
-    prompt_targets: torch.Tensor | None  # [E] int64: the prompt token each extra logits row scores
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # rows, token ids, values
     penalties: PenaltyStep | None
     bitmask: torch.Tensor | None  # [B, W] int32 (grammar.mask_width): bit 0 = the token is refused
@@ -106,16 +106,13 @@ class LogitsProcessor:
             return None
         bitmask = None
         if constrained:
-            host = allocate_bitmask(batch.size, self.vocab_size)
-            for i in constrained:
-                grammar = batch.reqs[i].grammar
-                assert grammar is not None
-                grammar.fill_mask(host, i)
+            host = allocate_bitmask(batch.size, self.vocab_size, pin_memory=self.device.type == "cuda")
+            # rows filled in parallel on llguidance's threads (the GIL is released there)
+            fill_masks([(i, g) for i in constrained if (g := batch.reqs[i].grammar) is not None], host)
             bitmask = to_device(host, self.device)[1]
         return LogitsStep(
             layout=layout,
             logprob_rows=self._ids(layout.rows) if layout is not None and layout.rows else None,
-            prompt_targets=self._prompt_targets(batch, layout),
             bias=(self._ids(bias_rows), self._ids(bias_ids), self._floats(bias_values))
             if bias_rows
             else None,
@@ -125,12 +122,6 @@ class LogitsProcessor:
             bitmask=bitmask,
         )
 
-    def _prompt_targets(self, batch: ScheduleBatch, layout: ScoreLayout | None) -> torch.Tensor | None:
-        if layout is None or not layout.prompt:
-            return None
-        reqs = batch.reqs
-        return self._ids([int(reqs[row].origin_ids[pos]) for row, pos in layout.prompt])
-
     def _ids(self, values: object) -> torch.Tensor:
         return to_device(torch.as_tensor(np.asarray(values, dtype=np.int64)), self.device)[1]
 
@@ -139,18 +130,21 @@ class LogitsProcessor:
 
     # ---------------------------------------------------------------------------- device stream
     def sample(
-        self, logits: torch.Tensor, info: SamplingInfo, step: LogitsStep, sampler: Sampler
+        self,
+        logits: torch.Tensor,
+        info: SamplingInfo,
+        step: LogitsStep,
+        sampler: Sampler,
+        prompt_scores: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, StepScores | None]:
-        """``logits`` [B (+E), V]: each request's last position, then the extra prompt positions of
-        ``step.layout``. Returns the sampled tokens [B] and the step's scores (None when none asked)."""
-        n = len(info)
-        prompt_logits = logits[n:]
-        logits = logits[:n]
+        """``logits`` [B, V]: each request's last position; ``prompt_scores``: the model's scores of
+        ``step.layout.prompt`` (ForwardBatch.prompt_scores). Returns the sampled tokens [B] and the
+        step's scores (None when none were asked for)."""
         raw = None
         if step.logprob_rows is not None:
-            raw = torch.log_softmax(logits.index_select(0, step.logprob_rows).float(), dim=-1)
+            raw = torch.log_softmax(logits.index_select(0, step.logprob_rows), dim=-1)
         if step.bias is not None or step.penalties is not None or step.bitmask is not None:
-            logits = logits.float().clone()  # the model's output may be a captured graph's buffer
+            logits = logits.clone()  # the model's output may be a captured graph's buffer
             if step.bias is not None:
                 rows, ids, values = step.bias
                 logits.index_put_((rows, ids), values, accumulate=True)
@@ -161,42 +155,24 @@ class LogitsProcessor:
         tokens = sampler(logits, info)
         if step.penalties is not None:
             self.penalties.count(step.penalties, tokens)
-        if step.layout is None:
+        layout = step.layout
+        if layout is None:
             return tokens, None
-        return tokens, self._scores(step, step.layout, raw, tokens, prompt_logits)
-
-    def _scores(
-        self,
-        step: LogitsStep,
-        layout: ScoreLayout,
-        raw: torch.Tensor | None,
-        tokens: torch.Tensor,
-        prompt_logits: torch.Tensor,
-    ) -> StepScores:
-        sampled = None
-        if step.logprob_rows is not None:
+        if raw is not None and step.logprob_rows is not None:
             sampled = tokens.index_select(0, step.logprob_rows)
-        token, top_ids, top = _score(raw, sampled, layout.top_k, self.device)
-        prompt_raw = None
-        if step.prompt_targets is not None:
-            prompt_raw = torch.log_softmax(prompt_logits.float(), dim=-1)
-        prompt, prompt_top_ids, prompt_top = _score(
-            prompt_raw, step.prompt_targets, layout.prompt_top_k, self.device
-        )
-        return StepScores(token, top_ids, top, prompt, prompt_top_ids, prompt_top)
+            best = torch.topk(raw, min(layout.top_k, raw.shape[1]), dim=-1)
+            token = raw.gather(1, sampled.unsqueeze(1)).squeeze(1)
+            top_ids, top = best.indices, best.values
+        else:
+            token, top_ids, top = _empty(layout.top_k, self.device)
+        prompt, prompt_ids, prompt_top = prompt_scores or _empty(layout.prompt_top_k, self.device)
+        return tokens, StepScores(token, top_ids, top, prompt, prompt_ids, prompt_top)
 
 
-def _score(
-    logprobs: torch.Tensor | None, targets: torch.Tensor | None, k: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's logprob of its target and its ``k`` best (ids, logprobs); empty tensors for none."""
-    if logprobs is None or targets is None:
-        empty = torch.zeros(0, device=device)
-        return (
-            empty,
-            torch.zeros((0, k), dtype=torch.int64, device=device),
-            torch.zeros((0, k), device=device),
-        )
-    chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1)
-    best = torch.topk(logprobs, min(k, logprobs.shape[1]), dim=-1)
-    return chosen, best.indices, best.values
+def _empty(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """No scores: (logprobs [0], top ids [0, k], top logprobs [0, k])."""
+    return (
+        torch.zeros(0, device=device),
+        torch.zeros((0, k), dtype=torch.int64, device=device),
+        torch.zeros((0, k), device=device),
+    )

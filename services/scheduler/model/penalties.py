@@ -43,6 +43,11 @@ class PenaltyState:
         self.counts: torch.Tensor | None = None
         self.in_prompt: torch.Tensor | None = None
 
+    @staticmethod
+    def table_bytes(num_slots: int, vocab_size: int) -> int:
+        """Device memory the tables take once used (the engine keeps it out of the KV pool)."""
+        return num_slots * vocab_size * (4 + 1)  # int32 counts + bool prompt flags
+
     def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.counts is None or self.in_prompt is None:
             shape = (self.num_slots, self.vocab_size)

@@ -79,6 +79,7 @@ class StepPlan:
     num_real: int  # rows that are requests
     bucket: int | None
     table_writes: np.ndarray | None  # ReqToTokenPool.take_pending since the last step
+    score_top_k: int = 0  # alternatives per scored prompt position (arrays score_index / score_targets)
 
 
 class ModelRunner:
@@ -145,7 +146,10 @@ class ModelRunner:
         batch.special = any(r.special for r in batch.reqs)
         if batch.special:
             batch.scores = ScoreLayout.of(batch)
-            batch.constrained = any(r.grammar is not None for r in batch.reqs)
+            sampled = batch.token_index >= 0  # a prefill chunk samples nothing: its grammar waits for nothing
+            batch.constrained = any(
+                r.grammar is not None and s for r, s in zip(batch.reqs, sampled, strict=True)
+            )
         rows = np.fromiter((r.req_pool_idx for r in batch.reqs), dtype=np.int64, count=n)
         host = {
             "input_ids": self.futures.encode_inputs(batch.input_ids.astype(np.int64)),
@@ -163,9 +167,15 @@ class ModelRunner:
                 rows=self.req_to_token.scratch_row, prefix_lens=0, extend_lens=1,
             )  # fmt: skip
             host = pad_rows(host, bucket, pads)
-        if batch.scores is not None and batch.scores.prompt:
-            host["score_index"] = batch.scores.prompt_index  # prompt positions scored (logprobs)
-        return StepPlan(batch.mode, host, n, bucket, self.req_to_token.take_pending())
+        top_k = 0
+        layout = batch.scores
+        if layout is not None and layout.prompt:  # prompt positions scored (logprobs): every rank
+            host["score_index"] = layout.prompt_index
+            host["score_targets"] = np.fromiter(
+                (batch.reqs[row].origin_ids[pos] for row, pos in layout.prompt), dtype=np.int64
+            )
+            top_k = layout.prompt_top_k
+        return StepPlan(batch.mode, host, n, bucket, self.req_to_token.take_pending(), top_k)
 
     def load(self, plan: StepPlan, sampling: SamplingInfo | None = None) -> ForwardBatch:
         """The plan's arrays on the device in one staged copy, and the attention metadata.
@@ -179,20 +189,26 @@ class ModelRunner:
         seq = host["prefix_lens"] + host["extend_lens"]
         staged_host = self.backend.host_arrays(rows, seq)
         names = ["input_ids", "positions", "out_slots", "future_out"]
+        scored = host.get("score_index")
+        if scored is not None:
+            names.append("score_targets")
         arrays = [host[k] for k in names]
         if mode is not ForwardMode.DECODE:
             # the positions whose logits the model computes: each request's last token, then any
-            # prompt positions scored for logprobs (model/logits.py splits them off again)
+            # prompt positions scored for logprobs (the model scores those: llama.py)
             last = np.cumsum(host["extend_lens"]) - 1
-            scored = host.get("score_index")
             arrays.append(last if scored is None else np.concatenate([last, scored]))
         arrays += [*staged_host.values(), *([sync] if sync is not None else [])]
         dev = self.staging.send(arrays)
         if sync is not None:
             self.req_to_token.apply_pending(dev[-1])
         ids, positions, out_slots, future_out = dev[:4]
-        last_index = dev[4] if mode is not ForwardMode.DECODE else None
-        k = 4 if last_index is None else 5
+        k = 4
+        score_targets = None
+        if scored is not None:
+            score_targets, k = dev[4], 5
+        last_index = dev[k] if mode is not ForwardMode.DECODE else None
+        k += last_index is not None
         fb = ForwardBatch(
             mode=mode,
             input_ids=ids,
@@ -207,6 +223,9 @@ class ModelRunner:
             staged=dict(zip(staged_host, dev[k : k + len(staged_host)], strict=True)),
             graph_bucket=plan.bucket,
             num_real=plan.num_real,
+            score_rows=0 if scored is None else len(scored),
+            score_targets=score_targets,
+            score_top_k=plan.score_top_k,
         )
         self.backend.prepare(fb, rows)
         return fb
@@ -234,7 +253,9 @@ class ModelRunner:
         assert fb.sampling is not None
         if fb.logits_step is None:
             return self.sampler(logits, fb.sampling)
-        tokens, fb.scores = self.logits.sample(logits, fb.sampling, fb.logits_step, self.sampler)
+        tokens, fb.scores = self.logits.sample(
+            logits, fb.sampling, fb.logits_step, self.sampler, fb.prompt_scores
+        )
         return tokens
 
     def capture_graphs(self) -> float:

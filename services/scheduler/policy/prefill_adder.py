@@ -50,7 +50,8 @@ from radixserve.scheduler.req import Req
 
 def decode_reserve(reqs: Iterable[Req], ratio: float, clip: int) -> int:
     """KV tokens to keep back for the decodes still ahead of ``reqs`` (an estimate)."""
-    return int(sum(min(r.sampling.max_new_tokens - len(r.output_ids), clip) for r in reqs) * ratio)
+    # max(0, ...): a request scoring its prompt only (max_new_tokens 0) holds a placeholder token
+    return int(sum(max(0, min(r.sampling.max_new_tokens - len(r.output_ids), clip)) for r in reqs) * ratio)
 
 
 class AddResult(Enum):
@@ -76,7 +77,7 @@ class PrefillAdder:
         self.chunked: Req | None = None  # the request cut short in this batch, if any
 
     def _decode_reserve(self, req: Req) -> int:  # decode_reserve() for one request, minus the overhead
-        left = req.sampling.max_new_tokens - len(req.output_ids)
+        left = max(0, req.sampling.max_new_tokens - len(req.output_ids))
         return int(min(left, self.config.clip_max_new_tokens) * self.ratio)
 
     def _chunk_limit(self) -> int:
