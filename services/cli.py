@@ -39,6 +39,7 @@ BENCHMARKS = {
     "decode_attention": "the CPU decode-attention kernel against the torch reference",
     "tracing_overhead": "served throughput with every request traced and exported vs tracing off",
     "tensor_parallel": "offline throughput with the model split over 1 vs 2 processes (tensor parallelism)",
+    "logits_features": "what logprobs, penalties and JSON constraints cost, and free requests beside them",
 }
 
 

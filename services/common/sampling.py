@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # The ranges every front door (HTTP, gRPC, the offline Engine) enforces: OpenAI's where it documents
-# one (temperature in [0, 2], at most 4 stop strings), vLLM's otherwise.
+# one (temperature in [0, 2]), vLLM's otherwise.
 MAX_TEMPERATURE = 2.0
-MAX_STOP_STRINGS = 4
+# OpenAI allows 4; evaluation harnesses send more (lm-eval appends the EOS text to a task's stop list).
+MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 256
 MAX_TOKENS = 2**31 - 1  # what fits the gRPC contract's int32; the context is checked later
@@ -110,6 +111,11 @@ class SamplingParams:
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
         if any(not 0 <= t <= MAX_TOKENS for t in self.stop_token_ids):
             raise SamplingError("stop_token_ids", "stop_token_ids must be token ids (integers >= 0)")
+        self._validate_extras()
+
+    def _validate_extras(self) -> None:
+        """Penalties, logit bias, logprobs and the structured-output constraint."""
+        mt = self.max_new_tokens
         _in_range("presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
         _in_range("frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
         _in_range("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)

@@ -1,9 +1,10 @@
 """Structured outputs: constrain a request's tokens to a JSON schema, a regex, a list of choices or a
 Lark grammar, by masking the logits each decode step.
 
-The flow: the gateway calls ``GrammarBackend.check`` to answer an invalid constraint with a 400; the
-scheduler calls ``compile`` when a request arrives (validation and preparation run on a small thread
-pool and are cached per constraint), makes one ``GrammarMatcher`` per request, and each step writes
+The flow: the gateway prepares a constraint with ``GrammarBackend.compile`` to answer an invalid one
+with a 400; the scheduler calls ``compile`` when a request arrives (validation and preparation run on
+a small thread pool and are cached per constraint), makes one ``GrammarMatcher`` per request, and each
+step writes
 the allowed tokens into a packed bitmask (``fill_mask`` / ``fill_masks``), applies it to the logits
 (``apply_bitmask``) and advances the matcher with the sampled token (``accept``).
 

@@ -37,6 +37,21 @@ _OPENAI_NAMES = {"max_new_tokens": "max_tokens"}  # SamplingParams' names where 
 Delivery = tuple[int, pb.RequestText | ApiError]  # a choice's index, and its next text or its failure
 
 
+def validate_sampling(sp: SamplingParams) -> None:
+    """SamplingParams.validate, a failure a 400 naming the field: the same ranges and words for HTTP,
+    gRPC and the Engine."""
+    try:
+        sp.validate()
+    except SamplingError as e:
+        raise ApiError(400, str(e), param=_OPENAI_NAMES.get(e.param, e.param)) from e
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """Choice ``index``'s seed: ``seed + index`` wrapped into the signed 64 bits the wire carries (a
+    seed near the top of the range is the client's to send; the next choice's must still fit)."""
+    return (seed + index + 2**63) % 2**64 - 2**63
+
+
 def scheduler_rid(rid: str, index: int) -> str:
     """The rid of a request's choice on the scheduler and the detokenizer: the request's id with the
     choice's index, since a request with ``n`` choices (or several prompts) is that many scheduler
@@ -230,9 +245,12 @@ class Gateway:
         return self.text.encode(text)
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, object]], tools: list[dict[str, object]] | None = None
+        self,
+        messages: Sequence[Mapping[str, object]],
+        tools: list[dict[str, object]] | None = None,
+        add_generation_prompt: bool = True,
     ) -> list[int]:
-        return self.text.encode_chat(messages, tools)
+        return self.text.encode_chat(messages, tools, add_generation_prompt)
 
     def max_context(self) -> int | None:
         known = [h.load.max_context_len for h in self.pool.healthy() if h.load is not None]
@@ -255,14 +273,11 @@ class Gateway:
         The choices' results go to ``queue`` indexed ``prompt_index * n + i``. A scheduler that
         cannot be reached (UNAVAILABLE: gone, or draining) is left out of routing and the choices go
         to another one, once."""
-        try:
-            sp.validate()
-        except SamplingError as e:  # the same ranges and words for HTTP, gRPC and the Engine
-            raise ApiError(400, str(e), param=_OPENAI_NAMES.get(e.param, e.param)) from e
+        validate_sampling(sp)
         trace_context = trace.carrier()
         requests = []
         for i in range(n):
-            sp_i = replace(sp, seed=sp.seed + i) if sp.seed is not None and n > 1 else sp
+            sp_i = replace(sp, seed=choice_seed(sp.seed, i)) if sp.seed is not None and n > 1 else sp
             requests.append(
                 pb.TokenizedRequest(
                     input_ids=input_ids,

@@ -16,8 +16,8 @@ from radixserve.common.rpc import pb, pb_grpc, sampling_from_proto
 from radixserve.common.sampling import SamplingParams
 from radixserve.tokenizer.auth import MISSING_GRPC
 from radixserve.tokenizer.errors import ApiError
-from radixserve.tokenizer.gateway import Gateway
-from radixserve.tokenizer.openai_api import COMPLETIONS_DEFAULT_MAX_TOKENS
+from radixserve.tokenizer.gateway import Gateway, validate_sampling
+from radixserve.tokenizer.openai_api import COMPLETIONS_DEFAULT_MAX_TOKENS, logit_bias_ids
 from radixserve.tokenizer.session import Output, RequestSession
 
 _TO_GRPC = {
@@ -85,13 +85,11 @@ class GatewayService(pb_grpc.GatewayServicer):
             await context.abort(_TO_GRPC.get(e.status, grpc.StatusCode.INTERNAL), e.message)
 
     async def _check_sampling(self, sp: SamplingParams) -> None:
-        """What SamplingParams.validate cannot know: the model's vocabulary, and whether the
-        constraint compiles (a 400 here rather than a failure on the scheduler)."""
-        vocab = self.gw.text.vocab_size
-        bad = next((t for t, _ in sp.logit_bias if not 0 <= t < vocab), None)
-        if bad is not None:
-            msg = f"logit_bias keys must be token ids of this model (0..{vocab - 1}), got {bad}"
-            raise ApiError(400, msg, param="logit_bias")
+        """SamplingParams.validate's ranges, then what it cannot know: the model's vocabulary, and
+        whether the constraint compiles (a 400 here rather than a failure on the scheduler). Validated
+        first: its bounds (the spec's size among them) hold before llguidance sees the spec."""
+        validate_sampling(sp)
+        logit_bias_ids(sp.logit_bias, self.gw.text.vocab_size)
         if sp.constraint is not None:
             await self.gw.text.check_constraint(sp.constraint, "constraint")
 

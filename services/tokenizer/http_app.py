@@ -39,9 +39,9 @@ from radixserve.tokenizer.openai_choices import (
 )
 from radixserve.tokenizer.openai_responses import Pieces, chat_logprobs, scored
 from radixserve.tokenizer.session import Output, RequestSession
-from radixserve.tokenizer.tokenize_api import add_routes
+from radixserve.tokenizer.tokenize_api import add_routes, model_card
 from radixserve.tokenizer.tool_calls import PARSERS, ToolParser
-from radixserve.tokenizer.tool_grammar import tool_choice_constraint, validate_tools
+from radixserve.tokenizer.tool_grammar import tool_choice_constraint
 
 MAX_BODY_BYTES = 8 * 2**20  # 413 above this, before parsing
 MAX_JSON_DEPTH = 32  # the schemas nest 5 deep; far deeper is an attack on the parser
@@ -129,22 +129,16 @@ class OpenAIRoutes:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def models(self) -> JSONResponse:
-        card = {
-            "id": self.gw.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "radixserve",
-            "max_model_len": self.gw.max_context(),
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [model_card(self.gw)]})
 
     async def completions(self, body: api.CompletionRequest, request: Request) -> Response:
         self._check(body)
         t0 = time.monotonic()
         prompts = _prompts(self.gw, body.prompt)
         t1 = time.monotonic()
-        sp = body.sampling_params(self.gw.text.vocab_size)
-        await self._check_constraint(sp, body)
+        source = body.constraint()
+        sp = body.sampling_params(self.gw.text.vocab_size, source)
+        await self._check_constraint(source)
         echo = [_echo(self.gw, body.prompt, i, ids) for i, ids in enumerate(prompts)] if body.echo else None
         pieces, wants = self.gw.text.pieces, body.logprobs is not None
         states = [
@@ -158,8 +152,9 @@ class OpenAIRoutes:
         self._check(body)
         body.check_fields()
         t0 = time.monotonic()
-        parser, tool_constraint = _tool_plan(self.gw, body)
-        ids = self.gw.encode_chat([m.openai_dict() for m in body.messages], body.tool_dicts())
+        tools = body.tool_dicts()  # validated here, once
+        parser, tool_constraint = _tool_plan(self.gw, body, tools)
+        ids = self.gw.encode_chat(api.template_messages(body.messages), tools)
         t1 = time.monotonic()
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:  # OpenAI: up to the context length
@@ -168,8 +163,9 @@ class OpenAIRoutes:
         if max_tokens < 1:
             field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
             raise ApiError(400, f"{field} must be at least 1, got {max_tokens}", param=field)
-        sp = body.sampling_params(max_tokens, self.gw.text.vocab_size, tool_constraint)
-        await self._check_constraint(sp, body)
+        source = body.output_constraint(tool_constraint)
+        sp = body.sampling_params(max_tokens, self.gw.text.vocab_size, source)
+        await self._check_constraint(source)
         out = _ChatOutput(
             self.gw.text.pieces, bool(body.logprobs), parser, body.parallel_tool_calls is False, body.n
         )
@@ -180,14 +176,14 @@ class OpenAIRoutes:
         refused = body.unsupported()
         if refused is not None:
             raise ApiError(400, refused[1], param=refused[0], code="unsupported_parameter")
+        body.check_stream_options()
 
-    async def _check_constraint(
-        self, sp: SamplingParams, body: api.CompletionRequest | api.ChatCompletionRequest
-    ) -> None:
-        """An invalid schema, regex or grammar is the client's 400 here, not a failure on a scheduler."""
-        if sp.constraint is not None:
-            source = body.constraint()
-            await self.gw.text.check_constraint(sp.constraint, source[0] if source else "tools")
+    async def _check_constraint(self, source: api.Source | None) -> None:
+        """An invalid schema, regex or grammar is the client's 400 here, not a failure on a scheduler.
+        A tool_choice grammar is built from the tools' parameters: those are what to fix."""
+        if source is not None:
+            field, constraint = source
+            await self.gw.text.check_constraint(constraint, "tools" if field == "tool_choice" else field)
 
     async def _serve(
         self,
@@ -233,10 +229,18 @@ class OpenAIRoutes:
 
 
 def _prompts(gw: Gateway, prompt: Prompt) -> list[list[int]]:
+    ids = _prompt_ids(gw, prompt)
+    # A scheduler refuses an empty prompt only late (after routing); nothing can be generated from it.
+    if not ids or not all(ids):
+        raise ApiError(400, "the prompt is empty", param="prompt")
+    return ids
+
+
+def _prompt_ids(gw: Gateway, prompt: Prompt) -> list[list[int]]:
     if isinstance(prompt, str):
         return [gw.encode(prompt)]
     if not prompt:
-        raise ApiError(400, "prompt must not be empty", param="prompt")
+        return []
     if isinstance(prompt[0], int):
         return [list(prompt)]
     if isinstance(prompt[0], str):
@@ -253,10 +257,12 @@ def _echo(gw: Gateway, prompt: Prompt, i: int, ids: list[int]) -> tuple[str, lis
     return str(gw.tokenizer.decode(ids, skip_special_tokens=False)), ids
 
 
-def _tool_plan(gw: Gateway, body: api.ChatCompletionRequest) -> tuple[ToolParser | None, Constraint | None]:
+def _tool_plan(
+    gw: Gateway, body: api.ChatCompletionRequest, tools: list[dict[str, object]] | None
+) -> tuple[ToolParser | None, Constraint | None]:
     """The parser for the model's tool calls (None: the model is not to call any) and the grammar a
-    forcing tool_choice imposes."""
-    if not body.calls_tools:
+    forcing tool_choice imposes; ``tools``: the request's tool_dicts (validated)."""
+    if tools is None:
         return None, None
     name = gw.text.tool_call_parser
     if name is None:
@@ -265,9 +271,7 @@ def _tool_plan(gw: Gateway, body: api.ChatCompletionRequest) -> tuple[ToolParser
             f" with --tool-call-parser ({', '.join(PARSERS)}) to use tools"
         )
         raise ApiError(400, msg, param="tools")
-    tools = body.tool_dicts() or []
     try:
-        validate_tools(tools)
         # parallel_tool_calls: false -> a forced call is exactly one call
         constraint = tool_choice_constraint(
             tools, body.tool_choice_value(), name, body.parallel_tool_calls is not False
@@ -370,7 +374,7 @@ async def _stream(
         async with session:
             hello = out.hello(rid, model, created)
             if hello:
-                yield "".join(_sse(c) for c in hello)
+                yield "".join(_sse(_usage_slot(c, include_usage)) for c in hello)
             async for outputs in session:
                 chunks = [
                     _sse(c) for o in outputs if (c := _chunk(out, o, rid, model, created, include_usage))
@@ -393,7 +397,12 @@ def _chunk(
     out: _Output, o: Output, rid: str, model: str, created: int, include_usage: bool
 ) -> resp.Body | None:
     chunk = out.chunk(o, rid, model, created)
-    if chunk is not None and include_usage:
+    return _usage_slot(chunk, include_usage) if chunk is not None else None
+
+
+def _usage_slot(chunk: resp.Body, include_usage: bool) -> resp.Body:
+    """With include_usage, OpenAI's every chunk before the last (the usage's own) says ``usage: null``."""
+    if include_usage:
         chunk["usage"] = None
     return chunk
 

@@ -25,6 +25,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _template_role(message: Mapping[str, object]) -> dict[str, object]:
+    """``message`` with OpenAI's ``developer`` role as ``system``: it replaces system for newer OpenAI
+    models, and chat templates (ChatML's among them) know no developer role."""
+    m = dict(message)
+    if m.get("role") == "developer":
+        m["role"] = "system"
+    return m
+
+
 class ModelText:
     def __init__(self, model_path: str | Path, tool_call_parser: str | None = None) -> None:
         """``tool_call_parser``: the tool-call format (tool_calls.PARSERS); None: the one the chat
@@ -50,16 +59,20 @@ class ModelText:
         return list(self.tokenizer.encode(text))
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, object]], tools: list[dict[str, object]] | None = None
+        self,
+        messages: Sequence[Mapping[str, object]],
+        tools: list[dict[str, object]] | None = None,
+        add_generation_prompt: bool = True,
     ) -> list[int]:
-        """OpenAI-shaped messages (and tools) through the chat template, with the generation prompt."""
+        """OpenAI-shaped messages (and tools) through the chat template, with the generation prompt
+        unless ``add_generation_prompt`` is False (/v1/tokenize's option)."""
         if not messages:
             raise ApiError(400, "messages must not be empty", param="messages")
         kwargs: dict[str, Any] = {"tools": tools} if tools else {}
         try:
             text = self.tokenizer.apply_chat_template(
-                template_messages([dict(m) for m in messages]),
-                add_generation_prompt=True,
+                template_messages([_template_role(m) for m in messages]),
+                add_generation_prompt=add_generation_prompt,
                 tokenize=False,
                 **kwargs,
             )
@@ -69,20 +82,22 @@ class ModelText:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def check_constraint(self, c: Constraint, param: str) -> None:
-        """A 400 naming ``param`` with llguidance's reason when ``c`` cannot be enforced. Off the event
-        loop: a large schema takes a while to compile, and every stream waits while the loop is busy."""
-        reason = await asyncio.to_thread(self._constraint_error, c)
-        if reason is not None:
-            raise ApiError(400, f"{param}: {reason}", param=param)
+        """A 400 naming ``param`` with llguidance's reason when ``c`` cannot be enforced.
 
-    def _constraint_error(self, c: Constraint) -> str | None:
+        Through the backend's compile cache (per kind and spec): a schema every request repeats is
+        validated once, then it costs a lookup (a bad one's failure is cached too). Off the event loop:
+        a large schema takes a while to compile, and every stream waits while the loop is busy."""
         from radixserve.scheduler.grammar import GrammarError
 
+        backend = self._grammar
+        if backend is None:  # its first build (llguidance's view of the vocabulary) is slow too
+            backend = await asyncio.to_thread(self._grammar_backend)
+        compiled = backend.compile(c)  # a cached future, or the work queued on the backend's pool
         try:
-            self._grammar_backend().check(c)
+            # Shielded: a client leaving mid-wait must not cancel a future other requests share.
+            await asyncio.shield(asyncio.wrap_future(compiled))
         except GrammarError as e:
-            return str(e)
-        return None
+            raise ApiError(400, f"{param}: {e}", param=param) from e
 
     def _grammar_backend(self) -> GrammarBackend:
         """Made on first use: llguidance's view of the vocabulary takes a moment to build, and most

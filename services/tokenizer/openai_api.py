@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
@@ -34,6 +34,7 @@ from radixserve.common.sampling import (
     SamplingParams,
 )
 from radixserve.tokenizer.errors import ApiError
+from radixserve.tokenizer.tool_grammar import FUNCTION_NAME, validate_tools
 
 MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one /v1/completions request
@@ -41,7 +42,6 @@ MAX_MESSAGES = 4096
 MAX_TOOLS = 128  # OpenAI's limit
 MAX_CHOICES = 1024  # guided_choice's strings
 MAX_NAME = 256  # ids and names a client echoes back (tool call ids, message names)
-FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's (and tool_calls.validate_tools')
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (gRPC Generate: the same)
 
@@ -75,6 +75,9 @@ Name = Annotated[Text, Field(max_length=MAX_NAME)]
 FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME)]
 JsonObject = Annotated[dict[str, object], AfterValidator(_valid_unicode_json)]
 Choices = Annotated[list[Annotated[Text, Field(min_length=1)]], Field(min_length=1, max_length=MAX_CHOICES)]
+
+
+Source = tuple[str, Constraint]  # a constraint on the output, and the field that asked for it
 
 
 class _Strict(BaseModel):
@@ -181,6 +184,11 @@ class _Sampling(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def check_stream_options(self) -> None:
+        """vLLM's rule: stream_options only with stream (a non-streamed body has its usage anyway)."""
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed with stream: true", param="stream_options")
+
     def unsupported(self) -> tuple[str, str] | None:
         """The first field set to something this server does not do: (field, message)."""
         for name, value, neutral in self._optional_features():
@@ -191,7 +199,7 @@ class _Sampling(_Strict):
     def _optional_features(self) -> list[tuple[str, object, tuple[object, ...]]]:
         return []
 
-    def constraint(self) -> tuple[str, Constraint] | None:
+    def constraint(self) -> Source | None:
         """The structured output asked for and the field that asked; a 400 for more than one."""
         found: list[tuple[str, Constraint]] = []
         if self.response_format is not None and (c := _format_constraint(self.response_format)):
@@ -206,16 +214,6 @@ class _Sampling(_Strict):
             msg = f"{found[0][0]} and {found[1][0]} both constrain the output: give at most one"
             raise ApiError(400, msg, param=found[1][0])
         return found[0] if found else None
-
-    def logit_bias_ids(self, vocab_size: int) -> tuple[tuple[int, float], ...]:
-        """``logit_bias`` with its keys as token ids of this model's vocabulary (else a 400)."""
-        out = []
-        for key, value in (self.logit_bias or {}).items():
-            if not re.fullmatch(r"[0-9]{1,10}", key) or int(key) >= vocab_size:
-                msg = f"logit_bias keys must be token ids of this model (0..{vocab_size - 1}), got {key!r}"
-                raise ApiError(400, msg, param="logit_bias")
-            out.append((int(key), value))
-        return tuple(out)
 
     def _sampling(
         self, max_new_tokens: int, vocab_size: int, constraint: Constraint | None
@@ -235,7 +233,7 @@ class _Sampling(_Strict):
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,
-            logit_bias=self.logit_bias_ids(vocab_size),
+            logit_bias=logit_bias_ids((self.logit_bias or {}).items(), vocab_size),
             constraint=constraint,
         )
 
@@ -265,13 +263,13 @@ class CompletionRequest(_Sampling):
     def _optional_features(self) -> list[tuple[str, object, tuple[object, ...]]]:
         return [("best_of", self.best_of, (None, self.n)), ("suffix", self.suffix or None, (None,))]
 
-    def sampling_params(self, vocab_size: int) -> SamplingParams:
-        """This request's SamplingParams (raises ApiError naming the field)."""
+    def sampling_params(self, vocab_size: int, source: Source | None) -> SamplingParams:
+        """This request's SamplingParams (raises ApiError naming the field); ``source``: its
+        ``constraint()``, computed once by the caller (which also checks it compiles)."""
         max_tokens = self.max_tokens if self.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
         if max_tokens < 1 and not (max_tokens == 0 and self.echo):
             msg = f"max_tokens must be at least 1 (0 only with echo: true), got {max_tokens}"
             raise ApiError(400, msg, param="max_tokens")
-        source = self.constraint()
         sp = self._sampling(max_tokens, vocab_size, source[1] if source else None)
         sp.logprobs = self.logprobs
         if self.echo and (self.logprobs is not None or max_tokens == 0):
@@ -357,17 +355,16 @@ class ChatCompletionRequest(_Sampling):
         """What the schema cannot say field by field: a 400 naming the field."""
         if self.top_logprobs and not self.logprobs:  # 0 asks for nothing: let it pass, as before
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
-            names = {t.function.name for t in self.tools or ()}
-            if not names:
-                raise ApiError(400, "tool_choice forces a tool call: give tools", param="tool_choice")
-            named = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
-            if named is not None and named not in names:
+        # OpenAI refuses both without tools, whatever their value: they would silently do nothing.
+        for name in ("tool_choice", "parallel_tool_calls"):
+            if self.tools is None and getattr(self, name) is not None:
+                raise ApiError(400, f"{name} is only allowed when tools are given", param=name)
+        if isinstance(self.tool_choice, NamedToolChoice):
+            named = self.tool_choice.function.name
+            if named not in {t.function.name for t in self.tools or ()}:
                 raise ApiError(
                     400, f"tool_choice names {named!r}, which is not among tools", param="tool_choice"
                 )
-        for i, m in enumerate(self.messages):
-            _check_message(i, m)
 
     @property
     def calls_tools(self) -> bool:
@@ -378,31 +375,66 @@ class ChatCompletionRequest(_Sampling):
         """``tools`` as OpenAI-shaped dicts (what HF chat templates take); None with tool_choice none:
         the model is not to call them, so they are left out of its prompt (vLLM renders them; here the
         output cannot then be a call the client would get as text)."""
-        if not self.calls_tools:
-            return None
-        return [t.model_dump(exclude_none=True, by_alias=True) for t in self.tools or ()]
+        return tool_dicts(self.tools) if self.calls_tools else None
 
     def tool_choice_value(self) -> str | dict[str, object]:
         """``tool_choice`` as OpenAI's plain value (its default: auto when tools are given)."""
         tc = self.tool_choice or "auto"
         return tc if isinstance(tc, str) else tc.model_dump()
 
-    def sampling_params(
-        self, max_new_tokens: int, vocab_size: int, tool_constraint: Constraint | None = None
-    ) -> SamplingParams:
-        """This request's SamplingParams (raises ApiError naming the field); ``tool_constraint``: the
-        grammar a forcing tool_choice imposes."""
+    def output_constraint(self, tool_constraint: Constraint | None) -> Source | None:
+        """The one constraint on the output and the field that asked: ``constraint()``'s, or
+        ``tool_constraint`` (the grammar a forcing tool_choice imposes), never both."""
         source = self.constraint()
-        if tool_constraint is not None:
-            if source is not None:
-                msg = f"{source[0]} cannot be combined with tool_choice {self.tool_choice_value()!r}"
-                raise ApiError(400, msg, param=source[0])
-            source = ("tool_choice", tool_constraint)
+        if tool_constraint is None:
+            return source
+        if source is not None:
+            msg = f"{source[0]} cannot be combined with tool_choice {self.tool_choice_value()!r}"
+            raise ApiError(400, msg, param=source[0])
+        return "tool_choice", tool_constraint
+
+    def sampling_params(self, max_new_tokens: int, vocab_size: int, source: Source | None) -> SamplingParams:
+        """This request's SamplingParams (raises ApiError naming the field); ``source``: its
+        ``output_constraint``, computed once by the caller."""
         sp = self._sampling(max_new_tokens, vocab_size, source[1] if source else None)
         sp.logprobs = (self.top_logprobs or 0) if self.logprobs else None
         tokens_field = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
         names = {"max_new_tokens": tokens_field, "logprobs": "top_logprobs"}
         return self._checked(sp, {**names, "constraint": source[0] if source else "response_format"})
+
+
+def logit_bias_ids(bias: Iterable[tuple[str | int, float]], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as token ids of this model's vocabulary, else a 400: the one check for HTTP (keys
+    are OpenAI's digit strings) and gRPC (ints; SamplingParams.validate bounds only their range)."""
+    out = []
+    for key, value in bias:
+        token = key if isinstance(key, int) else int(key) if re.fullmatch(r"[0-9]{1,10}", key) else -1
+        if not 0 <= token < vocab_size:
+            msg = f"logit_bias keys must be token ids of this model (0..{vocab_size - 1}), got {key!r}"
+            raise ApiError(400, msg, param="logit_bias")
+        out.append((token, value))
+    return tuple(out)
+
+
+def tool_dicts(tools: list[ChatTool] | None) -> list[dict[str, object]] | None:
+    """``tools`` as OpenAI-shaped dicts (what HF chat templates take), checked by validate_tools (what
+    the schema cannot say: duplicate names, parameters of type object): once per request, here."""
+    if not tools:
+        return None
+    dicts = [t.model_dump(exclude_none=True, by_alias=True) for t in tools]
+    try:
+        validate_tools(dicts)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="tools") from e
+    return dicts
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, object]]:
+    """The messages checked (what the schema cannot say per message) and in OpenAI's plain shape: the
+    one conversion /v1/chat/completions and /v1/tokenize share, so a count is the prompt's."""
+    for i, m in enumerate(messages):
+        _check_message(i, m)
+    return [m.openai_dict() for m in messages]
 
 
 def _check_message(i: int, m: ChatMessage) -> None:

@@ -22,7 +22,17 @@ from pydantic import Field
 
 from radixserve.tokenizer.errors import ApiError
 from radixserve.tokenizer.gateway import Gateway
-from radixserve.tokenizer.openai_api import MAX_MESSAGES, ChatMessage, Text, TokenId, _Strict
+from radixserve.tokenizer.openai_api import (
+    MAX_MESSAGES,
+    MAX_TOOLS,
+    ChatMessage,
+    ChatTool,
+    Text,
+    TokenId,
+    _Strict,
+    template_messages,
+    tool_dicts,
+)
 
 TOKENIZE_PATH = "/v1/tokenize"
 DETOKENIZE_PATH = "/v1/detokenize"
@@ -31,13 +41,14 @@ DETOKENIZE_PATH = "/v1/detokenize"
 MODEL_PATH = "/v1/models/{model_id}"
 
 _PROMPT_ONLY = ("add_special_tokens",)
-_CHAT_ONLY = ("add_generation_prompt",)
+_CHAT_ONLY = ("add_generation_prompt", "tools")
 
 
 # openai_api's strict base and field types: these endpoints refuse what the completion endpoints do.
 class TokenizeRequest(_Strict):
     """vLLM's two shapes in one schema, so one route (and one body type) serves both: ``prompt``
-    with ``add_special_tokens``, or ``messages`` with ``add_generation_prompt``. Which one, and that
+    with ``add_special_tokens``, or ``messages`` with ``add_generation_prompt`` and ``tools`` (the chat
+    endpoint's own types: what it takes, this counts). Which one, and that
     no field of the other shape came along, is ``shape_error``'s to say: a pydantic validator could
     only blame the whole body, not the field."""
 
@@ -46,6 +57,7 @@ class TokenizeRequest(_Strict):
     add_special_tokens: bool = True
     messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
     add_generation_prompt: bool = True
+    tools: Annotated[list[ChatTool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
 
     def shape_error(self) -> ApiError | None:
         """The 400 for a body that is neither shape, or both, naming the field that does not belong."""
@@ -98,23 +110,6 @@ def model_card(gw: Gateway) -> ModelCard:
     }
 
 
-def chat_ids(gw: Gateway, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
-    """The messages through the chat template, as ids."""
-    plain = [{"role": m.role, "content": m.text()} for m in messages]
-    if add_generation_prompt:
-        # The chat endpoint's own call: the count is then exactly its prompt_tokens.
-        return gw.encode_chat(plain)
-    # encode_chat always adds the generation prompt; otherwise the same steps, the same refusals.
-    if not plain:
-        raise ApiError(400, "messages must not be empty", param="messages")
-    try:
-        text = gw.tokenizer.apply_chat_template(plain, add_generation_prompt=False, tokenize=False)
-    except Exception as e:  # the template's own checks (roles, order) raise
-        raise ApiError(400, f"messages do not fit the chat template: {e}", param="messages") from e
-    # The template writes its special tokens as text; adding them again would double the BOS.
-    return list(gw.tokenizer.encode(text, add_special_tokens=False))
-
-
 class TokenizeRoutes:
     """The three endpoints over one Gateway."""
 
@@ -127,7 +122,9 @@ class TokenizeRoutes:
         if refused is not None:
             raise refused
         if body.messages is not None:
-            ids = chat_ids(self.gw, body.messages, body.add_generation_prompt)
+            # The chat endpoint's own steps (checks, conversion, template): the count is its prompt_tokens.
+            messages, tools = template_messages(body.messages), tool_dicts(body.tools)
+            ids = self.gw.encode_chat(messages, tools, body.add_generation_prompt)
         elif body.add_special_tokens:
             ids = self.gw.encode(body.prompt or "")  # /v1/completions' call: the same ids
         else:
@@ -140,7 +137,7 @@ class TokenizeRoutes:
         self.gw.check_model(body.model)
         # The schema bounds ids to int32 only; the tokenizer's vocabulary is this model's, and
         # decoding silently drops an id beyond it (the text would not be what was asked for).
-        vocab = len(self.gw.tokenizer)
+        vocab = self.gw.text.vocab_size
         bad = next((i for i, t in enumerate(body.tokens) if t >= vocab), None)
         if bad is not None:
             msg = f"tokens[{bad}] = {body.tokens[bad]} is outside the vocabulary (ids 0..{vocab - 1})"

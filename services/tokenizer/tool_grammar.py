@@ -17,7 +17,9 @@ from typing import Any
 from radixserve.common.sampling import Constraint
 from radixserve.tokenizer.tool_calls import PARSERS
 
-NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's function names; they go into grammars verbatim
+# OpenAI's function names (also openai_api's schema pattern); they go into grammars verbatim.
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+NAME_RE = re.compile(FUNCTION_NAME)
 
 
 def validate_tools(tools: list[dict[str, Any]]) -> None:
@@ -75,12 +77,12 @@ def tool_choice_constraint(
     """The grammar that forces a call for ``tool_choice``: None for None / "auto" / "none"; for
     "required", one or more calls (hermes without ``parallel``, and llama3_json: one) of any tool; for
     ``{"type": "function", "function": {"name": N}}``, exactly one call of N. Every string of the
-    grammar is a call in ``parser``'s format whose arguments match the tool's ``parameters``."""
+    grammar is a call in ``parser``'s format whose arguments match the tool's ``parameters``.
+    ``tools`` must have passed validate_tools: the caller checks them once per request."""
     if tool_choice is None or tool_choice in ("auto", "none"):
         return None
     if parser not in PARSERS:
         raise ValueError(f"unknown tool parser {parser!r}; expected one of {sorted(PARSERS)}")
-    validate_tools(tools)
     functions = [t["function"] for t in tools]
     if tool_choice == "required":
         if not functions:

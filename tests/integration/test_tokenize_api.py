@@ -22,6 +22,7 @@ from radixserve.tokenizer.http_app import build_app
 from radixserve.tokenizer.openai_api import ChatCompletionRequest, CompletionRequest
 from radixserve.tokenizer.tokenize_api import DetokenizeRequest, TokenizeRequest
 from tests.integration.conftest import MODEL_NAME
+from tests.unit.test_openai_fields import CALL_TEXT, WEATHER, Engine
 
 TEXTS = ["def add(a, b):", "import os\nimport sys\n", "# héllo wörld ✓", "  two  spaces , and . ", ""]
 MESSAGES = [
@@ -141,6 +142,66 @@ def test_chat_tokens_are_the_chat_templates(app, gw):
     )
     assert len(without["tokens"]) < out["count"]
     assert out["tokens"][: without["count"]] == without["tokens"]
+
+
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+TOOL_TURN = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+
+
+@pytest.fixture
+def engine(gw, monkeypatch) -> Engine:
+    """The schedulers replaced by test_openai_fields' script: what the chat endpoint submits is seen."""
+    e = Engine()
+    monkeypatch.setattr(gw, "submit", e.submit)
+    return e
+
+
+@pytest.mark.parametrize("messages", [TOOL_TURN, [{"role": "developer", "content": "Be brief."}, *TOOL_TURN]])
+def test_tokenize_counts_what_the_chat_endpoint_sends(app, engine, messages):
+    """Tool calls, tool results and the tools themselves are rendered as the chat endpoint renders
+    them: tokenize's count is the chat completion's prompt_tokens, its ids what was submitted."""
+    body = {"model": MODEL_NAME, "messages": messages, "tools": [WEATHER], "max_tokens": 2}
+    r = call(app, "POST", "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    out = tokenize(app, messages=messages, tools=[WEATHER])
+    assert out["count"] == r.json()["usage"]["prompt_tokens"]
+    assert out["tokens"] == engine.sent[-1][0]
+    assert CALL_TEXT.split("\n")[1] in detokenize(app, out["tokens"])  # the past call, as the model wrote it
+    # without the generation prompt: the same conversation, the assistant's header left out
+    without = tokenize(app, messages=messages, tools=[WEATHER], add_generation_prompt=False)
+    assert out["tokens"][: without["count"]] == without["tokens"] and without["count"] < out["count"]
+
+
+def test_developer_messages_are_rendered_as_system(app):
+    system = tokenize(app, messages=[{"role": "system", "content": "Be brief."}, *MESSAGES[1:]])
+    assert tokenize(app, messages=[{"role": "developer", "content": "Be brief."}, *MESSAGES[1:]]) == system
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([*MESSAGES, {"role": "tool", "content": "x"}], "messages.2.tool_call_id"),
+        ([{"role": "user", "content": "x", "tool_calls": [CALL]}], "messages.0.tool_calls"),
+        ([{"role": "user", "content": "x", "tool_call_id": "call_1"}], "messages.0.tool_call_id"),
+    ],
+)
+def test_tokenize_checks_messages_as_the_chat_endpoint_does(app, messages, param):
+    for path in ("/v1/tokenize", "/v1/chat/completions"):
+        assert_error(call(app, "POST", path, {**M, "messages": messages}), 400, param)
+
+
+def test_tokenize_checks_tools_as_the_chat_endpoint_does(app):
+    body = {**M, "messages": MESSAGES, "tools": [WEATHER, WEATHER]}
+    assert_error(call(app, "POST", "/v1/tokenize", body), 400, "tools")
+    assert_error(call(app, "POST", "/v1/tokenize", {**M, "prompt": "x", "tools": [WEATHER]}), 400, "tools")
 
 
 def test_add_special_tokens_is_honoured_and_on_by_default(bos_gw):

@@ -429,3 +429,58 @@ def test_a_lone_surrogate_inside_a_schema_is_a_400(app, engine):
     bad = {"type": "object", "properties": {"\ud800": {"type": "string"}}}
     refused(complete(app, guided_json=bad), "guided_json", "Unicode")
     refused(chat(app, tools=[function(name="f", parameters=bad)]), "tools.0.function.parameters", "Unicode")
+
+
+# ------------------------------------------------------------------------- refusals and limits
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tool_choice": choice}, "tool_choice")
+        for choice in ("none", "auto", "required", {"type": "function", "function": {"name": "f"}})
+    ]
+    + [({"parallel_tool_calls": False}, "parallel_tool_calls")],
+)
+def test_tool_fields_without_tools_are_400s(app, engine, body, param):
+    refused(chat(app, **body), param, "tools")
+    assert not engine.sent
+
+
+@pytest.mark.parametrize("make", [complete, chat])
+def test_stream_options_need_stream(app, engine, make):
+    refused(make(app, stream_options={"include_usage": True}), "stream_options", "stream")
+    refused(make(app, stream=False, stream_options={}), "stream_options", "stream")
+    assert not engine.sent
+    assert make(app, stream=True, stream_options={"include_usage": True}).status_code == 200
+
+
+@pytest.mark.parametrize("prompt", ["", [""], [[]], [[5], []], []])
+def test_an_empty_prompt_is_the_gateways_400(app, engine, prompt):
+    refused(complete(app, prompt=prompt), "prompt", "empty")
+    refused(complete(app, prompt=prompt, echo=True, max_tokens=0), "prompt", "empty")
+    assert not engine.sent
+
+
+def test_usage_null_on_every_chunk_before_the_last(app, engine):
+    for make in (chat, complete):
+        chunks = events(make(app, n=2, stream=True, stream_options={"include_usage": True}))
+        assert all("usage" in c and c["usage"] is None for c in chunks[:-1]), chunks
+        assert chunks[-1]["usage"]["completion_tokens"] == 2 and chunks[-1]["choices"] == []
+
+
+def test_the_top_seed_with_n_wraps_into_64_bits(app, gw, monkeypatch):
+    """Choice i's seed is seed + i wrapped into int64: the top seed's second choice is the bottom one."""
+    sent: list[pb.TokenizedRequest] = []
+
+    class Stub:
+        async def Submit(self, request: pb.TokenizedRequest, timeout: float) -> None:
+            sent.append(request)
+            done = pb.RequestText(rid=request.rid, text="ok", token_ids=[7], finish_reason="stop")
+            gw.deliver(pb.TextBatch(reqs=[done]), object())
+
+    class Pod:  # a scheduler that answers every request at once
+        address, stub, outstanding, sent = "pod", Stub(), set(), 0
+
+    monkeypatch.setattr(gw, "_route", lambda ids, trace, avoid=None: Pod())
+    r = chat(app, seed=2**63 - 1, n=2)
+    assert r.status_code == 200, r.text
+    assert [q.sampling.seed for q in sent] == [2**63 - 1, -(2**63)]

@@ -1,19 +1,35 @@
 """Logprobs bodies at the gateway: OpenAI's legacy completions object (echo included) and the chat
 object (bytes, alternatives), streamed and not, and gRPC Generate's pass-through; token texts and
 bytes from the vocabulary. Hand-made deliveries through the real app (test_openai_fields' scripted
-engine), and the pure pieces directly."""
+engine), and the pure pieces directly. Also the work done once per request (tool validation, the
+constraint, its compilation through the grammar cache) and gRPC's checks before a compile."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+from typing import Any
 
 import pytest
 
 from radixserve.common.rpc import pb
+from radixserve.common.sampling import SamplingParams
 from radixserve.tokenizer import openai_responses as resp
 from radixserve.tokenizer.token_pieces import TokenPieces, shown
-from tests.unit.test_openai_fields import app, chat, complete, engine, events, gw, logprobs, strict_json, text
+from tests.unit.test_openai_fields import (
+    WEATHER,
+    app,
+    chat,
+    complete,
+    engine,
+    events,
+    gw,
+    logprobs,
+    refused,
+    strict_json,
+    text,
+)
 
 __all__ = ["app", "engine", "gw"]  # fixtures, shared with test_openai_fields
 
@@ -158,3 +174,70 @@ def test_grpc_generate_passes_logprobs_through():
     assert done.usage.completion_tokens == 2
     plain = _response(Session(), Output(0, "a", [1], "stop"), pb.GenerateResponse())  # type: ignore[arg-type]
     assert not plain.HasField("logprobs") and not plain.HasField("prompt_logprobs")
+
+
+# ----------------------------------------------------------------------- once per request
+def test_validation_and_the_constraint_run_once_per_request(app, engine, monkeypatch):
+    from radixserve.tokenizer import http_app, openai_api, tool_grammar
+
+    calls = {"validate_tools": 0, "constraint": 0}
+    real_validate, real_constraint = tool_grammar.validate_tools, openai_api._Sampling.constraint
+
+    def validate(tools: list[dict[str, Any]]) -> None:
+        calls["validate_tools"] += 1
+        real_validate(tools)
+
+    def constraint(self: openai_api._Sampling) -> Any:
+        calls["constraint"] += 1
+        return real_constraint(self)
+
+    for module in (http_app, openai_api, tool_grammar):
+        monkeypatch.setattr(module, "validate_tools", validate, raising=False)
+    monkeypatch.setattr(openai_api._Sampling, "constraint", constraint)
+    assert chat(app, tools=[WEATHER], tool_choice="required").status_code == 200
+    assert complete(app, guided_regex="[a-z]{2}").status_code == 200
+    assert calls == {"validate_tools": 1, "constraint": 2}  # one each: the chat's and the completion's
+
+
+def test_a_repeated_constraint_is_compiled_once(app, engine, monkeypatch):
+    """The gateway's check goes through the grammar backend's cache: the second request with the same
+    schema costs a lookup, not llguidance's work again."""
+    from radixserve.scheduler import grammar
+
+    prepared: list[str] = []
+    real = grammar._prepare
+
+    def prepare(tokenizer: Any, width: int, c: Any) -> Any:
+        prepared.append(c.spec)
+        return real(tokenizer, width, c)
+
+    monkeypatch.setattr(grammar, "_prepare", prepare)
+    for _ in range(3):
+        assert complete(app, guided_regex="(once)+[0-9]").status_code == 200
+    assert prepared == ["(once)+[0-9]"]
+    refused(complete(app, guided_regex="(bad"), "guided_regex", "regex")  # llguidance's reason, still
+
+
+def test_grpc_generate_validates_before_the_constraint_is_compiled(gw, monkeypatch):
+    """The spec's size limit (and every other range) holds before llguidance sees the spec."""
+    from radixserve.common.sampling import MAX_CONSTRAINT_CHARS, Constraint
+    from radixserve.tokenizer.errors import ApiError
+    from radixserve.tokenizer.grpc_api import GatewayService
+
+    async def compiled(c: Constraint, param: str) -> None:
+        raise AssertionError("the constraint reached llguidance")
+
+    monkeypatch.setattr(gw.text, "check_constraint", compiled)
+    service = GatewayService(gw)
+    huge = Constraint("regex", "a" * (MAX_CONSTRAINT_CHARS + 1))
+    for sp, param in [
+        (SamplingParams(max_new_tokens=4, constraint=huge), "constraint"),
+        (
+            SamplingParams(max_new_tokens=4, ignore_eos=True, constraint=Constraint("regex", "a")),
+            "ignore_eos",
+        ),
+        (SamplingParams(max_new_tokens=4, logit_bias=((2048, 1.0),)), "logit_bias"),
+    ]:
+        with pytest.raises(ApiError) as e:
+            asyncio.run(service._check_sampling(sp))
+        assert (e.value.status, e.value.param) == (400, param)
