@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -243,14 +243,6 @@ class Gateway:
 
     def encode(self, text: str) -> list[int]:
         return self.text.encode(text)
-
-    def encode_chat(
-        self,
-        messages: Sequence[Mapping[str, object]],
-        tools: list[dict[str, object]] | None = None,
-        add_generation_prompt: bool = True,
-    ) -> list[int]:
-        return self.text.encode_chat(messages, tools, add_generation_prompt)
 
     def max_context(self) -> int | None:
         known = [h.load.max_context_len for h in self.pool.healthy() if h.load is not None]

@@ -103,7 +103,7 @@ class GatewayService(pb_grpc.GatewayServicer):
         elif which == "input_ids":
             ids = list(request.input_ids.ids)
         elif which == "chat":
-            ids = gw.encode_chat([{"role": m.role, "content": m.content} for m in request.chat.messages])
+            ids = gw.text.encode_chat([{"role": m.role, "content": m.content} for m in request.chat.messages])
         else:
             raise ApiError(400, "one of text, input_ids or chat is required")
         if not ids:

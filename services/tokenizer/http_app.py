@@ -154,7 +154,7 @@ class OpenAIRoutes:
         t0 = time.monotonic()
         tools = body.tool_dicts()  # validated here, once
         parser, tool_constraint = _tool_plan(self.gw, body, tools)
-        ids = self.gw.encode_chat(api.template_messages(body.messages), tools)
+        ids = self.gw.text.encode_chat(api.template_messages(body.messages), tools)
         t1 = time.monotonic()
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:  # OpenAI: up to the context length

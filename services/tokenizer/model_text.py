@@ -1,7 +1,7 @@
 """The gateway's side of the model's text: its tokenizer and chat template, each token's own text for
 logprobs, the tool-call format of its template, and the check of structured-output constraints.
 
-The Gateway holds one (``gw.text``); ``gw.encode`` / ``gw.encode_chat`` are its. Nothing here talks
+The Gateway holds one (``gw.text``; ``gw.encode`` is its ``encode``). Nothing here talks
 to another service.
 """
 

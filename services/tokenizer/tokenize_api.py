@@ -124,7 +124,7 @@ class TokenizeRoutes:
         if body.messages is not None:
             # The chat endpoint's own steps (checks, conversion, template): the count is its prompt_tokens.
             messages, tools = template_messages(body.messages), tool_dicts(body.tools)
-            ids = self.gw.encode_chat(messages, tools, body.add_generation_prompt)
+            ids = self.gw.text.encode_chat(messages, tools, body.add_generation_prompt)
         elif body.add_special_tokens:
             ids = self.gw.encode(body.prompt or "")  # /v1/completions' call: the same ids
         else:

@@ -238,7 +238,8 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
         async def go():
             async with httpx.AsyncClient(base_url=cluster.url, timeout=120) as h:
                 first = [asyncio.Event(), asyncio.Event()]
-                running = [asyncio.create_task(_stream(h, "victim's running one", first[0], 1500))]
+                # long enough to be running at the kill on a fast machine (~1 ms a token here)
+                running = [asyncio.create_task(_stream(h, "victim's running one", first[0], 1950))]
                 await first[0].wait()  # one at a time: round-robin sends them in this order
                 running.append(asyncio.create_task(_stream(h, "the survivor's", first[1], 400)))
                 await first[1].wait()
@@ -253,7 +254,7 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
                     )
                     for i in range(4)
                 ]
-                await asyncio.sleep(1.0)  # submitted: two wait on each pod behind its running one
+                await asyncio.sleep(0.5)  # submitted: two wait on each pod behind its running one
                 victim.proc.send_signal(signal.SIGKILL)
                 right_after = [
                     asyncio.create_task(h.post("/v1/completions", json={**body, "prompt": f"next {i}"}))

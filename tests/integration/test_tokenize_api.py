@@ -130,7 +130,7 @@ def test_chat_tokens_are_the_chat_templates(app, gw):
     template = gw.tokenizer.apply_chat_template
     out = tokenize(app, messages=MESSAGES)
     assert out["tokens"] == template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
-    assert out["tokens"] == gw.encode_chat(MESSAGES)  # what /v1/chat/completions sends
+    assert out["tokens"] == gw.text.encode_chat(MESSAGES)  # what /v1/chat/completions sends
     assert out["count"] == len(out["tokens"])
     # content as parts, as the chat endpoint takes it: the same ids
     parts = [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]} for m in MESSAGES]
