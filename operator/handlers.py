@@ -262,7 +262,7 @@ def reconcile(
     if rejected is not None:
         _write_degraded(patch, current, [rejected], generation)
         return
-    _write_observed(patch, current, kube, ctx, _pool_shortfall(ctx, pool, gpu_claims), generation)
+    _write_observed(patch, current, kube, ctx, _pool_shortfall(ctx, pool, gpu_claims), generation, body)
 
 
 def _checked_spec(
@@ -375,13 +375,22 @@ def _write_observed(
     ctx: manifests.BuildContext,
     shortfall: str | None,
     generation: int,
+    body: kopf.Body | None = None,
 ) -> None:
-    """Status for a round that applied the children: their readiness, the endpoint, conditions."""
+    """Status for a round that applied the children: their readiness, the endpoint, conditions (and
+    an Event on ``body`` when Degraded changes)."""
     ready, desired = _observe(kube, ctx)
+    instance = {k: v for k, v in manifests.selector(ctx, "scheduler").items() if k != COMPONENT}
+    pods = kube.list("Pod", ctx.namespace, labels=instance)
     failure = status.scheduler_failure(
-        kube.list("Pod", ctx.namespace, labels=manifests.selector(ctx, "scheduler"))
+        [p for p in pods if (p.get("metadata", {}).get("labels") or {}).get(COMPONENT) == "scheduler"]
     )
     previous = current.get("conditions")
+    conditions = status.service_conditions(
+        [], shortfall, ready, desired, generation, previous, failure=failure, trouble=status.pod_trouble(pods)
+    )
+    if body is not None:
+        _announce(body, previous, conditions)
     status.write_status(
         patch,
         current,
@@ -391,11 +400,25 @@ def _write_observed(
             "readyReplicas": ready,
             "replicas": {c: f"{ready[c]}/{desired[c]}" for c in desired},
             "endpoint": manifests.endpoints(ctx),
-            "conditions": status.service_conditions(
-                [], shortfall, ready, desired, generation, previous, failure=failure
-            ),
+            "conditions": conditions,
         },
     )
+
+
+COMPONENT = "app.kubernetes.io/component"
+
+
+def _announce(body: kopf.Body, previous: list[Obj] | None, conditions: list[Obj]) -> None:
+    """An Event when the service turns Degraded for a new reason (Warning) or recovers (Normal), so
+    `kubectl describe` and event-based alerting see the transition, not only the status."""
+    before = next((c for c in previous or [] if c.get("type") == "Degraded"), None)
+    after = next(c for c in conditions if c.get("type") == "Degraded")
+    was = before is not None and before.get("status") == "True"
+    now = after.get("status") == "True"
+    if now and (not was or before.get("reason") != after.get("reason")):  # type: ignore[union-attr]
+        kopf.event(body, type="Warning", reason=str(after["reason"]), message=str(after.get("message", "")))
+    elif was and not now:
+        kopf.event(body, type="Normal", reason="Recovered", message="no component reports trouble any more")
 
 
 def _observe(kube: Kube, ctx: manifests.BuildContext) -> tuple[dict[str, int], dict[str, int]]:

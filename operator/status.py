@@ -81,6 +81,53 @@ def scheduler_failure(pods: list[Obj]) -> str | None:
     return f"pod {pod_name} container {container} exited with code {code}{more}: {message}"
 
 
+# What a pod's own status says is wrong, most specific first: a pod that cannot be placed, an image that
+# cannot be pulled, a container killed for memory, one that keeps crashing.
+_WAITING = {"ImagePullBackOff": "ImagePullBackOff", "ErrImagePull": "ImagePullBackOff"}
+
+
+def pod_trouble(pods: list[Obj]) -> tuple[str, str] | None:
+    """(reason, message) for the first pod (by name) that Kubernetes reports in trouble: Unschedulable
+    (with the scheduler's message), ImagePullBackOff, OOMKilled or CrashLoopBackOff; None when none is.
+    A pod being deleted, or ready, is not in trouble."""
+    found: list[tuple[int, str, str, str]] = []  # (rank, pod, reason, message)
+    for pod in pods:
+        meta, st = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        name = str(meta.get("name", "?"))
+        for cond in st.get("conditions") or []:
+            unplaced = cond.get("type") == "PodScheduled" and cond.get("status") == "False"
+            if unplaced and cond.get("reason") == "Unschedulable":
+                found.append((0, name, "Unschedulable", str(cond.get("message") or "")))
+        for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+            if cs.get("ready"):
+                continue
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            last = (cs.get("lastState") or {}).get("terminated") or {}
+            container = str(cs.get("name", "?"))
+            if waiting.get("reason") in _WAITING:
+                why = waiting.get("message") or waiting["reason"]
+                msg = f"container {container} ({cs.get('image', '?')}): {why}"
+                found.append((1, name, _WAITING[waiting["reason"]], msg))
+            elif last.get("reason") == "OOMKilled":
+                found.append(
+                    (2, name, "OOMKilled", f"container {container} was killed for using too much memory")
+                )
+            elif waiting.get("reason") == "CrashLoopBackOff":
+                code = last.get("exitCode")
+                msg = f"container {container} keeps exiting" + (
+                    f" (last exit code {code})" if code is not None else ""
+                )
+                found.append((3, name, "CrashLoopBackOff", msg))
+    if not found:
+        return None
+    _, pod_name, reason, message = min(found)
+    if len(message) > MESSAGE_LIMIT:
+        message = message[: MESSAGE_LIMIT - 3] + "..."
+    return reason, f"pod {pod_name}: {message}"
+
+
 def service_conditions(
     problems: list[Problem],
     shortfall: str | None,
@@ -90,12 +137,15 @@ def service_conditions(
     previous: list[Obj] | None,
     now: str | None = None,
     failure: str | None = None,
+    trouble: tuple[str, str] | None = None,
 ) -> list[Obj]:
     """Ready / Progressing / Degraded for an InferenceService.
 
     Invalid specs are Degraded (with the first problem's reason) and never Ready; scheduler pods
     that exit saying why (``failure``, from :func:`scheduler_failure`) are Degraded/SchedulerFailed
-    with that message; a GPU shortfall is Degraded/InsufficientGPUs while pods wait for capacity.
+    with that message; a GPU shortfall is Degraded/InsufficientGPUs while pods wait for capacity;
+    otherwise pods Kubernetes reports in trouble (``trouble``, from :func:`pod_trouble`) make it
+    Degraded with that reason (Unschedulable, ImagePullBackOff, OOMKilled, CrashLoopBackOff).
     """
     now = now or now_iso()
     lagging = sorted(c for c in desired if ready.get(c, 0) < desired[c])
@@ -105,6 +155,8 @@ def service_conditions(
         degraded = (True, "SchedulerFailed", failure)
     elif shortfall:
         degraded = (True, "InsufficientGPUs", shortfall)
+    elif trouble:
+        degraded = (True, *trouble)
     else:
         degraded = (False, "AsExpected", "")
     if problems:
@@ -120,7 +172,9 @@ def service_conditions(
     is_ready = not problems and not lagging
     ready_cond = (
         is_ready,
-        "AllReplicasReady" if is_ready else (degraded[1] if problems or failure else "ReplicasNotReady"),
+        "AllReplicasReady"
+        if is_ready
+        else (degraded[1] if problems or failure or trouble else "ReplicasNotReady"),
         "",
     )
     return [

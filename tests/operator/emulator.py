@@ -41,7 +41,8 @@ _counter = itertools.count(1)
 
 
 class Emulator(kmock.KubernetesEmulator):
-    """Fills the metadata a real API server would: uid, resourceVersion, generation, timestamps.
+    """Fills the metadata a real API server would: uid, resourceVersion, generation, timestamps, and a
+    name from ``generateName`` (kopf names its Events that way).
 
     kopf needs uids for owner references and resourceVersions to order its own patches.
     """
@@ -52,6 +53,8 @@ class Emulator(kmock.KubernetesEmulator):
             meta = data.setdefault("metadata", {})
             rv = str(next(_counter))
             if request.action == kmock.action.CREATE:
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = f"{meta['generateName']}{rv}"
                 meta.setdefault("uid", f"uid-{rv}")
                 meta.setdefault(
                     "creationTimestamp", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -319,3 +319,57 @@ def test_the_operators_schema_check_passes_sound_specs_and_names_unknown_fields(
     typo = {**sound, "scheduler": {"replcas": 2}}
     (problem,) = crds.schema_problems(crds.INFERENCE_SERVICE_SPEC, typo)
     assert problem.startswith("spec.scheduler.replcas: unknown field") and "replicas" in problem
+
+
+def test_pod_trouble_names_the_most_specific_reason_of_the_first_pod():
+    def pod(name: str, *statuses: dict, conditions: tuple[dict, ...] = (), **meta: object) -> dict:
+        p = sched_pod(name, *statuses, **meta)
+        p["status"]["conditions"] = list(conditions)
+        return p
+
+    oom = {
+        "name": "scheduler",
+        "ready": False,
+        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+    }
+    loop = {"name": "gateway", "ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}}}  # fmt: skip
+    pull = {
+        "name": "gateway",
+        "ready": False,
+        "image": "r/x:1",
+        "state": {"waiting": {"reason": "ErrImagePull"}},
+    }
+    unplaced = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "no GPU node",
+    }
+    assert status.pod_trouble([]) is None
+    assert status.pod_trouble([pod("a", {**oom, "ready": True})]) is None  # serving again
+    assert status.pod_trouble([pod("a", oom, deletionTimestamp="t")]) is None  # on its way out
+    assert status.pod_trouble([pod("a", loop)]) == (
+        "CrashLoopBackOff",
+        "pod a: container gateway keeps exiting (last exit code 2)",
+    )
+    assert status.pod_trouble([pod("a", oom)])[0] == "OOMKilled"
+    assert status.pod_trouble([pod("a", pull)]) == (
+        "ImagePullBackOff",
+        "pod a: container gateway (r/x:1): ErrImagePull",
+    )
+    # most specific first, across pods: unschedulable, then image pulls, memory, crash loops
+    pods = [pod("a", loop), pod("b", oom), pod("c", pull), pod("d", conditions=(unplaced,))]
+    assert status.pod_trouble(pods) == ("Unschedulable", "pod d: no GPU node")
+    assert status.pod_trouble(pods[:3])[0] == "ImagePullBackOff"
+    assert status.pod_trouble(pods[:2])[0] == "OOMKilled"
+    # it makes the service Degraded (after spec problems, failures and GPU shortfalls) and not Ready
+    conds = status.service_conditions(
+        [], None, {"s": 0}, {"s": 1}, 1, None, now="t", trouble=("OOMKilled", "m")
+    )
+    by_type = {c["type"]: c for c in conds}
+    assert by_type["Degraded"]["reason"] == by_type["Ready"]["reason"] == "OOMKilled"
+    short = status.service_conditions(
+        [], "needs 2 GPUs", {"s": 0}, {"s": 1}, 1, None, now="t", trouble=("Unschedulable", "m")
+    )
+    assert {c["type"]: c for c in short}["Degraded"]["reason"] == "InsufficientGPUs"

@@ -402,3 +402,81 @@ async def test_python_m_radixserve_operator_serves_the_same_handlers(
             a for r in emu._requests if emulator._by_operator(r) and (a := emulator.access(r)) is not None
         }
         assert used <= emulator.chart_rbac()
+
+
+def component_pod(service: str, component: str, status: dict[str, Any]) -> dict[str, Any]:
+    """A pod of one of the service's components with the given status (no kubelet in the emulator)."""
+    pod = scheduler_pod(service, 0, {})
+    pod["metadata"]["name"] = f"{service}-{component}-0"
+    pod["metadata"]["labels"]["app.kubernetes.io/component"] = component
+    pod["status"] = status
+    return pod
+
+
+def events_of(harness: Harness, name: str) -> list[dict[str, Any]]:
+    """The Events posted about InferenceService ``name`` (kopf posts them to the core events API)."""
+    raws = [dict(o.raw) for o in list(harness.emulator.objects.values()) if not o.deleted]
+    return [r for r in raws if (r.get("involvedObject") or {}).get("name") == name]  # only Events have one
+
+
+async def test_pods_in_trouble_make_the_service_degraded_with_their_reason_and_an_event(
+    harness: Harness,
+) -> None:
+    await harness.call(harness.kube.apply, isvc("pods", scheduler=CPU, redis={"mode": "none"}))
+    await harness.until(lambda: harness.obj(ISVC, "default", "pods")["status"]["endpoint"], what="status")
+    pull = {
+        "phase": "Pending",
+        "containerStatuses": [
+            {
+                "name": "gateway",
+                "image": "registry.example/radixserve:nope",
+                "ready": False,
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}},
+            }
+        ],
+    }
+    await harness.call(harness.kube.apply, component_pod("pods", "tokenizer", pull))
+    degraded = await harness.until(
+        lambda: (d := degraded_of(harness, "pods")).get("reason") == "ImagePullBackOff" and d,
+        what="ImagePullBackOff",
+    )
+    assert (
+        "registry.example/radixserve:nope" in degraded["message"]
+        and "pods-tokenizer-0" in degraded["message"]
+    )
+    assert cond(harness.obj(ISVC, "default", "pods"), "Ready")["reason"] == "ImagePullBackOff"
+    warned = await harness.until(
+        lambda: [e for e in events_of(harness, "pods") if e.get("reason") == "ImagePullBackOff"],
+        what="the event",
+    )
+    assert warned[0]["type"] == "Warning"
+
+    unplaced = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient memory.",
+            }
+        ],
+    }
+    await harness.call(harness.kube.apply, component_pod("pods", "tokenizer", unplaced))
+    degraded = await harness.until(
+        lambda: (d := degraded_of(harness, "pods")).get("reason") == "Unschedulable" and d,
+        what="Unschedulable",
+    )
+    assert "3 Insufficient memory" in degraded["message"]
+
+    running = {
+        "phase": "Running",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [{"name": "gateway", "ready": True, "state": {"running": {}}}],
+    }
+    await harness.call(harness.kube.apply, component_pod("pods", "tokenizer", running))
+    await harness.until(lambda: degraded_of(harness, "pods")["status"] == "False", what="Degraded to clear")
+    await harness.until(
+        lambda: [e for e in events_of(harness, "pods") if e.get("reason") == "Recovered"],
+        what="the recovery event",
+    )
