@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 import kopf
 
-from radixserve.operator import manifests, netpol, redis_acl, status, tls, validation
+from radixserve.operator import disruption, manifests, netpol, redis_acl, status, tls, validation
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.crds import GROUP, INFERENCE_SERVICE_SPEC, VERSION, apply_defaults, schema_problems
 from radixserve.operator.kube import Kube, KubeError, load_config
@@ -307,7 +307,12 @@ def _build_context(
 def _children(ctx: manifests.BuildContext) -> list[Obj]:
     """In order: the credentials and the policies before the pods that use (and are bound by) them."""
     secret = _credentials_secret(ctx)
-    return [*([secret] if secret else []), *netpol.build(ctx, CONFIG.policies), *manifests.build_all(ctx)]
+    return [
+        *([secret] if secret else []),
+        *netpol.build(ctx, CONFIG.policies),
+        *manifests.build_all(ctx),
+        *disruption.build(ctx),
+    ]
 
 
 def _drop_policies(kube: Kube, ctx: manifests.BuildContext) -> None:

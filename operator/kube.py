@@ -23,6 +23,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "Pod": ("api/v1", "pods", True),
     "Node": ("api/v1", "nodes", False),
     "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies", True),
+    "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets", True),
     "Deployment": ("apis/apps/v1", "deployments", True),
     "StatefulSet": ("apis/apps/v1", "statefulsets", True),
     "InferenceService": ("apis/radixserve.io/v1alpha1", "inferenceservices", True),
