@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -195,15 +196,20 @@ class TPFollowers:
         self._watcher = threading.Thread(target=run, name="tp-watch", daemon=True)
         self._watcher.start()
 
-    def dead(self) -> str | None:
-        """What happened to the first follower that exited, if one did."""
-        for rank, proc in enumerate(self.procs, start=1):
-            if proc.poll() is not None:
-                return (
-                    f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.returncode}; "
-                    "the model cannot run without it"
-                )
-        return None
+    def dead(self, wait_s: float = 0.0) -> str | None:
+        """What happened to the first follower that exited, if one did; ``wait_s``: how long to keep
+        looking (a collective can fail on the closed connection before the dead process is reaped)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank, proc in enumerate(self.procs, start=1):
+                if proc.poll() is not None:
+                    return (
+                        f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.returncode}; "
+                        "the model cannot run without it"
+                    )
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop every follower (STOP, then SIGKILL for one that does not exit in time)."""

@@ -287,7 +287,8 @@ class EngineWorker:
             log.exception("engine loop failed")
             self.error = e
             followers = self.engine.followers
-            why = (followers.dead() if followers is not None else None) or repr(e)  # the cause, if known
+            # the cause, if known: a rank that died (its exit can trail the collective's error a little)
+            why = (followers.dead(wait_s=2.0) if followers is not None else None) or repr(e)
             self._abort_all(f"scheduler {self.address} failed: {why}")
             if self.on_failure is not None:
                 self.on_failure(f"engine loop failed: {why}")

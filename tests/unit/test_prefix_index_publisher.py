@@ -213,7 +213,10 @@ def test_over_tls_a_pods_publisher_feeds_a_gateways_router_and_heals_after_a_res
             wait_until(lambda: routed() == ("pod-a", "prefix", 2), what="removed blocks")
             tls_server.restart()  # empty; the publisher reconnects over TLS and republishes
             wait_until(lambda: routed() == ("pod-a", "prefix", 2), what="republishing after a restart")
-            assert router.index.live_pods() == {"pod-a": LOAD}
+            # the heartbeat is republished on its own schedule, beside the blocks
+            wait_until(
+                lambda: router.index.live_pods() == {"pod-a": LOAD}, what="the heartbeat after a restart"
+            )
         finally:
             pub.close()
     assert routed()[1] == "no-match"  # a closing pod removes its entries
