@@ -11,7 +11,6 @@ def test_smoke_run_reports_every_setting_and_leaves_the_pool_full(tmp_path):
     report = json.loads((tmp_path / "logits_features.json").read_text())
     settings = {"free", "free+logprobs", "free+penalties", "mixed_json"}
     assert set(report["results"]) == set(report["relative_to_free"]) == settings
-    assert report["relative_to_free"]["free"] == 1.0
     for r in report["results"].values():
         assert r["output_tok_s_median"] > 0 and all(s > 0 for s in r["steps_each"])
     assert report["kv_pool_full_after"] is True

@@ -157,12 +157,12 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """Whether the sampler must adjust this request's logits (penalties or a logit bias)."""
-        return bool(
-            self.presence_penalty
-            or self.frequency_penalty
-            or self.repetition_penalty != 1.0
-            or self.logit_bias
-        )
+        return self.has_penalties or bool(self.logit_bias)
+
+    @property
+    def has_penalties(self) -> bool:
+        """Presence, frequency or repetition penalty on (the ones that need token counts)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
 def _in_range(name: str, value: object, lo: float, hi: float, low_open: bool = False) -> None:

@@ -25,23 +25,26 @@ class ScoreLayout:
     """Which log-probabilities one step computes, for the requests that asked (the rest cost nothing).
 
     ``rows``: batch rows whose sampled token is scored, with up to ``top_k`` alternatives.
-    ``prompt``: (batch row, prompt position) per scored prompt token: the model also computes logits at
-    ``prompt_index`` (batch-token indices: the position before each scored token), ``prompt_top_k``
-    alternatives each. A prompt's last token predicts the first output, which ``rows`` scores.
+    ``prompt``: one span per request scoring prompt tokens this step, (batch row, first prompt position
+    scored, count); the model also computes logits at ``prompt_index`` (batch-token indices: the
+    position before each scored token) and scores ``prompt_targets`` (the tokens there), with
+    ``prompt_top_k`` alternatives each. A prompt's last token predicts the first output: ``rows``'s.
     """
 
     rows: list[int]
     top_k: int
-    prompt: list[tuple[int, int]]
+    prompt: list[tuple[int, int, int]]
     prompt_index: npt.NDArray[np.int64]
+    prompt_targets: npt.NDArray[np.int64]
     prompt_top_k: int
 
     @classmethod
     def of(cls, batch: ScheduleBatch) -> ScoreLayout | None:
         rows: list[int] = []
         top_k = prompt_top_k = 0
-        prompt: list[tuple[int, int]] = []
+        prompt: list[tuple[int, int, int]] = []
         index: list[npt.NDArray[np.int64]] = []
+        targets: list[npt.NDArray[np.int32]] = []
         offset = 0
         lens = batch.extend_lens.tolist()
         for i, (r, n) in enumerate(zip(batch.reqs, lens, strict=True)):
@@ -53,14 +56,17 @@ class ScoreLayout:
                 p = int(batch.prefix_lens[i])
                 end = min(p + n, r.prompt_len - 1)  # positions p..end-1 predict prompt tokens p+1..end
                 if end > p:
-                    prompt += [(i, j + 1) for j in range(p, end)]
+                    prompt.append((i, p + 1, end - p))
                     index.append(np.arange(offset, offset + end - p, dtype=np.int64))
+                    targets.append(r.origin_ids[p + 1 : end + 1])
                     prompt_top_k = max(prompt_top_k, sp.prompt_logprobs or 0)
             offset += n
         if not rows and not prompt:
             return None
-        flat = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
-        return cls(rows, top_k, prompt, flat, prompt_top_k)
+        none = np.zeros(0, dtype=np.int64)
+        flat = np.concatenate(index) if index else none
+        scored = np.concatenate(targets).astype(np.int64) if targets else none
+        return cls(rows, top_k, prompt, flat, scored, prompt_top_k)
 
 
 @dataclass(slots=True, eq=False)  # identity equality: batches are tracked in lists

@@ -458,23 +458,24 @@ def _store_scores(batch: ScheduleBatch, scores: StepScores) -> None:
         if req.finish_reason is not None or req.retractions != batch.epochs[row]:
             continue  # its results are void (process skips it too)
         k = req.sampling.logprobs or 0
-        entry = (token[j], top_ids[j][:k], top[j][:k])
-        idx = int(batch.token_index[row])
-        if idx < len(req.output_logprobs):
-            req.output_logprobs[idx] = entry
-        else:
-            req.output_logprobs.append(entry)
+        # batches are processed in order and dropped tokens truncate the list: it is always the next
+        assert batch.token_index[row] == len(req.output_logprobs)
+        req.output_logprobs.append((token[j], top_ids[j][:k], top[j][:k]))
     if layout.prompt:
         prompt, p_ids, p_top = (
             scores.prompt.tolist(),
             scores.prompt_top_ids.tolist(),
             scores.prompt_top.tolist(),
         )
-        for j, (row, pos) in enumerate(layout.prompt):
+        j = 0  # the scores come in span order
+        for row, first, count in layout.prompt:
             req = batch.reqs[row]
             k = req.sampling.prompt_logprobs or 0
             if req.prompt_logprobs is not None and req.retractions == batch.epochs[row]:
-                req.prompt_logprobs[pos] = (prompt[j], p_ids[j][:k], p_top[j][:k])
+                req.prompt_logprobs[first : first + count] = [
+                    (prompt[x], p_ids[x][:k], p_top[x][:k]) for x in range(j, j + count)
+                ]
+            j += count
 
 
 def placeholder(future_id: int) -> int:

@@ -20,6 +20,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from radixserve.common.sampling import SamplingParams, find_stop
@@ -197,13 +198,18 @@ class Engine:
             raise ValueError(f"the constraint took over {timeout_s:g} s to prepare") from None
         req.grammar = backend.matcher(compiled)
 
-    def check_vocab(self, ids: Sequence[int], sp: SamplingParams) -> None:
-        """Raise ValueError for token ids outside the model's vocabulary (the prompt, logit_bias)."""
+    def check_vocab(self, ids: Sequence[int] | np.ndarray, sp: SamplingParams) -> np.ndarray:
+        """The prompt as int64 token ids; ValueError for ids outside the model's vocabulary (the prompt's
+        or logit_bias'). One vectorised check, for ``generate`` and the worker's every Submit."""
         vocab = self.model_config.vocab_size
-        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
-            raise ValueError(f"input_ids must be integers in [0, {vocab})")
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or (
+            arr.size and (arr.dtype.kind not in "iub" or arr.min() < 0 or arr.max() >= vocab)
+        ):
+            raise ValueError(f"input_ids must be in [0, {vocab}): integer token ids")
         if any(t >= vocab for t, _ in sp.logit_bias):
             raise ValueError(f"logit_bias keys must be token ids in [0, {vocab})")
+        return arr.astype(np.int64)
 
     def _eos_token_ids(self) -> list[int]:
         eos = set(self.model_config.eos_token_ids)
@@ -289,8 +295,7 @@ class Engine:
         for ids, sp in zip(all_ids, params, strict=True):
             sp = replace(sp)  # our own copy: validate() normalises fields in place
             sp.validate()
-            self.check_vocab(ids, sp)
-            reqs.append(Req(f"r{next(self._ids)}", ids, sp))
+            reqs.append(Req(f"r{next(self._ids)}", self.check_vocab(ids, sp), sp))
         for r in reqs:  # validate all before queueing any: a rejected call leaves nothing behind
             self.scheduler.check_admissible(r)
             self.attach_grammar(r)

@@ -63,6 +63,8 @@ class Req:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     grammar: GrammarMatcher | None = None  # the constraint's state: the tokens accepted so far
     special: bool = False  # set from ``sampling`` (__post_init__)
+    # sampling.logit_bias as (token ids int64, values float32), built once (the sampler reads it every step)
+    logit_bias: tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]] | None = None
     _fill_cache: npt.NDArray[np.int32] | None = None
 
     def __post_init__(self) -> None:
@@ -72,6 +74,11 @@ class Req:
         sp = self.sampling
         if sp.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = [None] * len(self.origin_ids)
+        if sp.logit_bias:
+            self.logit_bias = (
+                np.array([t for t, _ in sp.logit_bias], dtype=np.int64),
+                np.array([v for _, v in sp.logit_bias], dtype=np.float32),
+            )
         # Asks the step for more than a sampled token (model/logits.py); checked per step, so kept here.
         self.special = (
             sp.logprobs is not None

@@ -160,7 +160,6 @@ class EngineWorker:
         cache = engine.scheduler.kv.cache
         if block_size > 0 and not cache.disabled:
             cache.enable_block_events(block_size, root_hash(model_name))
-        self.vocab_size = engine.model_config.vocab_size
         engine.loop.on_batch = self._on_batch
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -195,11 +194,7 @@ class EngineWorker:
             raise ShuttingDown(f"scheduler {self.address} is shutting down")
         if not msg.rid:
             raise ValueError("rid is empty")
-        ids = np.asarray(msg.input_ids, dtype=np.int64)  # range-checked before the int32 Req holds
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"input_ids must be in [0, {self.vocab_size})")
-        if any(t >= self.vocab_size for t, _ in msg.sampling.logit_bias):
-            raise ValueError(f"logit_bias keys must be token ids in [0, {self.vocab_size})")
+        ids = self.engine.check_vocab(msg.input_ids, msg.sampling)  # before the int32 Req holds them
         req = Req(msg.rid, ids.astype(np.int32), msg.sampling)
         self.scheduler.check_admissible(req)  # reads the config only
         self.engine.attach_grammar(req)  # compiles on the grammar threads; this caller waits, not the engine

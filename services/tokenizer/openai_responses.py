@@ -267,18 +267,34 @@ def _chat_lp(content: list[ContentLogprob] | None) -> ChatLogprobs | None:
     return None if content is None else {"content": content, "refusal": None}
 
 
-def completion_body(rid: str, model: str, choices: Sequence[CompletionResult], use: UsageBody) -> Body:
-    return {
-        "id": response_id(rid, chat=False),
-        "object": "text_completion",
-        "created": int(time.time()),
+def _envelope(
+    rid: str,
+    chat: bool,
+    kind: str,
+    created: int,
+    model: str,
+    choices: Sequence[CompletionChoice | ChatChoice | ChatDeltaChoice],
+    use: UsageBody | None = None,
+) -> Body:
+    """What every response and chunk carries around its choices (``usage`` only where given)."""
+    body: Body = {
+        "id": response_id(rid, chat),
+        "object": kind,
+        "created": created,
         "model": model,
-        "choices": [
-            {"index": c.index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
-            for c in choices
-        ],
-        "usage": use,
+        "choices": choices,
     }
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def completion_body(rid: str, model: str, choices: Sequence[CompletionResult], use: UsageBody) -> Body:
+    bodies: list[CompletionChoice] = [
+        {"index": c.index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+        for c in choices
+    ]
+    return _envelope(rid, False, "text_completion", int(time.time()), model, bodies, use)
 
 
 def _message(c: ChatResult) -> AssistantMessage:
@@ -289,22 +305,16 @@ def _message(c: ChatResult) -> AssistantMessage:
 
 
 def chat_body(rid: str, model: str, choices: Sequence[ChatResult], use: UsageBody) -> Body:
-    return {
-        "id": response_id(rid, chat=True),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": c.index,
-                "message": _message(c),
-                "logprobs": _chat_lp(c.logprobs),
-                "finish_reason": c.finish_reason,
-            }
-            for c in choices
-        ],
-        "usage": use,
-    }
+    bodies: list[ChatChoice] = [
+        {
+            "index": c.index,
+            "message": _message(c),
+            "logprobs": _chat_lp(c.logprobs),
+            "finish_reason": c.finish_reason,
+        }
+        for c in choices
+    ]
+    return _envelope(rid, True, "chat.completion", int(time.time()), model, bodies, use)
 
 
 def completion_chunk(
@@ -316,13 +326,13 @@ def completion_chunk(
     finish_reason: str | None,
     logprobs: CompletionLogprobs | None = None,
 ) -> Body:
-    return {
-        "id": response_id(rid, chat=False),
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+    choice: CompletionChoice = {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
     }
+    return _envelope(rid, False, "text_completion", created, model, [choice])
 
 
 def chat_chunk(
@@ -334,24 +344,17 @@ def chat_chunk(
     finish_reason: str | None,
     logprobs: list[ContentLogprob] | None = None,
 ) -> Body:
-    return {
-        "id": response_id(rid, chat=True),
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"index": index, "delta": delta, "logprobs": _chat_lp(logprobs), "finish_reason": finish_reason}
-        ],
+    choice: ChatDeltaChoice = {
+        "index": index,
+        "delta": delta,
+        "logprobs": _chat_lp(logprobs),
+        "finish_reason": finish_reason,
     }
+    return _envelope(rid, True, "chat.completion.chunk", created, model, [choice])
 
 
 def usage_chunk(rid: str, model: str, created: int, chat: bool, use: UsageBody) -> Body:
     """The last chunk of a stream with include_usage: no choices, the request's usage."""
-    return {
-        "id": response_id(rid, chat),
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": use,
-    }
+    return _envelope(
+        rid, chat, "chat.completion.chunk" if chat else "text_completion", created, model, [], use
+    )

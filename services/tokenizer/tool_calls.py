@@ -85,11 +85,8 @@ class _ScanState:
 def _decode_call(body: str, args_keys: tuple[str, ...], args_required: bool) -> _Call | None:
     """A call from its JSON text, or None when it is not one (bad JSON, no name, arguments that are
     not an object). ``args_keys``: where the format keeps the arguments, preferred key first."""
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict):
+    obj = _json_object(body)
+    if obj is None:
         return None
     name = obj.get("name")
     if not isinstance(name, str) or not name:
@@ -102,13 +99,19 @@ def _decode_call(body: str, args_keys: tuple[str, ...], args_required: bool) -> 
     else:
         args = obj[key]
     if isinstance(args, str):  # some models double-encode the arguments
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
+        args = _json_object(args)
     if not isinstance(args, dict):
         return None
     return _Call(name, json.dumps(args, ensure_ascii=False))
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object, or None (not JSON, or JSON of another type)."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _decided_len(seg: str, marker: str) -> int:

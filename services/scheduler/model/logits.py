@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, ScoreLayout
-from radixserve.scheduler.grammar import allocate_bitmask, apply_bitmask, fill_masks
+from radixserve.scheduler.grammar import GrammarMatcher, allocate_bitmask, apply_bitmask, fill_masks
 from radixserve.scheduler.model.penalties import PenaltyState, PenaltyStep
 from radixserve.scheduler.model.sampler import Sampler, SamplingInfo
 from radixserve.scheduler.model.staging import to_device
@@ -73,26 +73,21 @@ class LogitsProcessor:
         layout = batch.scores
         sampled = batch.token_index >= 0  # rows that sample a token this step (not a prefill chunk)
         extend = batch.mode is ForwardMode.EXTEND
-        bias_rows: list[int] = []
-        bias_ids: list[int] = []
-        bias_values: list[float] = []
+        bias: list[tuple[int, np.ndarray, np.ndarray]] = []  # (row, token ids, values)
         pen_rows: list[int] = []
         pen_slots: list[int] = []
         pen_params: list[tuple[float, float, float]] = []
         resets: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-        constrained: list[int] = []
+        constrained: list[tuple[int, GrammarMatcher]] = []
         for i, r in enumerate(batch.reqs):
             sp = r.sampling
             if not sampled[i] or (not sp.penalized and r.grammar is None):
                 continue
             if r.grammar is not None:
-                constrained.append(i)
-            for tok, value in sp.logit_bias:
-                if tok < self.vocab_size:
-                    bias_rows.append(i)
-                    bias_ids.append(tok)
-                    bias_values.append(value)
-            if sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0:
+                constrained.append((i, r.grammar))
+            if r.logit_bias is not None:  # (ids checked against the vocabulary at admission)
+                bias.append((i, *r.logit_bias))
+            if sp.has_penalties:
                 assert r.req_pool_idx is not None
                 pen_rows.append(i)
                 pen_slots.append(r.req_pool_idx)
@@ -102,25 +97,31 @@ class LogitsProcessor:
                     # from the tokens known here; from now on the device counts each step's token.
                     known = np.asarray(r.output_ids[: int(batch.token_index[i])], dtype=np.int64)
                     resets.append((r.req_pool_idx, self._ids(r.origin_ids), self._ids(known)))
-        if layout is None and not bias_rows and not pen_rows and not constrained:
+        if layout is None and not bias and not pen_rows and not constrained:
             return None
         bitmask = None
         if constrained:
             host = allocate_bitmask(batch.size, self.vocab_size, pin_memory=self.device.type == "cuda")
-            # rows filled in parallel on llguidance's threads (the GIL is released there)
-            fill_masks([(i, g) for i in constrained if (g := batch.reqs[i].grammar) is not None], host)
+            fill_masks(constrained, host)  # rows filled in parallel on llguidance's threads (no GIL)
             bitmask = to_device(host, self.device)[1]
         return LogitsStep(
             layout=layout,
             logprob_rows=self._ids(layout.rows) if layout is not None and layout.rows else None,
-            bias=(self._ids(bias_rows), self._ids(bias_ids), self._floats(bias_values))
-            if bias_rows
-            else None,
+            bias=self._bias(bias) if bias else None,
             penalties=PenaltyStep(self._ids(pen_rows), self._ids(pen_slots), self._floats(pen_params), resets)
             if pen_rows
             else None,
             bitmask=bitmask,
         )
+
+    def _bias(
+        self, bias: list[tuple[int, np.ndarray, np.ndarray]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rows, token ids, values) of every biased logit, from each request's arrays (Req.logit_bias)."""
+        rows = np.concatenate([np.full(len(ids), i, dtype=np.int64) for i, ids, _ in bias])
+        ids = np.concatenate([ids for _, ids, _ in bias])
+        values = np.concatenate([v for _, _, v in bias])
+        return self._ids(rows), self._ids(ids), self._floats(values)
 
     def _ids(self, values: object) -> torch.Tensor:
         return to_device(torch.as_tensor(np.asarray(values, dtype=np.int64)), self.device)[1]

@@ -171,9 +171,7 @@ class ModelRunner:
         layout = batch.scores
         if layout is not None and layout.prompt:  # prompt positions scored (logprobs): every rank
             host["score_index"] = layout.prompt_index
-            host["score_targets"] = np.fromiter(
-                (batch.reqs[row].origin_ids[pos] for row, pos in layout.prompt), dtype=np.int64
-            )
+            host["score_targets"] = layout.prompt_targets
             top_k = layout.prompt_top_k
         return StepPlan(batch.mode, host, n, bucket, self.req_to_token.take_pending(), top_k)
 

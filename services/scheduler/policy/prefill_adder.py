@@ -76,9 +76,8 @@ class PrefillAdder:
         self.out_slots: list[npt.NDArray[np.int64]] = []
         self.chunked: Req | None = None  # the request cut short in this batch, if any
 
-    def _decode_reserve(self, req: Req) -> int:  # decode_reserve() for one request, minus the overhead
-        left = max(0, req.sampling.max_new_tokens - len(req.output_ids))
-        return int(min(left, self.config.clip_max_new_tokens) * self.ratio)
+    def _decode_reserve(self, req: Req) -> int:
+        return decode_reserve((req,), self.ratio, self.config.clip_max_new_tokens)
 
     def _chunk_limit(self) -> int:
         limit = self.rem_prefill
