@@ -1,6 +1,7 @@
 """The kopf operator for InferenceService and GPUNodePool (``python -m radixserve.operator``).
 
-    crds.py           the two CRDs (single source; the chart's crds/ are rendered from it), defaulting
+    crds.py           the two CRDs (single source; the chart's crds/ are rendered from it)
+    schema.py         the schemas' vocabulary, defaulting, and the operator's own schema checks
     validation.py     what a schema-valid spec can still get wrong -> Problem(reason, message)
     manifests.py      pure builders: InferenceService spec -> ConfigMap, Services, Deployments, StatefulSet
     volumes.py        the pods' volumes: scratch, the model (and its Hub download), the API keys

@@ -24,7 +24,7 @@ import kopf
 
 from radixserve.operator import disruption, manifests, netpol, redis_acl, status, tls, validation
 from radixserve.operator.config import OperatorConfig
-from radixserve.operator.crds import GROUP, INFERENCE_SERVICE_SPEC, VERSION, apply_defaults, schema_problems
+from radixserve.operator.crds import GROUP, INFERENCE_SERVICE_SPEC, VERSION
 from radixserve.operator.kube import Kube, KubeError, load_config
 from radixserve.operator.manifests import Obj
 from radixserve.operator.pool_handlers import PoolEntry, PoolIndex, pool_entry
@@ -37,6 +37,7 @@ from radixserve.operator.scaling import (
     scheduler_replicas,
     total_waiting,
 )
+from radixserve.operator.schema import apply_defaults, schema_problems
 
 if TYPE_CHECKING:
     import redis

@@ -37,7 +37,7 @@ from radixserve.operator.pods import (
     http_probes,
 )
 from radixserve.operator.redis_acl import key_prefix
-from radixserve.operator.volumes import CACHE_DIR, MODEL_DIR, add_api_keys, model_volumes
+from radixserve.operator.volumes import CACHE_DIR, add_api_keys, model_path, model_volumes
 
 # The services' own defaults (service_config.py): the pods run with them.
 GATEWAY_HTTP_PORT = GatewayConfig().port
@@ -110,17 +110,6 @@ _ROUTING_SETTINGS = ("balance_abs_threshold", "balance_rel_threshold")
 def _camel(setting: str) -> str:
     first, *rest = setting.split("_")
     return first + "".join(w.title() for w in rest)
-
-
-def model_path(spec: Obj) -> str:
-    model = spec["model"]
-    source = model.get("source") or {}
-    if source.get("pvc"):
-        sub = source["pvc"].get("subPath", "").strip("/")
-        return f"{MODEL_DIR}/{sub}" if sub else MODEL_DIR
-    if source.get("hub"):
-        return f"{MODEL_DIR}/model"
-    return str(model["path"])
 
 
 def engine_settings(ctx: BuildContext) -> dict[str, str]:

@@ -10,9 +10,10 @@ import kopf
 
 from radixserve.operator import manifests, nodepool, status
 from radixserve.operator.config import OperatorConfig
-from radixserve.operator.crds import GPU_NODE_POOL_SPEC, GROUP, VERSION, apply_defaults
+from radixserve.operator.crds import GPU_NODE_POOL_SPEC, GROUP, VERSION
 from radixserve.operator.kube import Kube
 from radixserve.operator.manifests import Obj
+from radixserve.operator.schema import apply_defaults
 
 POOL = (GROUP, VERSION, "gpunodepools")
 POOL_INTERVAL_S = OperatorConfig.from_env().pool_interval_s  # fixed when the timer registers

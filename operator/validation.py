@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from radixserve.operator import tls
+from radixserve.operator import tls, volumes
 from radixserve.operator.manifests import Obj
 
 
@@ -23,12 +23,7 @@ def validate(spec: Obj, pool: Obj | None, chart_redis_url: str) -> list[Problem]
     problems: list[Problem] = []
     bad = problems.append
 
-    model = spec.get("model", {})
-    source = model.get("source") or {}
-    if bool(model.get("path")) == bool(source):
-        bad(Problem("InvalidModel", "spec.model needs exactly one of path or source"))
-    elif source and len([k for k in ("pvc", "hub") if source.get(k)]) != 1:
-        bad(Problem("InvalidModel", "spec.model.source needs exactly one of pvc or hub"))
+    problems += [Problem("InvalidModel", message) for message in volumes.model_problems(spec)]
 
     sched = spec["scheduler"]
     # Any count of GPUs above 1 is tensor parallelism over them. Whether the model's heads divide by

@@ -4,6 +4,7 @@ the Hub), the gateway's API keys."""
 from __future__ import annotations
 
 from radixserve.operator.pods import CONTAINER_SECURITY, Obj
+from radixserve.operator.schema import SECRET_KEY, Schema, obj, string
 
 MODEL_DIR = "/models"
 CACHE_DIR = "/cache"
@@ -11,6 +12,54 @@ AUTH_DIR = "/etc/radixserve/auth"
 API_KEYS_FILE = f"{AUTH_DIR}/api-keys"
 API_KEYS_DEFAULT_KEY = "api-keys"  # the Secret key spec.auth.apiKeySecretRef.key defaults to
 SECRET_FILE_MODE = 0o440  # owner and group (the pods' fsGroup) read; nobody writes
+
+
+MODEL_SCHEMA: Schema = obj(
+    {
+        "path": string(description='folder inside the pod, or "demo" for the built-in tiny model'),
+        "servedModelName": string(),
+        "source": obj(
+            {
+                "pvc": obj(
+                    {"claimName": string(minLength=1), "subPath": string(default="")},
+                    required=["claimName"],
+                ),
+                "hub": obj(
+                    {
+                        "id": string(minLength=1, description="Hugging Face repository id"),
+                        "revision": string(),
+                        "tokenSecretRef": SECRET_KEY,
+                    },
+                    required=["id"],
+                ),
+            },
+            description="Where the model comes from when it is not baked into the image.",
+        ),
+    },
+    description="Exactly one of path or source (pvc or hub).",
+)
+
+
+def model_path(spec: Obj) -> str:
+    model = spec["model"]
+    source = model.get("source") or {}
+    if source.get("pvc"):
+        sub = source["pvc"].get("subPath", "").strip("/")
+        return f"{MODEL_DIR}/{sub}" if sub else MODEL_DIR
+    if source.get("hub"):
+        return f"{MODEL_DIR}/model"
+    return str(model["path"])
+
+
+def model_problems(spec: Obj) -> list[str]:
+    """What is wrong with the defaulted ``spec``'s model (the schema cannot say "exactly one of")."""
+    model = spec.get("model", {})
+    source = model.get("source") or {}
+    if bool(model.get("path")) == bool(source):
+        return ["spec.model needs exactly one of path or source"]
+    if source and len([k for k in ("pvc", "hub") if source.get(k)]) != 1:
+        return ["spec.model.source needs exactly one of pvc or hub"]
+    return []
 
 
 def model_volumes(spec: Obj, image: str) -> tuple[list[Obj], list[Obj], list[Obj]]:

@@ -8,8 +8,9 @@ import jsonschema
 import pytest
 
 from radixserve.operator import crds, nodepool, status
-from radixserve.operator.crds import INFERENCE_SERVICE_SPEC, apply_defaults
+from radixserve.operator.crds import INFERENCE_SERVICE_SPEC
 from radixserve.operator.scaling import ScalePolicy, Stabilizer, StaticLoadSource, recommend
+from radixserve.operator.schema import apply_defaults, schema_problems
 from radixserve.operator.validation import Problem, gpu_shortfall, validate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -295,7 +296,7 @@ def test_static_load_source_filters_by_service_domain() -> None:
     ],
 )
 def test_the_operators_schema_check_flags_what_the_api_server_would(spec_: dict, path: str) -> None:
-    problems = crds.schema_problems(crds.INFERENCE_SERVICE_SPEC, spec_)
+    problems = schema_problems(crds.INFERENCE_SERVICE_SPEC, spec_)
     assert len(problems) == 1 and problems[0].startswith(f"{path}:"), problems
     assert list(jsonschema.Draft4Validator(crds.INFERENCE_SERVICE_SPEC).iter_errors(spec_))  # it agrees
 
@@ -311,13 +312,12 @@ def test_the_operators_schema_check_passes_sound_specs_and_names_unknown_fields(
         },
         "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 8, "targetWaitingPerReplica": 8},
     }
-    assert crds.schema_problems(crds.INFERENCE_SERVICE_SPEC, sound) == []
+    assert schema_problems(crds.INFERENCE_SERVICE_SPEC, sound) == []
     assert (
-        crds.schema_problems(crds.INFERENCE_SERVICE_SPEC, apply_defaults(crds.INFERENCE_SERVICE_SPEC, sound))
-        == []
+        schema_problems(crds.INFERENCE_SERVICE_SPEC, apply_defaults(crds.INFERENCE_SERVICE_SPEC, sound)) == []
     )
     typo = {**sound, "scheduler": {"replcas": 2}}
-    (problem,) = crds.schema_problems(crds.INFERENCE_SERVICE_SPEC, typo)
+    (problem,) = schema_problems(crds.INFERENCE_SERVICE_SPEC, typo)
     assert problem.startswith("spec.scheduler.replcas: unknown field") and "replicas" in problem
 
 

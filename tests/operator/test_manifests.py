@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from radixserve.operator.crds import GPU_NODE_POOL_SPEC, INFERENCE_SERVICE_SPEC, apply_defaults
+from radixserve.operator.crds import GPU_NODE_POOL_SPEC, INFERENCE_SERVICE_SPEC
 from radixserve.operator.manifests import BuildContext, build_all, config_map, scheduler_statefulset
+from radixserve.operator.schema import apply_defaults
 
 SPEC: dict[str, Any] = {
     "model": {"source": {"pvc": {"claimName": "models", "subPath": "llama-8b"}}},

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from radixserve.operator import tls
-from radixserve.operator.crds import INFERENCE_SERVICE_SPEC, apply_defaults, schema_problems
+from radixserve.operator.crds import INFERENCE_SERVICE_SPEC
 from radixserve.operator.handlers import _apply_children
 from radixserve.operator.kube import KubeError
 from radixserve.operator.manifests import BuildContext, build_all
+from radixserve.operator.schema import apply_defaults, schema_problems
 from radixserve.operator.validation import validate
 
 CM = {"certManager": {"issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}}}
