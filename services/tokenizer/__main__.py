@@ -2,9 +2,12 @@
 
     python -m radixserve.tokenizer --model PATH|demo --schedulers HOST:PORT [HOST:PORT ...] \\
         [--port 8000] [--grpc-port 50050] [--advertise-address HOST:GRPC_PORT]
+    python -m radixserve.tokenizer --model PATH|demo --schedulers discover --prefix-index redis://...
 
 --advertise-address is what the detokenizer dials to deliver results (the pod's own address in a
-cluster). Every flag can come from ``RADIXSERVE_<FLAG>`` (lists space-separated); see --help.
+cluster). ``--schedulers discover`` finds the schedulers by their heartbeats in the Redis prefix
+index (under --index-key-prefix): schedulers added or removed are picked up within about a second.
+Every flag can come from ``RADIXSERVE_<FLAG>`` (lists space-separated); see --help.
 SIGTERM / Ctrl-C: stop accepting, give open responses --drain-timeout seconds, exit.
 """
 
@@ -53,7 +56,10 @@ async def run(args: argparse.Namespace) -> None:
         tls = load_tls(cfg.tls)  # the gRPC port's and the channels to the schedulers'
     except TLSError as e:
         raise SystemExit(f"TLS settings: {e}") from None
-    gw = Gateway(resolve_model(args.model), served_model_name(args), cfg, tls)
+    try:
+        gw = Gateway(resolve_model(args.model), served_model_name(args), cfg, tls)
+    except ValueError as e:  # a setting that cannot work (each message names its flag)
+        raise SystemExit(f"gateway settings: {e}") from None
     await gw.start()
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_GatewayServicer_to_server(GatewayService(gw), server)

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -23,18 +23,22 @@ from radixserve.common.rpc import TLS, pb, sampling_to_proto
 from radixserve.common.sampling import SamplingError, SamplingParams
 from radixserve.common.service_config import GatewayConfig
 from radixserve.tokenizer.auth import ApiKeys
+from radixserve.tokenizer.choice import Choice, Delivery, choice_seed, retry_rid, scheduler_rid
 from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.model_text import ModelText
 from radixserve.tokenizer.router import CacheAwareRouter, LeastLoadRouter, RoundRobinRouter, Router
-from radixserve.tokenizer.scheduler_pool import SchedulerHandle, SchedulerPool
+from radixserve.tokenizer.scheduler_pool import SchedulerHandle, SchedulerPool, discovers
 from radixserve.tokenizer.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
-_OPENAI_NAMES = {"max_new_tokens": "max_tokens"}  # SamplingParams' names where the API's differ
+# A drained pod's stream closes once it has ended every request, but its last results travel
+# another way (scheduler -> detokenizer -> here) and can arrive just after: its requests get this
+# long to end before they are handled as a pod's that went away (moved, or failed).
+DRAINED_GRACE_S = 5.0
 
-Delivery = tuple[int, pb.RequestText | ApiError]  # a choice's index, and its next text or its failure
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens"}  # SamplingParams' names where the API's differ
 
 
 def validate_sampling(sp: SamplingParams) -> None:
@@ -44,45 +48,6 @@ def validate_sampling(sp: SamplingParams) -> None:
         sp.validate()
     except SamplingError as e:
         raise ApiError(400, str(e), param=_OPENAI_NAMES.get(e.param, e.param)) from e
-
-
-def choice_seed(seed: int, index: int) -> int:
-    """Choice ``index``'s seed: ``seed + index`` wrapped into the signed 64 bits the wire carries (a
-    seed near the top of the range is the client's to send; the next choice's must still fit)."""
-    return (seed + index + 2**63) % 2**64 - 2**63
-
-
-def scheduler_rid(rid: str, index: int) -> str:
-    """The rid of a request's choice on the scheduler and the detokenizer: the request's id with the
-    choice's index, since a request with ``n`` choices (or several prompts) is that many scheduler
-    requests, and both services keep their state by rid (unique across the deployment)."""
-    return f"{rid}-{index}"
-
-
-def retry_rid(rid: str) -> str:
-    """A re-sent scheduler request's rid: its own, since the pod it left (or the detokenizer, which
-    may hold its start) can still know the old one."""
-    return f"{rid}.retry"
-
-
-@dataclass(eq=False, slots=True)
-class Choice:
-    """One scheduler request: a choice of a client request."""
-
-    rid: str  # scheduler_rid(the request's id, index), retry_rid'd per re-send
-    index: int
-    scheduler: SchedulerHandle
-    queue: asyncio.Queue[Delivery]  # shared by a request's choices
-    prompt_tokens: int
-    prompt_index: int  # which prompt of a multi-prompt request
-    request: pb.TokenizedRequest  # what was sent (again, if its scheduler fails before it starts)
-    trace: RequestTrace
-    submitted: bool = False  # its scheduler accepted it (before that it cannot know it)
-    retried: bool = False  # re-sent once already
-    released: bool = False  # the client is done with it
-    via: object | None = None  # the Deliver stream its results came through; set: it cannot move
-    heard_at: float = field(default_factory=time.monotonic)  # submitted, or its last text came
-    missing_since: float | None = None  # first lost-response check its scheduler no longer held it
 
 
 class Gateway:
@@ -106,8 +71,9 @@ class Gateway:
         self.routing = routing
         self.index = open_index(routing.prefix_index, routing.index_key_prefix)
         memory = self.index if isinstance(self.index, InMemoryPrefixIndex) else None
+        self.discover = discovers(config.schedulers, memory is None)
         self.pool = SchedulerPool(
-            config.schedulers,
+            () if self.discover else config.schedulers,
             self.scheduler_down,
             memory_index=memory,
             stale_s=config.scheduler_stale_after,
@@ -115,6 +81,7 @@ class Gateway:
             tls=tls,
             model_name=model_name,  # a pod serving another model is refused, never routed to
             block_size=routing.block_size or None,
+            on_draining=self.scheduler_draining,
         )
         self.router: Router
         if routing.router == "cache-aware":
@@ -134,7 +101,7 @@ class Gateway:
             self.router = RoundRobinRouter()
         else:
             raise ValueError(f"unknown routing policy {routing.router!r}")
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics(model_name)
         self.live_in_index: set[str] | None = None  # Redis: pods with a live heartbeat (None: unknown)
         self.choices: dict[str, Choice] = {}  # live rids of this gateway
         self._background: set[asyncio.Task[None]] = set()
@@ -157,11 +124,14 @@ class Gateway:
         task.add_done_callback(self._background.discard)
 
     async def _sweep(self) -> None:
-        """Redis: learn which pods' heartbeats are live; remove the entries of expired ones."""
+        """Redis: learn which pods' heartbeats are live (with discovery: the pods to watch); remove
+        the entries of expired ones."""
         while True:
             try:
                 # Off the event loop: removing a dead pod's blocks takes several round trips.
                 self.live_in_index = set(await asyncio.to_thread(self.index.live_pods))
+                if self.discover:  # not while Redis is unreachable: the pods' streams tell then
+                    await self.pool.discovered(self.live_in_index)
                 dead = await asyncio.to_thread(self.index.sweep)
                 if dead:
                     log.warning("pods with expired heartbeats removed from the prefix index: %s", dead)
@@ -343,10 +313,12 @@ class Gateway:
         c.scheduler.outstanding.discard(c.rid)
         return True
 
-    async def _resend(self, c: Choice, failed: SchedulerHandle, why: str, avoid: bool = True) -> None:
-        """``c`` was submitted to ``failed`` and lost there before any of its results came: send it
-        again, to another scheduler if ``avoid`` (under a new rid: a detokenizer may hold the old
-        one's start)."""
+    async def _resend(
+        self, c: Choice, failed: SchedulerHandle, why: str, avoid: bool = True, label: str = "down"
+    ) -> None:
+        """``c`` was submitted to ``failed`` and lost there before any of its results came (or is
+        handed back by a draining one): send it again, to another scheduler if ``avoid`` (under a
+        new rid: a detokenizer may hold the old one's start). ``label``: the retries metric's reason."""
         if c.released:
             return
         t0 = time.monotonic()
@@ -361,7 +333,7 @@ class Gateway:
         old, c.rid = c.rid, retry_rid(c.rid)
         c.request.rid = c.rid
         self._register(c, h)
-        self.metrics.retries.labels("down" if avoid else "lost start").inc()
+        self.metrics.retries.labels(label if avoid else "lost start").inc()
         try:
             await h.stub.Submit(c.request, timeout=30)
         except grpc.aio.AioRpcError as e:
@@ -452,14 +424,45 @@ class Gateway:
             for reason in set(pending.values()):
                 self._abort(h, [rid for rid, r in pending.items() if r == reason], reason)
 
+    def scheduler_draining(self, h: SchedulerHandle) -> None:
+        """``h`` drains (SIGTERM; the pool routes nothing new there). Its requests no text of which
+        reached a client yet are handed back: aborted there and re-sent to another scheduler now,
+        rather than wait behind its running ones and risk its drain deadline (the client has seen
+        nothing, so only the work done is lost). Streaming ones finish there. With no other
+        scheduler to take them, all stay."""
+        if not [o for o in self.candidates() if o is not h]:
+            return
+        idle = [
+            c
+            for rid in list(h.outstanding)
+            if (c := self.choices.get(rid)) is not None and c.submitted and c.via is None and not c.retried
+        ]
+        if idle:
+            log.info("scheduler %s drains: %d requests without text yet move elsewhere", h.address, len(idle))
+            self._fail(h, idle, "it is draining", label="drain")
+
     def scheduler_down(self, h: SchedulerHandle, why: str) -> None:
-        """``h``'s Watch stream broke or went quiet: its requests move or fail, none waits on it."""
+        """``h``'s Watch stream broke or went quiet: its requests move or fail, none waits on it.
+
+        One that was draining ended every request before its stream closed (finished, or aborted
+        at its deadline with a reason), but their last results may still be on the way (through
+        the detokenizer): its requests get ``DRAINED_GRACE_S`` to end before they move or fail."""
         self.metrics.grpc_errors.labels(h.address, "STREAM_BROKEN").inc()
         choices = [c for rid in list(h.outstanding) if (c := self.choices.get(rid)) is not None]
         h.outstanding.clear()
-        self._fail(h, choices, why)
+        if h.draining and choices:
+            self._spawn(self._fail_later(h, choices, why, DRAINED_GRACE_S))
+        else:
+            self._fail(h, choices, why)
 
-    def _fail(self, h: SchedulerHandle, choices: list[Choice], why: str) -> None:
+    async def _fail_later(self, h: SchedulerHandle, choices: list[Choice], why: str, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        late = [c for c in choices if self.choices.get(c.rid) is c]  # not ended, not moved meanwhile
+        if late:
+            log.warning("%d requests of drained scheduler %s never ended; failing them", len(late), h.address)
+            self._fail(h, late, why)
+
+    def _fail(self, h: SchedulerHandle, choices: list[Choice], why: str, label: str = "down") -> None:
         """Re-send the submitted choices no result of which came yet, once; fail the others with a
         retryable error. (A choice still being submitted is left to its Submit call.)"""
         moved = []
@@ -471,7 +474,7 @@ class Gateway:
             if c.via is not None or c.retried:
                 c.queue.put_nowait((c.index, _went_away(h, why)))
             else:
-                self._spawn(self._resend(c, h, why))
+                self._spawn(self._resend(c, h, why, label=label))
         if moved:  # a pod that only went quiet may come back: it must not run them too
             self._abort(h, moved, f"its gateway gave up on this scheduler ({why})")
 

@@ -5,13 +5,23 @@ refreshes the pod's load (and, with the in-memory prefix index, applies its KV b
 a broken stream marks the pod down at once (its waiting clients get an error, see
 Gateway.scheduler_down, and its index entries go) until the stream reopens. A pod that sends
 nothing for ``stale_s`` is down too. The routing policies (router.py) choose among the handles.
+
+A pod whose load says ``draining`` (it got SIGTERM: it refuses new work and finishes what it has)
+is never routed to, and ``on_draining`` hears of it once, so the gateway can move what has not
+started streaming yet.
+
+Discovery (``--schedulers discover``): the pool starts empty and ``discovered`` (called by the
+gateway's Redis sweep, about every second, with the pods whose heartbeat is live) adds a handle
+for each new address and removes those whose heartbeat expired AND whose Watch stream is down
+(a draining pod keeps its stream, so it stays until it has finished; its outstanding requests, if
+any are left, go through ``on_down`` as for any pod that goes down).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -21,6 +31,8 @@ from radixserve.common.rpc import TLS, aio_channel, pb, pb_grpc
 from radixserve.common.service_config import GATEWAY_DEFAULTS
 
 log = logging.getLogger(__name__)
+
+DISCOVER = "discover"  # --schedulers discover: the pods come from the Redis index's heartbeats
 
 
 class _Refused(Exception):
@@ -39,6 +51,12 @@ class SchedulerHandle:
     sent: int = 0  # requests this gateway sent here since the pod's last load report
     routed_tokens: int = 0  # uncached prompt tokens this gateway sent here since the last load report
     refused: str | None = None  # why its Watch updates are not used (another model...), as last logged
+    watcher: asyncio.Task[None] | None = None  # its Watch loop, while the pool has it
+
+    @property
+    def draining(self) -> bool:
+        """Its last report said it drains (SIGTERM): it admits nothing new, finishes what it has."""
+        return self.load is not None and self.load.draining
 
     @property
     def stub(self) -> pb_grpc.SchedulerStub:
@@ -82,30 +100,65 @@ class SchedulerPool:
         tls: TLS | None = None,
         model_name: str | None = None,
         block_size: int | None = None,
+        on_draining: Callable[[SchedulerHandle], None] | None = None,
     ) -> None:
         """``model_name`` / ``block_size``: what this gateway serves and hashes with; a pod whose
         Watch updates name another model is refused (down, never routed to), one that hashes with
         another block size is routed to but its block events stay out of the index (its hashes could
-        never match this gateway's). None: not checked."""
+        never match this gateway's). None: not checked. ``addresses``: the static list (empty when
+        the pods are ``discovered``)."""
         self.model_name = model_name
         self.block_size = block_size
         self.handles = [SchedulerHandle(a) for a in addresses]
         self._on_down = on_down
         self._on_up = on_up
+        self._on_draining = on_draining
         self._interval = watch_interval_s
         self.stale_s = max(stale_s, 5 * watch_interval_s)
         self.memory_index = memory_index
-        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
         self.tls = tls  # the channels': TLS, or None for plaintext
 
     def start(self) -> None:
+        self._started = True
         for h in self.handles:
-            h.channel = aio_channel(h.address, self.tls)
-            h.rpc = stub = pb_grpc.SchedulerStub(h.channel)
-            self._tasks.append(asyncio.create_task(self._watch(h, stub)))
+            self._open(h)
+
+    def _open(self, h: SchedulerHandle) -> None:
+        h.channel = aio_channel(h.address, self.tls)
+        h.rpc = stub = pb_grpc.SchedulerStub(h.channel)
+        h.watcher = asyncio.create_task(self._watch(h, stub))
+
+    async def _close(self, h: SchedulerHandle) -> None:
+        if h.watcher is not None:
+            h.watcher.cancel()
+            await asyncio.gather(h.watcher, return_exceptions=True)
+        if h.channel is not None:
+            await h.channel.close()
+
+    async def discovered(self, live: Collection[str]) -> None:
+        """Discovery: ``live`` are the pods whose heartbeat is live now. New ones get a handle (a
+        channel and a Watch stream; routed to once it reports); one that is gone from ``live`` and
+        whose Watch stream is down too is dropped, its outstanding requests through ``on_down``.
+        A pod gone from ``live`` whose stream is up stays: it may be draining (a pod takes its
+        heartbeat away at SIGTERM) or only cut off from Redis; its stream tells."""
+        known = {h.address for h in self.handles}
+        for address in sorted(set(live) - known):
+            log.info("scheduler %s discovered (its heartbeat is live)", address)
+            h = SchedulerHandle(address)
+            self.handles.append(h)
+            if self._started:
+                self._open(h)
+        for h in [h for h in self.handles if h.address not in live and not h.healthy]:
+            log.info("scheduler %s forgotten (its heartbeat expired and its Watch stream is down)", h.address)
+            self.handles.remove(h)
+            await self._close(h)
+            if h.outstanding:
+                self._on_down(h, "its heartbeat expired and its Watch stream is down")
 
     def healthy(self) -> list[SchedulerHandle]:
-        return [h for h in self.handles if h.healthy and not (h.load and h.load.draining)]
+        """The pods to route to: reporting, not draining."""
+        return [h for h in self.handles if h.healthy and not h.draining]
 
     def unreachable(self, h: SchedulerHandle, why: str) -> None:
         """A call to the pod failed as if it were gone: no routing decision picks it until its Watch
@@ -129,13 +182,17 @@ class SchedulerPool:
                     if update is grpc.aio.EOF:
                         break
                     mine = self._check_update(h, update)
-                    came_up = not h.healthy
+                    came_up, was_draining = not h.healthy, h.draining
                     h.reported(update.load)
                     h.healthy = True
                     if came_up:
                         log.info("scheduler %s is up", h.address)
                         if self._on_up is not None:
                             self._on_up(h)
+                    if h.draining and not was_draining:
+                        log.info("scheduler %s is draining: no new requests go there", h.address)
+                        if self._on_draining is not None:
+                            self._on_draining(h)
                     if index is not None and mine:
                         index.apply(h.address, update.stored, update.removed, update.cleared)
                         index.heartbeat(h.address, {}, 10 * self._interval + 1)
@@ -182,9 +239,19 @@ class SchedulerPool:
         return why is None
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for h in self.handles:
-            if h.channel is not None:
-                await h.channel.close()
+        await asyncio.gather(*(self._close(h) for h in self.handles))
+
+
+def discovers(schedulers: Sequence[str], redis_index: bool) -> bool:
+    """Whether ``--schedulers`` asks for discovery; raises ValueError naming the setting when it
+    cannot work (discovery reads the pods' heartbeats, which only a Redis index has)."""
+    if DISCOVER not in schedulers:
+        return False
+    if len(schedulers) > 1:
+        raise ValueError(f"--schedulers {' '.join(schedulers)}: {DISCOVER!r} takes no addresses beside it")
+    if not redis_index:
+        raise ValueError(
+            f"--schedulers {DISCOVER} reads the schedulers' heartbeats from the Redis prefix index:"
+            " --prefix-index must be a redis:// or rediss:// URL (the in-memory index has no heartbeats)"
+        )
+    return True

@@ -16,7 +16,7 @@ leaves as a 500 ApiError naming the request (logged under its id): front ends ha
 One id per request, ``rid``, made here: the OpenAI response id is ``cmpl-<rid>`` / ``chatcmpl-<rid>``,
 gRPC Generate's responses carry it, its trace has it (``radixserve.request_id``), an internal error
 is logged under it, and its scheduler requests (on the schedulers, the detokenizer and in their
-logs) are ``<rid>-<choice index>``, ``.retry`` appended per re-send (gateway.scheduler_rid).
+logs) are ``<rid>-<choice index>``, ``.retry`` appended per re-send (choice.scheduler_rid).
 """
 
 from __future__ import annotations

@@ -25,14 +25,18 @@ def start_cluster(
     prefix_index: str = "memory",
     gateway_args: list[str] | None = None,
     env: dict[str, str] | None = None,
+    discover: bool = False,
 ) -> Cluster:
+    """``discover``: the gateway finds the schedulers by their heartbeats (``--schedulers discover``;
+    ``prefix_index`` must be a Redis URL) instead of being given their addresses."""
+    found = ["--schedulers", "discover"] if discover else []  # after the launcher's list: it wins
     cluster = build_cluster(
         model_dir,
         MODEL_NAME,
         port=free_port(),
         schedulers=schedulers,
         scheduler_args=scheduler_args or [],
-        gateway_args=["--router", router, *(gateway_args or [])],
+        gateway_args=["--router", router, *found, *(gateway_args or [])],
         torch_threads=1,
         prefix_index=prefix_index,
         env=env,
