@@ -204,10 +204,12 @@ def set_not_serving(servicer: health.HealthServicer, service_names: list[str]) -
         servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
-def is_serving(address: str, timeout: float = 1.0, tls: TLS | None = None) -> bool:
+def is_serving(address: str, timeout: float = 1.0, tls: TLS | None = None, service: str = "") -> bool:
+    """Whether the gRPC health service ``service`` at ``address`` reports SERVING ("": the server's)."""
     try:
         with channel(address, tls, options=()) as ch:
-            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            request = health_pb2.HealthCheckRequest(service=service)
+            reply = health_pb2_grpc.HealthStub(ch).Check(request, timeout=timeout)
             return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
     except grpc.RpcError:
         return False

@@ -158,6 +158,11 @@ class SchedulerPodConfig:
     block_size: int = setting(DEFAULT_BLOCK_SIZE, "tokens per hashed block (0: no block events)")
     heartbeat_interval: float = setting(1.0, "seconds between heartbeats (Redis)")
     heartbeat_ttl: float = setting(5.0, "seconds a heartbeat stays valid (Redis)")
+    stall_timeout: float = setting(
+        120.0,
+        "liveness: the health service reports NOT_SERVING once the engine thread has work and has not"
+        " stepped for this many seconds (a hung engine; the kubelet then restarts the pod); 0: off",
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
 
@@ -192,7 +197,12 @@ class RoutingConfig:
 class GatewayConfig:
     """``python -m radixserve.tokenizer``: OpenAI HTTP + gRPC Generate, routing, fan-in."""
 
-    schedulers: tuple[str, ...] = setting((), "scheduler pods, HOST:PORT each", required=True)
+    schedulers: tuple[str, ...] = setting(
+        (),
+        'scheduler pods, HOST:PORT each, or "discover": every scheduler whose heartbeat is live in the'
+        " Redis prefix index (under --index-key-prefix), so schedulers come and go without a restart",
+        required=True,
+    )
     host: str = setting("0.0.0.0", "listen address (HTTP and gRPC)")
     port: int = setting(8000, "HTTP port (OpenAI API)")
     grpc_port: int = setting(50050, "gRPC port (Generate; the detokenizer's Deliver)")

@@ -7,6 +7,10 @@ Every engine argument of ``radixserve.Engine`` is a flag (``--page-size 16``, ``
 SIGTERM / Ctrl-C: stop admitting (health NOT_SERVING), let running requests finish for up to
 --drain-timeout seconds, abort the rest with a reason the client sees, exit 0.
 
+Health (grpc.health.v1): "" is readiness (NOT_SERVING once draining); "liveness" turns NOT_SERVING
+while the engine has had work and finished no step for --stall-timeout seconds (a hung engine; the
+log names where the engine thread is stuck), and SERVING again if it steps again.
+
 Failure: an engine that cannot start (e.g. a model whose heads do not divide by --tp-size), an
 engine loop that fails, or a tensor-parallel rank that dies: one log line with the reason (also
 written to /dev/termination-log, which Kubernetes shows in the pod's status), requests in flight
@@ -23,6 +27,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from radixserve.common.config import (
     add_flags,
@@ -33,6 +38,10 @@ from radixserve.common.config import (
     served_model_name,
 )
 from radixserve.common.service_config import SchedulerPodConfig
+
+if TYPE_CHECKING:  # imported when the engine starts (torch is slow to import; --help is not)
+    from radixserve.scheduler.kv_events import RedisPublisher
+    from radixserve.scheduler.server import SchedulerService
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from radixserve.scheduler.server import fail, serve, shutdown
     from radixserve.scheduler.tensor_parallel import TPFailure
 
+    if not cfg.stall_timeout >= 0:  # NaN too; before the engine, as a wrong TLS file
+        return _failed(
+            f"--stall-timeout (RADIXSERVE_STALL_TIMEOUT) {cfg.stall_timeout}: expected 0 (off) or seconds"
+        )
     try:
         tls = load_tls(cfg.tls)  # before the engine: a wrong file fails the pod at once
     except TLSError as e:
@@ -81,22 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_name=served_model_name(args),
         block_size=cfg.block_size,
         tls=tls,
+        stall_timeout_s=cfg.stall_timeout,
     )
-    publisher = None
-    if cfg.prefix_index:
-        from radixserve.common.prefix_index import RedisPrefixIndex
-        from radixserve.scheduler.kv_events import EventSubscriber, RedisPublisher
-
-        publisher = RedisPublisher(
-            RedisPrefixIndex(cfg.prefix_index, cfg.index_key_prefix),
-            address,
-            service.worker.events.subscribe(EventSubscriber()),
-            service.load_dict,
-            cfg.heartbeat_interval,
-            cfg.heartbeat_ttl,
-        )
-        publisher.start()
-        service.publisher = publisher
+    publisher = _publish(cfg, address, service) if cfg.prefix_index else None
     if cfg.metrics_port:
         from prometheus_client import start_http_server
 
@@ -120,11 +120,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         telemetry.shutdown()
         return 1
     logging.info("shutting down (drain up to %.0f s)", cfg.drain_timeout)
+    # Stop admitting before leaving Redis: deregistering takes a round trip or two, and a request
+    # admitted meanwhile would only lengthen the drain (Submit answers UNAVAILABLE: retried elsewhere).
+    service.worker.draining = True
     if publisher is not None:
         publisher.close()
     shutdown(server, service, health, cfg.drain_timeout)
     telemetry.shutdown()
     return 0
+
+
+def _publish(cfg: SchedulerPodConfig, address: str, service: SchedulerService) -> RedisPublisher:
+    """Start publishing the pod's block events and heartbeats to the Redis prefix index."""
+    from radixserve.common.prefix_index import RedisPrefixIndex
+    from radixserve.scheduler.kv_events import EventSubscriber, RedisPublisher
+
+    publisher = RedisPublisher(
+        RedisPrefixIndex(cfg.prefix_index, cfg.index_key_prefix),
+        address,
+        service.worker.events.subscribe(EventSubscriber()),
+        service.load_dict,
+        cfg.heartbeat_interval,
+        cfg.heartbeat_ttl,
+    )
+    publisher.start()
+    service.publisher = publisher
+    return publisher
 
 
 def _failed(reason: str) -> int:

@@ -1,12 +1,14 @@
 """The scheduler pod's Prometheus metrics (GET /metrics on --metrics-port).
 
 Gauges are read from the engine at scrape time (no cost per step); per-batch histograms are fed
-once per engine step by the event loop's ``on_batch`` hook.
+once per engine step by the event loop's ``on_batch`` hook. Every series carries ``model_name``,
+the served model's name (as vLLM's metrics do), so dashboards and alerts can tell models apart
+when several InferenceServices share one Prometheus.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -18,116 +20,162 @@ from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
 if TYPE_CHECKING:
     from radixserve.scheduler.server import SchedulerService
 
+MODEL_LABEL = "model_name"
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
+_MODES = ("prefill", "decode")
+
+
+class _Families:
+    """Metric families of one scrape, each with the model's label first."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model = model_name
+        self.out: list[Metric] = []
+
+    def gauge(self, name: str, doc: str, value: float) -> None:
+        g = GaugeMetricFamily(name, doc, labels=[MODEL_LABEL])
+        g.add_metric([self.model], value)
+        self.out.append(g)
+
+    def counter(self, name: str, doc: str, value: float) -> None:
+        c = CounterMetricFamily(name, doc, labels=[MODEL_LABEL])
+        c.add_metric([self.model], value)
+        self.out.append(c)
+
+    def labelled(
+        self, family: GaugeMetricFamily | CounterMetricFamily, rows: Sequence[tuple[Sequence[str], float]]
+    ) -> None:
+        for labels, value in rows:
+            family.add_metric([self.model, *labels], value)
+        self.out.append(family)
 
 
 class _EngineCollector(Collector):
-    def __init__(self, service: SchedulerService) -> None:
+    def __init__(self, service: SchedulerService, model_name: str) -> None:
         self.service = service
+        self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        s = self.service
-        sched = s.worker.scheduler
-        kv = sched.kv
-        lo = s.worker.load()
-        yield GaugeMetricFamily("radixserve_scheduler_waiting_requests", "Requests waiting", value=lo.waiting)
-        yield GaugeMetricFamily("radixserve_scheduler_running_requests", "Requests running", value=lo.running)
-        yield GaugeMetricFamily("radixserve_kv_capacity_tokens", "KV pool capacity", value=kv.capacity)
-        yield GaugeMetricFamily("radixserve_kv_used_tokens", "KV held by requests", value=lo.kv_used_tokens)
-        yield GaugeMetricFamily(
-            "radixserve_kv_cached_tokens", "Evictable prefix cache", value=lo.kv_cached_tokens
-        )
-        yield GaugeMetricFamily(
-            "radixserve_kv_usage_ratio", "Fraction of KV held by requests", value=kv.usage()
-        )
-        place = s.worker.engine.placement  # sized at start, per rank (tensor parallelism: every rank)
-        yield GaugeMetricFamily(
-            "radixserve_tp_size", "Devices the model is split across", value=place["tp_size"]
-        )
-        yield GaugeMetricFamily(
-            "radixserve_kv_pool_bytes_per_rank",
-            "KV pool bytes on each rank",
-            value=place["kv_bytes_per_rank"],
-        )
-        weights = GaugeMetricFamily("radixserve_weight_bytes", "Model weight bytes per rank", labels=["rank"])
-        for rank, size in enumerate(place["weight_bytes_per_rank"]):
-            weights.add_metric([str(rank)], size)
-        yield weights
-        yield CounterMetricFamily(
-            "radixserve_retractions", "Decode requests retracted", value=sched.num_retractions
-        )
-        yield CounterMetricFamily(
+        f = _Families(self.model_name)
+        self._engine(f)
+        self._placement(f)
+        self._peers(f)
+        return iter(f.out)
+
+    def _engine(self, f: _Families) -> None:
+        w = self.service.worker
+        sched, lo = w.scheduler, w.load()
+        f.gauge("radixserve_scheduler_waiting_requests", "Requests waiting", lo.waiting)
+        f.gauge("radixserve_scheduler_running_requests", "Requests running", lo.running)
+        f.gauge("radixserve_kv_capacity_tokens", "KV pool capacity", sched.kv.capacity)
+        f.gauge("radixserve_kv_used_tokens", "KV held by requests", lo.kv_used_tokens)
+        f.gauge("radixserve_kv_cached_tokens", "Evictable prefix cache", lo.kv_cached_tokens)
+        f.gauge("radixserve_kv_usage_ratio", "Fraction of KV held by requests", sched.kv.usage())
+        f.counter("radixserve_retractions", "Decode requests retracted", sched.num_retractions)
+        f.counter(
             "radixserve_fairness_preemptions",
             "Requests preempted for an overdue one",
-            value=sched.num_fairness_preemptions,
+            sched.num_fairness_preemptions,
         )
-        yield CounterMetricFamily("radixserve_engine_steps", "Engine steps", value=s.worker.steps)
-        errors = CounterMetricFamily(
-            "radixserve_grpc_errors", "Broken gRPC streams by peer", labels=["peer", "code"]
+        f.counter("radixserve_engine_steps", "Engine steps", w.steps)
+        f.gauge(
+            "radixserve_engine_stall_seconds",
+            "Seconds the engine has had work without finishing a step (0 when idle);"
+            " the liveness check fails above --stall-timeout",
+            w.seconds_since_step(),
         )
-        errors.add_metric([s.out.address, "STREAM_BROKEN"], s.out.errors)
-        yield errors
-        dropped = CounterMetricFamily(
-            "radixserve_grpc_dropped_messages", "Messages dropped for an unreachable peer", labels=["peer"]
+
+    def _placement(self, f: _Families) -> None:
+        place = self.service.worker.engine.placement  # sized at start, per rank (tensor parallelism)
+        f.gauge("radixserve_tp_size", "Devices the model is split across", place["tp_size"])
+        f.gauge("radixserve_kv_pool_bytes_per_rank", "KV pool bytes on each rank", place["kv_bytes_per_rank"])
+        f.labelled(
+            GaugeMetricFamily(
+                "radixserve_weight_bytes", "Model weight bytes per rank", labels=[MODEL_LABEL, "rank"]
+            ),
+            [([str(rank)], size) for rank, size in enumerate(place["weight_bytes_per_rank"])],
         )
-        dropped.add_metric([s.out.address], s.out.dropped)
-        yield dropped
+
+    def _peers(self, f: _Families) -> None:
+        s = self.service
+        f.labelled(
+            CounterMetricFamily(
+                "radixserve_grpc_errors", "Broken gRPC streams by peer", labels=[MODEL_LABEL, "peer", "code"]
+            ),
+            [([s.out.address, "STREAM_BROKEN"], s.out.errors)],
+        )
+        f.labelled(
+            CounterMetricFamily(
+                "radixserve_grpc_dropped_messages",
+                "Messages dropped for an unreachable peer",
+                labels=[MODEL_LABEL, "peer"],
+            ),
+            [([s.out.address], s.out.dropped)],
+        )
         pub = s.kv_event_stats()
-        yield CounterMetricFamily(
-            "radixserve_kv_events_published", "Block events written to the index", value=pub["published"]
-        )
-        yield CounterMetricFamily(
-            "radixserve_kv_event_resyncs", "Index resynchronisations (snapshots)", value=pub["snapshots"]
-        )
-        yield CounterMetricFamily(
-            "radixserve_kv_event_publish_failures", "Failed writes to the index", value=pub["failures"]
-        )
-        yield GaugeMetricFamily(
-            "radixserve_kv_event_publish_lag_seconds",
-            "Age of the oldest unpublished event",
-            value=pub["lag_s"],
+        f.counter("radixserve_kv_events_published", "Block events written to the index", pub["published"])
+        f.counter("radixserve_kv_event_resyncs", "Index resynchronisations (snapshots)", pub["snapshots"])
+        f.counter("radixserve_kv_event_publish_failures", "Failed writes to the index", pub["failures"])
+        f.gauge(
+            "radixserve_kv_event_publish_lag_seconds", "Age of the oldest unpublished event", pub["lag_s"]
         )
 
 
 class SchedulerMetrics:
     """The counters the engine thread feeds (EngineWorker), and, once ``collect_from`` names the
-    servicer, the gauges read from the pod at scrape time."""
+    servicer, the gauges read from the pod at scrape time; ``model_name`` labels every series."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "") -> None:
+        self.model_name = model_name
         self.registry = r = CollectorRegistry()
-        self.batch_size = Histogram(
-            "radixserve_batch_size", "Requests per engine step", ["mode"], registry=r, buckets=_SIZE_BUCKETS
+        by_mode = [MODEL_LABEL, "mode"]
+        batch_size = Histogram(
+            "radixserve_batch_size", "Requests per engine step", by_mode, registry=r, buckets=_SIZE_BUCKETS
         )
-        self.batch_tokens = Histogram(
+        batch_tokens = Histogram(
             "radixserve_batch_tokens",
             "Tokens fed per engine step",
-            ["mode"],
+            by_mode,
             registry=r,
             buckets=(1, 8, 32, 128, 512, 1024, 2048, 4096, 8192),
         )
-        self.step_seconds = Histogram(
+        step_seconds = Histogram(
             "radixserve_step_seconds",
             "Engine step, launch to results",
-            ["mode"],
+            by_mode,
             registry=r,
             buckets=_STEP_BUCKETS,
         )
+        # Bound once: the engine thread observes them every step without a label lookup.
+        self.batch_size = {m: batch_size.labels(model_name, m) for m in _MODES}
+        self.batch_tokens = {m: batch_tokens.labels(model_name, m) for m in _MODES}
+        self.step_seconds = {m: step_seconds.labels(model_name, m) for m in _MODES}
         self.prompt_tokens = Counter(
-            "radixserve_scheduler_prompt_tokens", "Prompt tokens admitted", registry=r
-        )
+            "radixserve_scheduler_prompt_tokens", "Prompt tokens admitted", [MODEL_LABEL], registry=r
+        ).labels(model_name)
         self.cache_hit_tokens = Counter(
-            "radixserve_cache_hit_tokens", "Prompt tokens served from the radix cache", registry=r
-        )
-        self.requests = Counter(
-            "radixserve_scheduler_requests", "Requests ended, by finish reason", ["finish_reason"], registry=r
+            "radixserve_cache_hit_tokens",
+            "Prompt tokens served from the radix cache",
+            [MODEL_LABEL],
+            registry=r,
+        ).labels(model_name)
+        self._requests = Counter(
+            "radixserve_scheduler_requests",
+            "Requests ended, by finish reason",
+            [MODEL_LABEL, "finish_reason"],
+            registry=r,
         )
 
+    def ended(self, finish_reason: str) -> None:
+        """A request ended here (any reason: length, stop, abort)."""
+        self._requests.labels(self.model_name, finish_reason).inc()
+
     def collect_from(self, service: SchedulerService) -> None:
-        self.registry.register(_EngineCollector(service))
+        self.registry.register(_EngineCollector(service, self.model_name))
 
     def on_batch(self, batch: ScheduleBatch, start: float, end: float) -> None:
         mode = "prefill" if batch.mode is ForwardMode.EXTEND else "decode"
-        self.batch_size.labels(mode).observe(batch.size)
-        self.batch_tokens.labels(mode).observe(batch.num_tokens)
-        self.step_seconds.labels(mode).observe(end - start)
+        self.batch_size[mode].observe(batch.size)
+        self.batch_tokens[mode].observe(batch.num_tokens)
+        self.step_seconds[mode].observe(end - start)

@@ -34,6 +34,7 @@ from radixserve.common.rpc import (
 from radixserve.scheduler.batch_scheduler import QueueFullError
 from radixserve.scheduler.engine import Engine
 from radixserve.scheduler.kv_events import EventSubscriber, RedisPublisher
+from radixserve.scheduler.liveness import LivenessWatch
 from radixserve.scheduler.metrics import SchedulerMetrics
 from radixserve.scheduler.tracing import SchedulerTracer
 from radixserve.scheduler.worker import AlreadyHere, EngineWorker, ShuttingDown, Submit, TokenUpdate
@@ -71,6 +72,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self.address = address
         self.load_interval_s = load_interval_s
         self.publisher: RedisPublisher | None = None  # when the pod publishes to Redis
+        self.liveness: LivenessWatch | None = None  # set by serve()
         self.out = StreamSender(
             detokenizer,
             lambda ch: pb_grpc.DetokenizerStub(ch).PushTokens,
@@ -78,7 +80,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             encode=self._token_batch,  # protobuf is built on the sender thread, not the engine's
             tls=tls,
         )
-        self.metrics = SchedulerMetrics()
+        self.metrics = SchedulerMetrics(model_name)
         tracer = SchedulerTracer(address, engine.config.schedule_policy) if telemetry.enabled() else None
         self.worker = EngineWorker(
             engine, address, self._emit, self.metrics, tracer, block_size=block_size, model_name=model_name
@@ -218,17 +220,24 @@ def serve(
     model_name: str = "",
     block_size: int = DEFAULT_BLOCK_SIZE,
     tls: TLS | None = None,
+    stall_timeout_s: float = 0.0,
 ) -> tuple[grpc.Server, SchedulerService, HealthServicer]:
     """Start the engine thread and the gRPC server on ``address``; others reach it at ``advertise``.
-    ``tls``: the port and the stream to the detokenizer use it (rpc.listen, rpc.channel)."""
+    ``tls``: the port and the stream to the detokenizer use it (rpc.listen, rpc.channel).
+
+    Health: "" and the Scheduler service are readiness (NOT_SERVING once it drains or fails);
+    "liveness" is NOT_SERVING while the engine has had work and not stepped for ``stall_timeout_s``
+    (liveness.py; 0: never)."""
     service = SchedulerService(
         engine, advertise or address, detokenizer, model_name=model_name, block_size=block_size, tls=tls
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=SERVER_OPTIONS)
     pb_grpc.add_SchedulerServicer_to_server(service, server)
     health = add_health(server, [SERVICE_NAME])
+    service.liveness = LivenessWatch(service.worker, health, stall_timeout_s)  # adds "liveness"
     listen(server, address, tls)
     service.start()
+    service.liveness.start()
     server.start()
     return server, service, health
 

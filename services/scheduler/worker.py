@@ -174,6 +174,10 @@ class EngineWorker:
         self.stopped = threading.Event()  # set by stop()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.steps = 0
+        # When the engine thread last finished an iteration (time.monotonic(); one write per step):
+        # the liveness check (liveness.py) compares it with the clock while requests are here.
+        # The engine was built (and warmed up) before this worker: its start counts from now.
+        self.beat = time.monotonic()
         self.error: BaseException | None = None
         # Called once, on the engine thread, after a failure has ended every request with its error
         # (the scheduler process then exits non-zero: scheduler/__main__.py).
@@ -185,6 +189,11 @@ class EngineWorker:
     @property
     def stopping(self) -> bool:
         return self.draining or self.stopped.is_set()
+
+    @property
+    def thread_id(self) -> int | None:
+        """The engine thread's ident (None before it starts): where a stuck step's stack is found."""
+        return self._thread.ident
 
     # --------------------------------------------------------------------------- callers
     def submit(self, msg: Submit) -> None:
@@ -256,6 +265,15 @@ class EngineWorker:
             max_waiting_requests=self.scheduler.config.max_waiting_requests,
         )
 
+    def seconds_since_step(self) -> float:
+        """How long the engine thread has had work (requests here, or messages in its inbox) without
+        finishing an iteration; 0 while it has none. An idle engine thread iterates every 50 ms, so
+        this grows only when a step (or the inbox's handling) does not return: a hung kernel, a
+        collective waiting on a silent peer."""
+        if not self._rids and self._inbox.empty():  # a set's length: safe to read without the lock
+            return 0.0
+        return max(0.0, time.monotonic() - self.beat)
+
     def _put(self, msg: Message) -> None:
         self._inbox.put(msg)
         self._wake.set()
@@ -267,6 +285,7 @@ class EngineWorker:
             torch.cuda.set_device(device)
         try:
             cache = self.scheduler.kv.cache
+            self.beat = time.monotonic()
             while not self.stopped.is_set():
                 self._drain_inbox()
                 if self.loop.busy:
@@ -278,6 +297,7 @@ class EngineWorker:
                     self._wake.clear()
                 # Aborts and finished requests change the tree too: publish after both.
                 self.events.publish(cache.take_block_events(), cache.all_block_hashes)
+                self.beat = time.monotonic()
         except BaseException as e:  # a bug or a device error: end every request with it, loudly
             log.exception("engine loop failed")
             self.error = e
@@ -344,7 +364,7 @@ class EngineWorker:
         """The request's last update; it is no longer here (but held for holds() until sent)."""
         r = lv.req
         self._forget(r.rid)
-        self.metrics.requests.labels(reason).inc()
+        self.metrics.ended(reason)
         if lv.options.trace_context is not None and self.tracer is not None:
             self.tracer.finish(r, reason)
         known = r.known_len - r.prompt_len
@@ -402,20 +422,32 @@ class EngineWorker:
     def drain(self, timeout_s: float) -> int:
         """Stop admitting; let running requests finish for up to ``timeout_s``; abort the rest.
 
-        Returns how many requests were aborted."""
+        Returns how many requests were aborted. Done means every request's final message has left
+        for the detokenizer too: a gateway that sees this pod's Watch stream end then has, or is
+        about to get, every result."""
+        t0 = time.monotonic()
         self.draining = True
-        self._wait_until_empty(time.monotonic() + timeout_s, 0.02)
+        with self._lock:
+            held = len(self._rids)
+        self._wait_until_empty(t0 + timeout_s, 0.02)
         with self._lock:
             left = list(self._rids)
         self.abort(left, f"scheduler {self.address} shut down before the request finished")
         if left:
             self._wait_until_empty(time.monotonic() + 5, 0.01)
+        log.info(
+            "drained in %.2f s: %d requests held at the start, %d running at the %.0f s deadline (aborted)",
+            time.monotonic() - t0,
+            held,
+            len(left),
+            timeout_s,
+        )
         return len(left)
 
     def _wait_until_empty(self, deadline: float, poll_s: float) -> None:
         while time.monotonic() < deadline and self._thread.is_alive():
             with self._lock:
-                if not self._rids:
+                if not self._rids and not self._unsent:
                     return
             time.sleep(poll_s)
 

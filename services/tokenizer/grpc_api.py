@@ -19,6 +19,7 @@ from radixserve.tokenizer.errors import ApiError
 from radixserve.tokenizer.gateway import Gateway, validate_sampling
 from radixserve.tokenizer.openai_api import COMPLETIONS_DEFAULT_MAX_TOKENS, logit_bias_ids
 from radixserve.tokenizer.session import Output, RequestSession
+from radixserve.tokenizer.tracing import inference_span
 
 _TO_GRPC = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -54,13 +55,12 @@ class GatewayService(pb_grpc.GatewayServicer):
         refused = gw.api_keys.refusal(metadata, MISSING_GRPC)  # Deliver needs none: pod to pod
         if refused is not None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
+        name, genai = inference_span("text_completion", request.model or gw.model_name, gw.model_name)
+        attributes = {**genai, "rpc.system": "grpc", "rpc.method": "radixserve.v1.Gateway/Generate"}
         session = RequestSession(
-            gw,
-            "radixserve.v1.Gateway/Generate",
-            metadata,
-            {"gen_ai.request.model": request.model or gw.model_name, "radixserve.stream": request.stream},
-            gone="client cancelled",
+            gw, name, metadata, {**attributes, "radixserve.stream": request.stream}, gone="client cancelled"
         )
+        session.trace.annotate({"gen_ai.response.id": session.rid})  # GenerateResponse.rid
         try:
             async with session:
                 ids = self._input_ids(request)

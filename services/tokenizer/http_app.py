@@ -42,6 +42,7 @@ from radixserve.tokenizer.session import Output, RequestSession
 from radixserve.tokenizer.tokenize_api import add_routes, model_card
 from radixserve.tokenizer.tool_calls import PARSERS, ToolParser
 from radixserve.tokenizer.tool_grammar import tool_choice_constraint
+from radixserve.tokenizer.tracing import inference_span
 
 MAX_BODY_BYTES = 8 * 2**20  # 413 above this, before parsing
 MAX_JSON_DEPTH = 32  # the schemas nest 5 deep; far deeper is an attack on the parser
@@ -195,17 +196,20 @@ class OpenAIRoutes:
         tokenized: tuple[float, float],
     ) -> Response:
         chat = isinstance(out, _ChatOutput)
+        path = request.url.path
+        name, genai = inference_span("chat" if chat else "text_completion", body.model, self.gw.model_name)
         attributes = {
-            "gen_ai.operation.name": "chat" if chat else "text_completion",
-            "gen_ai.request.model": body.model,
+            **genai,
             "gen_ai.request.max_tokens": sp.max_new_tokens,
             "gen_ai.request.temperature": body.temperature,
             "gen_ai.request.top_p": body.top_p,
             "gen_ai.request.choice.count": body.n,
+            "http.request.method": "POST",
+            "http.route": path,
             "radixserve.stream": body.stream,
         }
-        path = request.url.path
-        session = RequestSession(self.gw, f"POST {path}", request.headers, attributes, start=tokenized[0])
+        session = RequestSession(self.gw, name, request.headers, attributes, start=tokenized[0])
+        session.trace.annotate({"gen_ai.response.id": resp.response_id(session.rid, chat)})
         session.trace.child("tokenize", *tokenized, {"radixserve.prompts": len(prompts)})
         await session.submit(prompts, sp, body.n, body.skip_special_tokens)  # failing, it ends the session
         if body.stream:

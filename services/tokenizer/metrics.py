@@ -1,46 +1,89 @@
-"""The gateway's Prometheus metrics (served at GET /metrics)."""
+"""The gateway's Prometheus metrics (served at GET /metrics).
+
+The model's own series (tokens, latencies, finish reasons, requests in flight) carry ``model_name``,
+the served model's name, as the schedulers' do; those of the gateway's plumbing (HTTP status codes by
+endpoint, routing, gRPC errors, retries) do not.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+MODEL_LABEL = "model_name"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+class _ByModel:
+    """A counter whose first label, ``model_name``, is fixed: ``labels`` names the others."""
+
+    def __init__(self, counter: Counter, model_name: str) -> None:
+        self.counter = counter
+        self.model_name = model_name
+
+    def labels(self, *values: str) -> Counter:
+        return self.counter.labels(self.model_name, *values)
+
+
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "") -> None:
+        """``model_name``: the name this gateway serves its model by (the label's value)."""
         self.registry = CollectorRegistry()
+        self._model_series(model_name)
+        self._gateway_series()
+
+    def _model_series(self, model_name: str) -> None:
+        """The model's series: bound to its name once, so callers inc/observe them as unlabelled ones."""
+        r, model = self.registry, [MODEL_LABEL]
+        self.prompt_tokens = Counter(
+            "radixserve_prompt_tokens", "Prompt tokens of finished requests", model, registry=r
+        ).labels(model_name)
+        self.cached_tokens = Counter(
+            "radixserve_cached_prompt_tokens", "Prompt tokens served from the prefix cache", model, registry=r
+        ).labels(model_name)
+        self.generation_tokens = Counter(
+            "radixserve_generation_tokens", "Generated tokens", model, registry=r
+        ).labels(model_name)
+        self.ttft = Histogram(
+            "radixserve_time_to_first_token_seconds",
+            "Time to the first text",
+            model,
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "radixserve_e2e_request_latency_seconds",
+            "Request latency",
+            model,
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        ).labels(model_name)
+        self.itl = Histogram(
+            "radixserve_inter_token_latency_seconds",
+            "Time between a request's successive results, per token",
+            model,
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56),
+        ).labels(model_name)
+        self.finished = _ByModel(
+            Counter(
+                "radixserve_requests_finished",
+                "Choices by finish reason",
+                [MODEL_LABEL, "finish_reason"],
+                registry=r,
+            ),
+            model_name,
+        )
+        self.in_flight = Gauge(
+            "radixserve_requests_in_flight", "Client requests being served", model, registry=r
+        ).labels(model_name)
+
+    def _gateway_series(self) -> None:
         r = self.registry
         self.requests = Counter(
             "radixserve_requests",
             "HTTP requests by endpoint and status (gRPC Generate: radixserve_requests_finished)",
             ["endpoint", "status"],
             registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "radixserve_prompt_tokens", "Prompt tokens of finished requests", registry=r
-        )
-        self.cached_tokens = Counter(
-            "radixserve_cached_prompt_tokens", "Prompt tokens served from the prefix cache", registry=r
-        )
-        self.generation_tokens = Counter("radixserve_generation_tokens", "Generated tokens", registry=r)
-        self.ttft = Histogram(
-            "radixserve_time_to_first_token_seconds",
-            "Time to the first text",
-            registry=r,
-            buckets=_LATENCY_BUCKETS,
-        )
-        self.e2e = Histogram(
-            "radixserve_e2e_request_latency_seconds", "Request latency", registry=r, buckets=_LATENCY_BUCKETS
-        )
-        self.itl = Histogram(
-            "radixserve_inter_token_latency_seconds",
-            "Time between a request's successive results, per token",
-            registry=r,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56),
-        )
-        self.finished = Counter(
-            "radixserve_requests_finished", "Choices by finish reason", ["finish_reason"], registry=r
         )
         self.route_decisions = Counter(
             "radixserve_router_decisions",
@@ -69,9 +112,9 @@ class GatewayMetrics:
         )
         self.retries = Counter(
             "radixserve_request_retries",
-            "Requests re-sent to another scheduler because theirs failed before their first token",
+            "Requests re-sent to another scheduler before their first token; reason: down (theirs"
+            " failed), drain (theirs is draining), lost start (it never confirmed the request)",
             ["reason"],
             registry=r,
         )
-        self.in_flight = Gauge("radixserve_requests_in_flight", "Client requests being served", registry=r)
         self.schedulers_up = Gauge("radixserve_schedulers_healthy", "Scheduler pods reachable", registry=r)

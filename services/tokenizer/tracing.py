@@ -1,15 +1,19 @@
 """One client request's trace at the gateway (a no-op object when tracing is off).
 
-    POST /v1/completions (server span; parent: the client's traceparent, if any)
+    text_completion MODEL / chat MODEL   (server span; parent: the client's traceparent, if any)
       tokenize, route, submit          made by the gateway
       queue, prefill (per chunk), decode    made by the scheduler pod (children via trace_context)
       detokenize                       made by the detokenizer
       deliver                          first to last result back at the gateway
 
-Attributes follow the OpenTelemetry GenAI conventions where they fit (gen_ai.*), ours are
-radixserve.*: the request's id (``radixserve.request_id``: the detokenizer's span and the scheduler's
-logs know it as the prefix of their rid), cached tokens, chosen pod, routing policy / reason / matched
-blocks, TTFT.
+The root span is an inference span of the OpenTelemetry GenAI conventions (``inference_span``): named
+``{gen_ai.operation.name} {gen_ai.request.model}``, with ``gen_ai.provider.name`` "radixserve" (the
+conventions' list of providers names hosted services; a self-hosted server names itself), the request
+and response models, usage, finish reasons and the response's id. It is the gateway's SERVER span
+(the conventions' CLIENT span is the caller's); ``http.request.method`` / ``http.route`` keep what
+an HTTP server span's name would have said. Our own attributes are radixserve.*: the request's id
+(``radixserve.request_id``: the detokenizer's span and the scheduler's logs know it as the prefix of
+their rid), cached tokens, chosen pod, routing policy / reason / matched blocks, TTFT.
 """
 
 from __future__ import annotations
@@ -27,6 +31,22 @@ if TYPE_CHECKING:
     from radixserve.tokenizer.session import Usage
 
 Attributes = Mapping[str, AttributeValue]
+
+PROVIDER_NAME = "radixserve"  # gen_ai.provider.name: the telemetry's flavour, this server's own
+
+
+def inference_span(
+    operation: str, request_model: str, response_model: str
+) -> tuple[str, dict[str, AttributeValue]]:
+    """A request's root span name and GenAI attributes. ``operation``: gen_ai.operation.name's
+    well-known value ("chat", "text_completion"); ``request_model``: the model the client asked for;
+    ``response_model``: the one that answers (the served name)."""
+    return f"{operation} {request_model}", {
+        "gen_ai.operation.name": operation,
+        "gen_ai.provider.name": PROVIDER_NAME,
+        "gen_ai.request.model": request_model,
+        "gen_ai.response.model": response_model,
+    }
 
 
 class RequestTrace:
@@ -52,6 +72,11 @@ class RequestTrace:
             start_time=telemetry.wall_ns(self.start),
         )
         self.ctx = trace.set_span_in_context(self.span, parent)
+
+    def annotate(self, attributes: Attributes) -> None:
+        """More attributes of the request's span (known once it began, e.g. the response's id)."""
+        if self.on:
+            self.span.set_attributes(attributes)
 
     def carrier(self) -> dict[str, str]:
         """What travels to the scheduler (and on to the detokenizer) in trace_context."""

@@ -286,7 +286,7 @@ def test_a_lost_tensor_parallel_rank_fails_the_stream_and_the_scheduler_exits_no
         sched = cluster.schedulers[0]
         (follower,) = _children(sched.proc.pid)  # rank 1, started by the scheduler (rank 0)
         metrics = httpx.get(sched.metrics_url).text  # each rank's share, as sized at start
-        assert "radixserve_tp_size 2.0" in metrics
+        assert f'radixserve_tp_size{{model_name="{MODEL_NAME}"}} 2.0' in metrics
         weights = [
             float(x.split()[-1]) for x in metrics.splitlines() if x.startswith("radixserve_weight_bytes{")
         ]
