@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from radixserve.operator import volumes
 from radixserve.operator.manifests import (
     DETOKENIZER_METRICS_PORT,
     DETOKENIZER_PORT,
@@ -106,7 +107,7 @@ def egress(ctx: BuildContext, settings: PolicySettings) -> list[Obj]:
         rules.append({**({"to": to} if to else {}), "ports": _tcp(REDIS_PORT)})
     elif mode == "external":
         rules.append({"ports": _tcp(*EXTERNAL_REDIS_PORTS)})
-    if (spec["model"].get("source") or {}).get("hub"):
+    if volumes.downloaded(spec) is not None:  # the Hub, S3, GCS over HTTPS (another port: extraEgress)
         rules.append({"ports": _tcp(HTTPS_PORT)})
     endpoint = spec["tracing"].get("otlpEndpoint")
     if endpoint:

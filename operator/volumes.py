@@ -1,12 +1,38 @@
-"""Volumes of the service pods: scratch space, the model (and the init container that fetches it from
-the Hub), the gateway's API keys."""
+"""Volumes of the service pods: scratch space, the model (and the init container that fetches it into
+the model cache), the gateway's API keys.
+
+The model (``spec.model``) is one of:
+
+* ``uri``: ``hf://org/name[@revision]``, ``s3://bucket/prefix``, ``gs://bucket/prefix`` (downloaded),
+  ``pvc://claim/path`` (mounted read-only) or an absolute path in the pod (used as it is);
+* ``path`` (a folder in the pod, or "demo"), or ``source.pvc`` / ``source.hub`` (the older spelling).
+
+A downloaded model goes through the model cache (radixserve.common.model_cache): the volume ``model``
+(a shared PVC or a node's hostPath from ``spec.model.cache``, else a pod-private emptyDir bounded by the
+cache's size limit) is mounted whole at /model-cache in the ``fetch-model`` init container, which
+downloads into ``<entry>/<name>`` unless a complete copy is there; the serving containers mount only
+that folder, read-only, at /models/<name> (a subPath), so a shared cache's other models stay out of
+their sight and the folder's name, their default served model name, is the model's.
+"""
 
 from __future__ import annotations
 
+from radixserve.common.model_source import (
+    DEFAULT_CACHE_SIZE,
+    ModelSource,
+    ModelSourceError,
+    check_sha256,
+    parse_model_uri,
+    parse_quantity,
+)
 from radixserve.operator.pods import CONTAINER_SECURITY, Obj
 from radixserve.operator.schema import SECRET_KEY, Schema, obj, string
 
 MODEL_DIR = "/models"
+MODEL_CACHE_DIR = "/model-cache"  # the whole cache, in the init container only
+MODEL_CREDENTIALS_DIR = "/etc/radixserve/model-credentials"
+GCS_KEY_FILE = "service-account.json"  # the credentials Secret's key a gs:// download reads
+HUB_FOLDER = "model"  # where source.hub's model appears: its default served name stays "model"
 CACHE_DIR = "/cache"
 AUTH_DIR = "/etc/radixserve/auth"
 API_KEYS_FILE = f"{AUTH_DIR}/api-keys"
@@ -16,6 +42,36 @@ SECRET_FILE_MODE = 0o440  # owner and group (the pods' fsGroup) read; nobody wri
 
 MODEL_SCHEMA: Schema = obj(
     {
+        "uri": string(
+            description="hf://org/name[@revision] (a commit sha pins it), s3://bucket/prefix, "
+            "gs://bucket/prefix, pvc://claim/path, or an absolute path in the pod; instead of path and source"
+        ),
+        "sha256": string(
+            pattern="^[0-9a-f]{64}$",
+            description="the digest the downloaded folder must have: radixserve fetch-model --digest DIR",
+        ),
+        "credentialsSecretRef": obj(
+            {"name": string(minLength=1)},
+            required=["name"],
+            description="Secret whose keys the download sees as environment variables: "
+            "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL (s3://), "
+            f"HF_TOKEN (hf://); for gs:// its key {GCS_KEY_FILE} is the service-account key",
+        ),
+        "cache": obj(
+            {
+                "pvc": obj(
+                    {"claimName": string(minLength=1)},
+                    required=["claimName"],
+                    description="a shared cache: ReadWriteMany when the pods run on several nodes",
+                ),
+                "hostPath": string(description="a node's cache folder, writable by uid 1000"),
+                "sizeLimit": string(
+                    description=f"what the cache may hold, e.g. 200Gi (default {DEFAULT_CACHE_SIZE})"
+                ),
+            },
+            description="Where downloads are kept: without pvc or hostPath, in each pod "
+            "(an emptyDir of sizeLimit).",
+        ),
         "path": string(description='folder inside the pod, or "demo" for the built-in tiny model'),
         "servedModelName": string(),
         "source": obj(
@@ -36,18 +92,45 @@ MODEL_SCHEMA: Schema = obj(
             description="Where the model comes from when it is not baked into the image.",
         ),
     },
-    description="Exactly one of path or source (pvc or hub).",
+    description="uri, or exactly one of path or source (pvc or hub).",
 )
 
 
+def _uri(spec: Obj) -> ModelSource | None:
+    uri = spec["model"].get("uri")
+    return parse_model_uri(uri) if uri else None
+
+
+def _hub(spec: Obj) -> ModelSource | None:
+    """source.hub as the hf:// source it is (the same fetcher downloads both)."""
+    hub = (spec["model"].get("source") or {}).get("hub")
+    if not hub:
+        return None
+    return parse_model_uri(f"hf://{hub['id']}@{hub.get('revision') or 'main'}")
+
+
+def downloaded(spec: Obj) -> tuple[ModelSource, str] | None:
+    """(the source, the folder under /models the serving containers see it in) of a model the
+    init container downloads; None for one that is used in place."""
+    source = _uri(spec)
+    if source is not None:
+        return (source, source.name) if source.downloads else None
+    hub = _hub(spec)
+    return (hub, HUB_FOLDER) if hub is not None else None
+
+
 def model_path(spec: Obj) -> str:
+    """RADIXSERVE_MODEL: where the serving containers find the model (``spec`` is valid)."""
     model = spec["model"]
-    source = model.get("source") or {}
-    if source.get("pvc"):
-        sub = source["pvc"].get("subPath", "").strip("/")
+    source = _uri(spec)
+    if source is not None:
+        return source.path if source.scheme == "local" else f"{MODEL_DIR}/{source.name}"
+    legacy = model.get("source") or {}
+    if legacy.get("pvc"):
+        sub = legacy["pvc"].get("subPath", "").strip("/")
         return f"{MODEL_DIR}/{sub}" if sub else MODEL_DIR
-    if source.get("hub"):
-        return f"{MODEL_DIR}/model"
+    if legacy.get("hub"):
+        return f"{MODEL_DIR}/{HUB_FOLDER}"
     return str(model["path"])
 
 
@@ -55,66 +138,143 @@ def model_problems(spec: Obj) -> list[str]:
     """What is wrong with the defaulted ``spec``'s model (the schema cannot say "exactly one of")."""
     model = spec.get("model", {})
     source = model.get("source") or {}
-    if bool(model.get("path")) == bool(source):
-        return ["spec.model needs exactly one of path or source"]
-    if source and len([k for k in ("pvc", "hub") if source.get(k)]) != 1:
+    if model.get("uri"):
+        if model.get("path") or source:
+            return ["spec.model.uri cannot be combined with spec.model.path or spec.model.source: give one"]
+        try:
+            parse_model_uri(model["uri"])
+        except ModelSourceError as e:
+            return [f"spec.model.uri: {e}"]
+    elif bool(model.get("path")) == bool(source):
+        return ["spec.model needs a uri, or exactly one of path or source"]
+    elif source and len([k for k in ("pvc", "hub") if source.get(k)]) != 1:
         return ["spec.model.source needs exactly one of pvc or hub"]
-    return []
+    elif source.get("hub"):
+        try:
+            _hub(spec)
+        except ModelSourceError as e:
+            return [f"spec.model.source.hub: {e}"]
+    return _download_problems(spec)
+
+
+def _download_problems(spec: Obj) -> list[str]:
+    """The download settings: only for a downloaded model, each well formed."""
+    model = spec["model"]
+    if downloaded(spec) is None:
+        given = [f for f in ("sha256", "credentialsSecretRef", "cache") if model.get(f)]
+        return [
+            f"spec.model.{f} applies only to a downloaded model (hf://, s3://, gs:// or source.hub)"
+            for f in given
+        ]
+    out = []
+    if model.get("sha256"):
+        try:
+            check_sha256(model["sha256"])
+        except ModelSourceError as e:
+            out.append(f"spec.model.sha256: {e}")
+    cache = model.get("cache") or {}
+    if cache.get("pvc") and cache.get("hostPath"):
+        out.append("spec.model.cache needs at most one of pvc or hostPath")
+    if cache.get("hostPath") and not str(cache["hostPath"]).startswith("/"):
+        out.append(f"spec.model.cache.hostPath: {cache['hostPath']!r} is not an absolute path")
+    if cache.get("sizeLimit"):
+        try:
+            parse_quantity(cache["sizeLimit"])
+        except ValueError as e:
+            out.append(f"spec.model.cache.sizeLimit: {e}")
+    return out
 
 
 def model_volumes(spec: Obj, image: str) -> tuple[list[Obj], list[Obj], list[Obj]]:
     """(volumes, mounts, init containers) that put the model where RADIXSERVE_MODEL points.
 
-    ``spec``: the defaulted InferenceService spec; ``image``: the image the init container runs."""
+    ``spec``: the defaulted, valid InferenceService spec; ``image``: the image the init container runs."""
     volumes: list[Obj] = [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
     mounts: list[Obj] = [{"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}]
-    inits: list[Obj] = []
-    source = spec["model"].get("source") or {}
-    if source.get("pvc"):
+    fetched = downloaded(spec)
+    if fetched is not None:
+        source, folder = fetched
+        volumes.append({"name": "model", **_cache_volume(spec)})
+        mount = {
+            "name": "model",
+            "mountPath": f"{MODEL_DIR}/{folder}",
+            "subPath": source.relative_model_dir(),
+        }
+        init = _fetch_container(spec, image, source, volumes)
+        return volumes, [*mounts, {**mount, "readOnly": True}], [init]
+    source = _uri(spec)
+    legacy = spec["model"].get("source") or {}
+    if source is not None and source.scheme == "pvc":
         volumes.append(
-            {
-                "name": "model",
-                "persistentVolumeClaim": {"claimName": source["pvc"]["claimName"], "readOnly": True},
-            }
+            {"name": "model", "persistentVolumeClaim": {"claimName": source.location, "readOnly": True}}
         )
+        mount = {"name": "model", "mountPath": f"{MODEL_DIR}/{source.name}", "readOnly": True}
+        mounts.append({**mount, "subPath": source.path} if source.path else mount)
+    elif legacy.get("pvc"):
+        claim = {"claimName": legacy["pvc"]["claimName"], "readOnly": True}
+        volumes.append({"name": "model", "persistentVolumeClaim": claim})
         mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
-    elif source.get("hub"):
-        hub = source["hub"]
-        volumes.append({"name": "model", "emptyDir": {}})
-        mounts.append({"name": "model", "mountPath": MODEL_DIR})
-        env: list[Obj] = [
-            {"name": "HF_REPO_ID", "value": hub["id"]},
-            {"name": "HF_REVISION", "value": hub.get("revision") or "main"},
-            {"name": "HOME", "value": CACHE_DIR},
-        ]
-        if hub.get("tokenSecretRef"):
-            ref = hub["tokenSecretRef"]
-            env.append(
+    return volumes, mounts, []
+
+
+def _cache_volume(spec: Obj) -> Obj:
+    """The model volume's source: spec.model.cache's PVC or hostPath, else an emptyDir as large as
+    the cache's size limit (the kubelet evicts a pod whose emptyDir outgrows it)."""
+    cache = spec["model"].get("cache") or {}
+    if cache.get("pvc"):
+        return {"persistentVolumeClaim": {"claimName": cache["pvc"]["claimName"]}}
+    if cache.get("hostPath"):
+        return {"hostPath": {"path": cache["hostPath"], "type": "DirectoryOrCreate"}}
+    return {"emptyDir": {"sizeLimit": cache.get("sizeLimit") or DEFAULT_CACHE_SIZE}}
+
+
+def _fetch_container(spec: Obj, image: str, source: ModelSource, volumes: list[Obj]) -> Obj:
+    """The init container that downloads ``source`` into the cache (appending the credentials'
+    volume to ``volumes`` where one is needed)."""
+    model = spec["model"]
+    command = ["python", "-m", "radixserve.common.model_fetch", source.uri, "--cache", MODEL_CACHE_DIR]
+    command += ["--size-limit", (model.get("cache") or {}).get("sizeLimit") or DEFAULT_CACHE_SIZE]
+    if model.get("sha256"):
+        command += ["--sha256", model["sha256"]]
+    env: list[Obj] = [{"name": "HOME", "value": "/tmp"}]
+    mounts: list[Obj] = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "model", "mountPath": MODEL_CACHE_DIR},
+    ]
+    init: Obj = {
+        "name": "fetch-model",
+        "image": image,
+        "imagePullPolicy": spec["imagePullPolicy"],
+        "command": command,
+        "env": env,
+        "volumeMounts": mounts,
+        "securityContext": CONTAINER_SECURITY,
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+        # The fetcher writes one line naming what is missing; a crash leaves its log's last lines.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    secret = (model.get("credentialsSecretRef") or {}).get("name")
+    if secret:
+        init["envFrom"] = [{"secretRef": {"name": secret}}]
+        if source.scheme == "gs":
+            volumes.append(
                 {
-                    "name": "HF_TOKEN",
-                    "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref.get("key") or "token"}},
+                    "name": "model-credentials",
+                    "secret": {"secretName": secret, "defaultMode": SECRET_FILE_MODE},
                 }
             )
-        # huggingface_hub ships with transformers, so the service image can fetch its own model
-        # (over HTTPS: with NetworkPolicies on, the pods may reach port 443 anywhere; see netpol.py).
-        script = (
-            "import os; from huggingface_hub import snapshot_download; "
-            "snapshot_download(os.environ['HF_REPO_ID'], revision=os.environ['HF_REVISION'], "
-            f"local_dir='{MODEL_DIR}/model')"
-        )
-        inits.append(
-            {
-                "name": "fetch-model",
-                "image": image,
-                "imagePullPolicy": spec["imagePullPolicy"],
-                "command": ["python", "-c", script],
-                "env": env,
-                "volumeMounts": mounts,
-                "securityContext": CONTAINER_SECURITY,
-                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-            }
-        )
-    return volumes, mounts, inits
+            mounts.append({"name": "model-credentials", "mountPath": MODEL_CREDENTIALS_DIR, "readOnly": True})
+            env.append(
+                {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{MODEL_CREDENTIALS_DIR}/{GCS_KEY_FILE}"}
+            )
+    token = ((model.get("source") or {}).get("hub") or {}).get("tokenSecretRef")
+    if token:
+        ref = {"name": token["name"], "key": token.get("key") or "token"}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    # huggingface_hub ships with transformers, so the service image fetches its own Hub models (over
+    # HTTPS: with NetworkPolicies on, the pods may reach port 443 anywhere; see netpol.py); s3:// and
+    # gs:// need the image's [s3] / [gcs] extras.
+    return init
 
 
 def add_api_keys(pod: Obj, container: Obj, ref: Obj) -> str:

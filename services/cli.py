@@ -7,6 +7,7 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
     radixserve make-demo-model PATH [--arch llama|qwen2|qwen3] [--size tiny|small] [--seed N]
     radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [-- scheduler flags]
     radixserve bench NAME [its flags]     (offline, serving, gpu, routing, ...; NAME --help lists them)
+    radixserve fetch-model URI --cache DIR [--size-limit Q] [--sha256 HEX] | --digest DIR
 """
 
 from __future__ import annotations
@@ -137,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_make_demo_model)
 
+    # Its flags are model_fetch's own (main() hands it every argument): listed here for --help.
+    p = sub.add_parser(
+        "fetch-model",
+        help="download a model (hf://, s3://, gs://) once into a bounded cache; --digest DIR pins one",
+        add_help=False,
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER)
+
     p = sub.add_parser("bench", help="benchmarks (from a source checkout)")
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     for name, text in BENCHMARKS.items():
@@ -185,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHMARKS:
         return _cmd_bench(argv[1], argv[2:])  # its flags are its own (argparse here would eat --help)
+    if argv and argv[0] == "fetch-model":
+        from radixserve.common import model_fetch
+
+        return model_fetch.main(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

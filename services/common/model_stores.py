@@ -1,0 +1,249 @@
+"""The remote stores a model is downloaded from: S3 (boto3), Google Cloud Storage (gcsfs) and the
+Hugging Face Hub (huggingface_hub). Each client is imported when its scheme is used, so a missing
+optional one (``pip install radixserve[s3]`` / ``[gcs]``) is a clear error, not an import failure.
+
+Every failure a user can fix comes out as a ModelSourceError whose message names the URI and what
+was missing: the bucket, objects under the prefix, the repository or revision, the credentials.
+
+Credentials come from the environment, which the operator fills from ``spec.model.credentialsSecretRef``:
+AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN / AWS_REGION / AWS_ENDPOINT_URL (an
+S3-compatible store: MinIO, Ceph, R2...), GOOGLE_APPLICATION_CREDENTIALS (a service-account key
+file), HF_TOKEN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from radixserve.common.model_source import ModelSource, ModelSourceError
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFile:
+    key: str  # the object's full name in the bucket
+    rel: str  # its path under the prefix: where it lands in the model folder
+    size: int
+    etag: str  # what the store says identifies this content (recorded, not checked)
+
+
+class ObjectStore(Protocol):
+    """A bucket-like store: list the objects under the source's prefix, download one."""
+
+    def list(self) -> list[RemoteFile]: ...
+
+    def download(self, file: RemoteFile, dest: Path) -> None: ...
+
+
+def open_store(source: ModelSource) -> ObjectStore:
+    if source.scheme == "s3":
+        return S3Store(source)
+    if source.scheme == "gs":
+        return GcsStore(source)
+    raise ModelSourceError(f"{source.uri}: not an object store")
+
+
+def _prefix(source: ModelSource) -> str:
+    """The key prefix, ending in "/" so that ``models/a`` does not take ``models/ab``'s objects."""
+    return f"{source.path}/" if source.path else ""
+
+
+def _under(source: ModelSource, key: str) -> str | None:
+    """``key`` relative to the prefix; None for folder placeholders and anything that would escape."""
+    rel = key[len(_prefix(source)) :]
+    parts = rel.split("/")
+    if not rel or rel.endswith("/") or any(p in ("", ".", "..") for p in parts):
+        return None
+    return rel
+
+
+# ------------------------------------------------------------------------------------------ S3
+class S3Store:
+    def __init__(self, source: ModelSource) -> None:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as e:
+            raise ModelSourceError(f"{source.uri}: s3:// needs boto3 (pip install 'radixserve[s3]')") from e
+        self.source = source
+        self.endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        # S3-compatible stores rarely serve virtual-hosted bucket names: path style with an endpoint.
+        config = Config(
+            connect_timeout=10,
+            retries={"max_attempts": 4, "mode": "standard"},
+            s3={"addressing_style": "path"} if self.endpoint else {},
+        )
+        self.client: Any = boto3.client("s3", endpoint_url=self.endpoint, region_name=region, config=config)
+
+    def list(self) -> list[RemoteFile]:
+        out: list[RemoteFile] = []
+        with self._errors():
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.source.location, Prefix=_prefix(self.source)
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    rel = _under(self.source, str(obj["Key"]))
+                    if rel is not None:
+                        out.append(
+                            RemoteFile(str(obj["Key"]), rel, int(obj["Size"]), str(obj.get("ETag", "")))
+                        )
+        return out
+
+    def download(self, file: RemoteFile, dest: Path) -> None:
+        with self._errors():
+            self.client.download_file(self.source.location, file.key, str(dest))
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+        )
+
+        uri, bucket = self.source.uri, self.source.location
+        try:
+            yield
+        except ClientError as e:
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            if code == "NoSuchBucket":
+                raise ModelSourceError(f"{uri}: bucket {bucket!r} does not exist") from e
+            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
+                raise ModelSourceError(
+                    f"{uri}: access denied ({code}): check the credentials Secret's AWS_ACCESS_KEY_ID "
+                    "and AWS_SECRET_ACCESS_KEY"
+                ) from e
+            raise ModelSourceError(f"{uri}: S3 answered {code}: {e}") from e
+        except NoCredentialsError as e:
+            raise ModelSourceError(
+                f"{uri}: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, in the pods "
+                "through spec.model.credentialsSecretRef)"
+            ) from e
+        except EndpointConnectionError as e:
+            raise ModelSourceError(
+                f"{uri}: cannot reach the S3 endpoint {self.endpoint or 'of AWS'}: {e}"
+            ) from e
+        except BotoCoreError as e:
+            raise ModelSourceError(f"{uri}: {e}") from e
+
+
+# ----------------------------------------------------------------------------------------- GCS
+class GcsStore:
+    """Through gcsfs (fsspec). Not exercised by the tests: there is no GCS emulator among them."""
+
+    def __init__(self, source: ModelSource) -> None:
+        try:
+            import gcsfs
+        except ImportError as e:
+            raise ModelSourceError(f"{source.uri}: gs:// needs gcsfs (pip install 'radixserve[gcs]')") from e
+        self.source = source
+        key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        if key_file and not Path(key_file).is_file():
+            raise ModelSourceError(
+                f"{source.uri}: GOOGLE_APPLICATION_CREDENTIALS names {key_file}, which does not exist "
+                "(the credentials Secret needs the key service-account.json)"
+            )
+        # Without a key file gcsfs finds the node's or workload identity's credentials.
+        self.fs: Any = gcsfs.GCSFileSystem(token=key_file or None)
+
+    def list(self) -> list[RemoteFile]:
+        root = f"{self.source.location}/{self.source.path}".rstrip("/")
+        with self._errors():
+            found = self.fs.find(root, detail=True)
+            if not found and not self.fs.exists(self.source.location):
+                raise ModelSourceError(f"{self.source.uri}: bucket {self.source.location!r} does not exist")
+        out = []
+        for full, info in sorted(found.items()):
+            key = str(full).split("/", 1)[1] if "/" in str(full) else ""
+            rel = _under(self.source, key)
+            if rel is not None and info.get("type") == "file":
+                etag = str(info.get("generation") or info.get("etag") or info.get("md5Hash") or "")
+                out.append(RemoteFile(key, rel, int(info.get("size") or 0), etag))
+        return out
+
+    def download(self, file: RemoteFile, dest: Path) -> None:
+        with self._errors():
+            self.fs.get_file(f"{self.source.location}/{file.key}", str(dest))
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except FileNotFoundError as e:
+            raise ModelSourceError(f"{self.source.uri}: not found ({e})") from e
+        except PermissionError as e:
+            raise ModelSourceError(f"{self.source.uri}: access denied: check the service-account key") from e
+        except OSError as e:
+            raise ModelSourceError(f"{self.source.uri}: {e}") from e
+
+
+# ----------------------------------------------------------------------------------------- Hub
+def hub_download(source: ModelSource, dest: Path, staging: Path) -> str:
+    """Download ``source`` (hf://) into ``dest`` (empty); returns the commit its revision resolved to.
+
+    With HF_HUB_CACHE or HF_HOME set, the hub's own cache there is used (and may already hold the
+    revision: with HF_HUB_OFFLINE=1 nothing is asked of the Hub) and the files are copied out of it;
+    otherwise the hub downloads into ``staging`` (on the cache's volume, so its size limit holds)
+    and the files are moved."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    own_cache = not (os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME"))
+    uri, repo = source.uri, source.location
+    try:
+        snapshot = snapshot_download(
+            repo, revision=source.revision, cache_dir=str(staging) if own_cache else None
+        )
+    except GatedRepoError as e:
+        raise ModelSourceError(
+            f"{uri}: {repo} is gated: accept its terms on the Hub and give an HF_TOKEN"
+        ) from e
+    except RepositoryNotFoundError as e:
+        raise ModelSourceError(
+            f"{uri}: repository {repo} not found on the Hub (a private one needs an HF_TOKEN)"
+        ) from e
+    except RevisionNotFoundError as e:
+        raise ModelSourceError(f"{uri}: revision {source.revision!r} not found in {repo}") from e
+    except LocalEntryNotFoundError as e:
+        raise ModelSourceError(
+            f"{uri}: not in the local Hub cache and the Hub cannot be reached (or HF_HUB_OFFLINE is set)"
+        ) from e
+    except HfHubHTTPError as e:
+        raise ModelSourceError(f"{uri}: the Hub answered: {e}") from e
+    _materialize(Path(snapshot), dest, move=own_cache)
+    if own_cache:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Path(snapshot).name  # snapshots/<commit>
+
+
+def _materialize(snapshot: Path, dest: Path, move: bool) -> None:
+    """Real files in ``dest`` for the snapshot's links into the hub's blobs (moved out of a cache we
+    own, copied out of one we do not; a blob two files share is moved once and then copied)."""
+    placed: dict[Path, Path] = {}
+    for dirpath, _, names in os.walk(snapshot, followlinks=True):
+        for name in names:
+            src = Path(dirpath) / name
+            target = dest / src.relative_to(snapshot)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            blob = src.resolve()
+            if blob in placed:
+                shutil.copyfile(placed[blob], target)
+            elif move:
+                os.replace(blob, target)
+                placed[blob] = target
+            else:
+                shutil.copyfile(blob, target)
