@@ -7,7 +7,11 @@ import os
 from dataclasses import dataclass, field
 
 from radixserve.operator.netpol import PolicySettings
+from radixserve.operator.pods import Obj
 from radixserve.operator.redis_acl import ChartRedis
+from radixserve.operator.templates import template_problems
+
+POD_DEFAULTS_ENV = "RADIXSERVE_OPERATOR_POD_DEFAULTS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +35,9 @@ class OperatorConfig:
     pool_interval_s: float = 30.0
     # NetworkPolicies for every InferenceService (a spec's networkPolicy.enabled overrides).
     policies: PolicySettings = field(default_factory=PolicySettings)
+    # A pod template ({metadata: {labels, annotations}, spec: {imagePullSecrets, nodeSelector, ...}})
+    # merged into every pod of every InferenceService, under the spec's own templates (templates.py).
+    pod_defaults: Obj = field(default_factory=dict)
 
     @property
     def chart_redis(self) -> ChartRedis | None:
@@ -59,4 +66,20 @@ class OperatorConfig:
             resync_interval_s=float(env.get("RADIXSERVE_OPERATOR_RESYNC_INTERVAL", d.resync_interval_s)),
             pool_interval_s=float(env.get("RADIXSERVE_OPERATOR_POOL_INTERVAL", d.pool_interval_s)),
             policies=policies,
+            pod_defaults=pod_defaults(env.get(POD_DEFAULTS_ENV, "")),
         )
+
+
+def pod_defaults(text: str) -> Obj:
+    """The operator's pod template from its JSON; a ValueError naming the variable and the problem
+    (the operator then stops at start, saying why, rather than make pods without it)."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{POD_DEFAULTS_ENV} is not JSON: {e}") from e
+    problems = template_problems(value, POD_DEFAULTS_ENV)
+    if problems:
+        raise ValueError(f"{POD_DEFAULTS_ENV} is not a pod template: " + "; ".join(problems))
+    return dict(value)

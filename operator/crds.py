@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TypedDict
 
 from radixserve.common.service_config import DRAIN_TIMEOUT_S, ROUTERS, ROUTING_DEFAULTS, SCHEDULE_POLICIES
+from radixserve.operator.manifests import MAX_NAME_LENGTH
+from radixserve.operator.nodepool import NODE_LIMITS_MESSAGE
 from radixserve.operator.schema import (
     ANY_OBJECTS,
     CONDITIONS,
@@ -25,7 +27,9 @@ from radixserve.operator.schema import (
     obj,
     string,
 )
+from radixserve.operator.templates import TEMPLATE_SCHEMA, TOLERATIONS
 from radixserve.operator.tls import REDIS_CA_SCHEMA, TLS_SCHEMA
+from radixserve.operator.validation import NAME_FORMAT, NAME_FORMAT_MESSAGE, NAME_LENGTH_MESSAGE
 from radixserve.operator.volumes import MODEL_SCHEMA
 
 GROUP = "radixserve.io"
@@ -60,31 +64,66 @@ ENGINE_SCHEMA = obj(
     default={},
 )
 
+# The built-in autoscaler's settings (mode operator), in spec.scheduler.autoscaling and in the
+# deprecated spec.autoscaling alike.
+_SCALE_SETTINGS: dict[str, Schema] = {
+    "minReplicas": integer(0, 1),
+    "maxReplicas": integer(1, 4),
+    "targetWaitingPerReplica": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "default": 8},
+    "scaleUpStabilizationSeconds": integer(0, 0),
+    "scaleDownStabilizationSeconds": integer(0, 300),
+}
+_MIN_MAX_RULE = {
+    "rule": "self.minReplicas <= self.maxReplicas",
+    "message": "minReplicas is above maxReplicas",
+}
+
+SCHEDULER_AUTOSCALING = obj(
+    {
+        "mode": string(
+            enum=["off", "operator", "external"],
+            description="off (the default): the schedulers follow scheduler.replicas, which a person, "
+            "an HPA or KEDA may set through this resource's scale subresource; operator: the built-in "
+            "autoscaler sets them from the schedulers' waiting requests (the settings here); external: "
+            "an HPA or KEDA scales the NAME-scheduler StatefulSet itself and the operator never writes "
+            "its replicas. operator and external need a Redis (redis.mode chart or external): gateways "
+            "find the schedulers there. Unset with the deprecated autoscaling.enabled true: operator",
+        ),
+        **_SCALE_SETTINGS,
+    },
+    default={},
+) | {"x-kubernetes-validations": [_MIN_MAX_RULE]}
+
+
+def _component(replicas: Schema, **more: Schema) -> Schema:
+    return obj(
+        {"replicas": replicas, "resources": RESOURCES, **more, "template": TEMPLATE_SCHEMA}, default={}
+    )
+
+
 INFERENCE_SERVICE_SPEC = obj(
     {
         "model": MODEL_SCHEMA,
         "image": string(description="defaults to the operator's image"),
         "imagePullPolicy": string(default="IfNotPresent", enum=["Always", "IfNotPresent", "Never"]),
-        "tokenizer": obj({"replicas": integer(1, 1), "resources": RESOURCES}, default={}),
-        "detokenizer": obj({"replicas": integer(1, 1), "resources": RESOURCES}, default={}),
-        "scheduler": obj(
-            {
-                "replicas": integer(0, 1),
-                "device": string(default="cuda", enum=["cuda", "cpu"]),
-                "gpusPerReplica": integer(
-                    0,
-                    1,
-                    description="GPUs per scheduler pod; above 1 the model is split across them with "
-                    "tensor parallelism (--tp-size): its attention heads (and KV heads, or the reverse) "
-                    "and MLP size must divide by it; a model that does not is reported in status "
-                    "(Degraded/SchedulerFailed)",
-                ),
-                "nodePool": string(description="name of a GPUNodePool"),
-                "resources": RESOURCES,
-                "drainTimeoutSeconds": integer(0, int(DRAIN_TIMEOUT_S)),
-                "engine": ENGINE_SCHEMA,
-            },
-            default={},
+        "template": TEMPLATE_SCHEMA,
+        "tokenizer": _component(integer(1, 1)),
+        "detokenizer": _component(integer(1, 1)),
+        "scheduler": _component(
+            integer(0, 1, description="the scale subresource's replicas (an HPA on this resource sets it)"),
+            device=string(default="cuda", enum=["cuda", "cpu"]),
+            gpusPerReplica=integer(
+                0,
+                1,
+                description="GPUs per scheduler pod; any count above 1 splits the model across them with "
+                "tensor parallelism (--tp-size): its attention heads (and KV heads, or the reverse) "
+                "and MLP size must divide by it; a model that does not is reported in status "
+                "(Degraded/SchedulerFailed)",
+            ),
+            nodePool=string(description="name of a GPUNodePool"),
+            drainTimeoutSeconds=integer(0, int(DRAIN_TIMEOUT_S)),
+            engine=ENGINE_SCHEMA,
+            autoscaling=SCHEDULER_AUTOSCALING,
         ),
         "routing": obj(
             {
@@ -113,20 +152,10 @@ INFERENCE_SERVICE_SPEC = obj(
             default={},
         ),
         "autoscaling": obj(
-            {
-                "enabled": {"type": "boolean", "default": False},
-                "minReplicas": integer(0, 1),
-                "maxReplicas": integer(1, 4),
-                "targetWaitingPerReplica": {
-                    "type": "number",
-                    "exclusiveMinimum": True,
-                    "minimum": 0,
-                    "default": 8,
-                },
-                "scaleUpStabilizationSeconds": integer(0, 0),
-                "scaleDownStabilizationSeconds": integer(0, 300),
-            },
+            {"enabled": {"type": "boolean", "default": False}, **_SCALE_SETTINGS},
             default={},
+            description="Deprecated: use scheduler.autoscaling (enabled true is its mode operator, with "
+            "these settings; refused together with scheduler.autoscaling.mode).",
         ),
         "auth": obj(
             {
@@ -179,7 +208,11 @@ INFERENCE_SERVICE_STATUS = obj(
                 "detokenizer": {"type": "integer"},
             }
         ),
-        "schedulerReplicas": {"type": "integer", "description": "the scheduler count in force"},
+        "schedulerReplicas": {
+            "type": "integer",
+            "description": "the scheduler count in force (the scale subresource's replicas)",
+        },
+        "selector": string(description="label selector of the scheduler pods (the scale subresource's)"),
         "autoscaling": obj(
             {
                 "desiredReplicas": {"type": "integer"},
@@ -191,9 +224,22 @@ INFERENCE_SERVICE_STATUS = obj(
     },
 ) | {"x-kubernetes-preserve-unknown-fields": True}
 
+_NODE_LIMITS = (
+    "Removed: the operator does not size node groups. Set node limits on the provider's object "
+    "(Karpenter NodePool spec.limits, the cluster autoscaler node group's min and max size); only 0 "
+    "(what older charts wrote) is accepted."
+)
 GPU_NODE_POOL_SPEC = obj(
     {
-        "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+        "nodeSelector": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "minProperties": 1,
+            "description": "labels of the pool's nodes; scheduler pods select them as they are, so use "
+            "labels the provider puts on new nodes (cloud.google.com/gke-accelerator, "
+            "karpenter.sh/nodepool, node.kubernetes.io/instance-type, ...) and a node the cluster "
+            "autoscaler can add matches",
+        },
         "gpuResourceName": string(default="nvidia.com/gpu"),
         "taint": obj(
             {
@@ -201,13 +247,26 @@ GPU_NODE_POOL_SPEC = obj(
                 "value": string(default="true"),
                 "effect": string(default="NoSchedule", enum=["NoSchedule", "PreferNoSchedule", "NoExecute"]),
             },
-            description="when set, the pool's nodes are reserved for radixserve scheduler pods",
+            description="when set, the pool's nodes are reserved for radixserve scheduler pods: the operator "
+            "taints the matching nodes it finds and scheduler pods tolerate it; for nodes a cluster "
+            "autoscaler adds, set the same taint in the provider's node template (Karpenter NodePool "
+            "spec.template.spec.taints, the node group's taints) so they start tainted",
         ),
-        "minNodes": integer(0, description="hint for the cluster autoscaler"),
-        "maxNodes": integer(0, description="hint for the cluster autoscaler"),
+        "tolerations": TOLERATIONS
+        | {"description": "more tolerations for the scheduler pods, e.g. the provider's GPU taint"},
+        "minNodes": integer(0, description=_NODE_LIMITS),
+        "maxNodes": integer(0, description=_NODE_LIMITS),
     },
     required=["nodeSelector"],
-)
+) | {
+    "x-kubernetes-validations": [
+        {
+            "rule": "(!has(self.minNodes) || self.minNodes == 0)"
+            " && (!has(self.maxNodes) || self.maxNodes == 0)",
+            "message": NODE_LIMITS_MESSAGE,
+        }
+    ]
+}
 
 GPU_NODE_POOL_STATUS = obj(
     {
@@ -235,7 +294,22 @@ def _crd(
     status: Schema,
     columns: list[PrinterColumn],
     short: list[str],
+    subresources: Obj | None = None,
+    rules: list[Obj] | None = None,
 ) -> Obj:
+    root: Obj = {
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+        "required": ["spec"],
+    }
+    if rules:
+        root["x-kubernetes-validations"] = rules
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -256,21 +330,9 @@ def _crd(
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, **(subresources or {})},
                     "additionalPrinterColumns": columns,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec,
-                                "status": status,
-                            },
-                            "required": ["spec"],
-                        }
-                    },
+                    "schema": {"openAPIV3Schema": root},
                 }
             ],
         },
@@ -301,6 +363,21 @@ INFERENCE_SERVICE_CRD = _crd(
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],
     ["rxs"],  # not "isvc": KServe's InferenceService has that one
+    # kubectl scale, an HPA or KEDA set spec.scheduler.replicas (scheduler.autoscaling.mode off) and
+    # read the count in force and the scheduler pods' selector from status.
+    subresources={
+        "scale": {
+            "specReplicasPath": ".spec.scheduler.replicas",
+            "statusReplicasPath": ".status.schedulerReplicas",
+            "labelSelectorPath": ".status.selector",
+        }
+    },
+    # The API server refuses names the children could not carry (the operator checks them too, for
+    # servers without CEL: validation.name_problems).
+    rules=[
+        {"rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}", "message": NAME_LENGTH_MESSAGE},
+        {"rule": f"self.metadata.name.matches('{NAME_FORMAT}')", "message": NAME_FORMAT_MESSAGE},
+    ],
 )
 
 GPU_NODE_POOL_CRD = _crd(

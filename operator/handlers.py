@@ -16,26 +16,32 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 import kopf
 
-from radixserve.operator import disruption, manifests, netpol, redis_acl, status, tls, validation
+from radixserve.operator import (
+    disruption,
+    manifests,
+    netpol,
+    redis_acl,
+    scheduler_scale,
+    status,
+    tls,
+    validation,
+)
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.crds import GROUP, INFERENCE_SERVICE_SPEC, VERSION
 from radixserve.operator.kube import Kube, KubeError, load_config
-from radixserve.operator.manifests import Obj
+from radixserve.operator.pods import Obj
 from radixserve.operator.pool_handlers import PoolEntry, PoolIndex, pool_entry
 from radixserve.operator.scaling import (
     LoadSource,
     RedisLoadSource,
-    ScalePolicy,
     Stabilizer,
-    recommend,
+    autoscaling,
     scheduler_replicas,
-    total_waiting,
 )
 from radixserve.operator.schema import apply_defaults, schema_problems
 
@@ -172,11 +178,6 @@ def _service_redis_url(kube: Kube, ctx: manifests.BuildContext) -> str | None:
 
 
 # ----------------------------------------------------------------------------- InferenceService
-def _scheduler_domain(name: str, namespace: str | None) -> str:
-    """The host suffix every scheduler of InferenceService ``name`` advertises (see manifests)."""
-    return f".{name}-scheduler.{namespace}.svc"
-
-
 def _autoscale(
     ctx: manifests.BuildContext,
     kube: Kube,
@@ -186,29 +187,43 @@ def _autoscale(
     logger: kopf.Logger,
 ) -> int:
     """The scheduler count after one look at the load (unchanged when there is none to see)."""
-    policy = ScalePolicy.from_spec(ctx.spec["autoscaling"])
-    replicas = ctx.scheduler_replicas
+    # One stabilizer per service: each keeps its own window of recommendations.
+    stabilizers: dict[str, Stabilizer] = memo.setdefault("stabilizers", {})
+    stabilizer = stabilizers.setdefault(f"{ctx.namespace}/{ctx.name}", Stabilizer())
     try:
         url = _load_url(kube, ctx)
         prefix = redis_acl.key_prefix(ctx.namespace, ctx.name)
         source = memo.load_source(url, prefix) if url else None
-        loads = source.loads(_scheduler_domain(ctx.name, ctx.namespace)) if source else {}
+        new, decision, said = scheduler_scale.autoscale(ctx, source, stabilizer, current)
     except Exception as e:  # Redis down must not stop reconciling; we just do not scale this round
         logger.warning(f"autoscaling: cannot read scheduler load: {e}")
-        return replicas
-    rec = recommend(loads, policy)
-    if rec is None:
-        return replicas
-    stabilizer: Stabilizer = memo.setdefault("stabilizer", Stabilizer())
-    new = stabilizer.decide(replicas, rec, time.monotonic(), policy)
-    waiting = total_waiting(loads)
-    last = (current.get("autoscaling") or {}).get("lastScaleTime")
-    if new != replicas:
-        logger.info(f"autoscaling schedulers {replicas} -> {new} ({waiting} waiting over {len(loads)} pods)")
-        last = status.now_iso()
-    decision = {"desiredReplicas": new, "waiting": waiting, **({"lastScaleTime": last} if last else {})}
-    status.write_status(patch, current, {"autoscaling": decision})
+        return ctx.scheduler_replicas
+    if said:
+        logger.info(said)
+    if decision:
+        status.write_status(patch, current, {"autoscaling": decision})
     return new
+
+
+def _scheduler_count(
+    ctx: manifests.BuildContext,
+    kube: Kube,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    current: Obj,
+    logger: kopf.Logger,
+    resync: bool,
+) -> manifests.BuildContext:
+    """``ctx`` with this round's scheduler count: the StatefulSet's own (external), the autoscaler's
+    (operator, on resyncs), or as built (the spec's, or the autoscaler's last decision)."""
+    mode = autoscaling(ctx.spec).mode
+    if mode == "external":
+        return dataclasses.replace(ctx, scheduler_replicas=scheduler_scale.external_replicas(kube, ctx))
+    if mode == "operator" and resync:
+        return dataclasses.replace(
+            ctx, scheduler_replicas=_autoscale(ctx, kube, memo, patch, current, logger)
+        )
+    return ctx
 
 
 # Every InferenceService event runs reconcile (it is idempotent); the ids keep the handler names kopf
@@ -247,7 +262,7 @@ def reconcile(
     pools, gpu_claims = _indexes(kw)
     current = dict(status)
     generation = int(body.get("metadata", {}).get("generation") or 1)
-    defaulted, pool, problems = _checked_spec(spec, pools)
+    defaulted, pool, problems = _checked_spec(name, spec, pools)
     if problems:
         logger.warning("invalid spec: " + "; ".join(p.message for p in problems))
         _write_degraded(patch, current, problems, generation, observedGeneration=generation)
@@ -255,8 +270,10 @@ def reconcile(
 
     ctx = _build_context(name, namespace, defaulted, pool, current)
     _sync_redis_user(ctx, param, logger)
-    if param == RESYNC and defaulted["autoscaling"]["enabled"]:
-        ctx = dataclasses.replace(ctx, scheduler_replicas=_autoscale(ctx, kube, memo, patch, current, logger))
+    try:
+        ctx = _scheduler_count(ctx, kube, memo, patch, current, logger, resync=param == RESYNC)
+    except KubeError as e:  # reading the StatefulSet, or the 409 of a release raced by a write
+        raise kopf.TemporaryError(f"scheduler count: {e}", delay=5) from e
     # NetworkPolicies turned off (or never on) are deleted on spec events, not every resync.
     drop_policies = param != RESYNC and not netpol.enabled(defaulted, CONFIG.policies)
     rejected = _apply_children(kube, body, ctx, drop_policies)
@@ -267,14 +284,17 @@ def reconcile(
 
 
 def _checked_spec(
-    spec: kopf.Spec, pools: PoolIndex
+    name: str, spec: kopf.Spec, pools: PoolIndex
 ) -> tuple[Obj, PoolEntry | None, list[validation.Problem]]:
     """The defaulted spec, its GPUNodePool's index entry, and the problems (then the spec is {}).
 
     The API server's schema validation catches most of this first; a spec that reached us anyway
-    (an older CRD, unknown fields pruned without strict validation, an emulator) is checked here,
-    and becomes a condition, never a crash loop.
+    (an older CRD, unknown fields pruned without strict validation, a server without CEL, an
+    emulator) is checked here, and becomes a condition, never a crash loop.
     """
+    bad_name = validation.name_problems(name)
+    if bad_name:
+        return {}, None, bad_name
     schema = schema_problems(INFERENCE_SERVICE_SPEC, dict(spec))
     if schema:
         why = "; ".join(schema[:5])
@@ -300,6 +320,7 @@ def _build_context(
         chart_redis_url=CONFIG.chart_redis_url,
         pool=pool["spec"] if pool else None,
         pool_name=spec["scheduler"].get("nodePool") or "",
+        pod_defaults=CONFIG.pod_defaults,
     )
     secret = _credentials_secret(ctx)
     return dataclasses.replace(ctx, redis_secret=secret["metadata"]["name"]) if secret else ctx
@@ -403,6 +424,8 @@ def _write_observed(
         {
             "observedGeneration": generation,
             "schedulerReplicas": ctx.scheduler_replicas,
+            # The scale subresource's selector (an HPA finds the scheduler pods' metrics by it).
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(manifests.selector(ctx, "scheduler").items())),
             "readyReplicas": ready,
             "replicas": {c: f"{ready[c]}/{desired[c]}" for c in desired},
             "endpoint": manifests.endpoints(ctx),

@@ -1,35 +1,54 @@
-"""A small synchronous Kubernetes REST client over the official client's transport and auth.
+"""The operator's Kubernetes client: plain-dict objects over the official client's ``DynamicClient``.
 
-Handlers work with plain dicts (what the builders make), so this speaks raw JSON paths instead
-of the generated typed models. kopf runs sync handlers in a thread pool, so blocking is fine.
+Handlers work with plain dicts (what the builders make), not the generated typed models. The
+DynamicClient finds each kind's URL (plural, scope, subresources) through the API server's discovery;
+only the group/version of the kinds callers name by kind alone is listed here, because a kind name by
+itself is ambiguous (cert-manager and Knative both serve a ``Certificate``). kopf runs sync handlers
+in a thread pool, so a blocking client is right.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 from kubernetes import client, config
+from kubernetes.dynamic import DynamicClient, LazyDiscoverer
+from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
+from kubernetes.dynamic.resource import Resource
 
-from radixserve.operator.manifests import Obj
+from radixserve.operator.crds import GROUP, VERSION
+from radixserve.operator.pods import Obj
+from radixserve.operator.tls import CERT_MANAGER_API
 
 FIELD_MANAGER = "radixserve-operator"
 REQUEST_TIMEOUT = (5.0, 30.0)  # connect, read (s): a hung API call must not hold a kopf worker forever
 
-# kind -> (API prefix, plural, namespaced) for every kind the operator touches.
-KINDS: dict[str, tuple[str, str, bool]] = {
-    "ConfigMap": ("api/v1", "configmaps", True),
-    "Service": ("api/v1", "services", True),
-    "Secret": ("api/v1", "secrets", True),
-    "Pod": ("api/v1", "pods", True),
-    "Node": ("api/v1", "nodes", False),
-    "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies", True),
-    "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets", True),
-    "Deployment": ("apis/apps/v1", "deployments", True),
-    "StatefulSet": ("apis/apps/v1", "statefulsets", True),
-    "InferenceService": ("apis/radixserve.io/v1alpha1", "inferenceservices", True),
-    "GPUNodePool": ("apis/radixserve.io/v1alpha1", "gpunodepools", False),
-    "Certificate": ("apis/cert-manager.io/v1", "certificates", True),  # spec.tls.certManager only
+# kind -> apiVersion for the kinds get/list/delete/merge_patch are asked about by name; create and
+# apply take the object's own apiVersion, so they work for any kind the cluster serves.
+API_VERSIONS: dict[str, str] = {
+    "ConfigMap": "v1",
+    "Service": "v1",
+    "Secret": "v1",
+    "Pod": "v1",
+    "Node": "v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
+    "PodDisruptionBudget": "policy/v1",
+    "Deployment": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "InferenceService": f"{GROUP}/{VERSION}",
+    "GPUNodePool": f"{GROUP}/{VERSION}",
+    "Certificate": CERT_MANAGER_API,  # spec.tls.certManager only
 }
+
+# By default the library caches discovery in a file in the temp dir: that needs a writable one (a
+# read-only root filesystem may have none), is shared by every process that talks to the same API
+# URL, and can outlive a CRD upgrade. Ours stays in this process's memory; a path under /dev/null
+# can never exist, so no file is ever read.
+_NO_CACHE_FILE = "/dev/null/radixserve-discovery"
 
 
 class KubeError(Exception):
@@ -38,17 +57,39 @@ class KubeError(Exception):
         self.status = status
 
 
-def path(kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
-    prefix, plural, namespaced = KINDS[kind]
-    p = f"/{prefix}"
-    if namespaced and namespace:
-        p += f"/namespaces/{namespace}"
-    p += f"/{plural}"
-    if name:
-        p += f"/{name}"
-    if sub:
-        p += f"/{sub}"
-    return p
+class _MemoryDiscoverer(LazyDiscoverer):
+    """Discovers each group/version on first use and keeps it in memory only."""
+
+    def _write_cache(self) -> None:
+        pass
+
+
+class _BoundedClient(DynamicClient):
+    """Every request, discovery's included, gives up after REQUEST_TIMEOUT."""
+
+    def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+        params.setdefault("_request_timeout", REQUEST_TIMEOUT)
+        return super().request(method, path, body, **params)
+
+
+def _as_dict(_client: object, data: Obj) -> Obj:
+    """Keeps the JSON body as a plain dict (the default wraps it in a ResourceInstance)."""
+    return data
+
+
+@contextlib.contextmanager
+def _api_errors() -> Iterator[None]:
+    """API errors as KubeError, with the message the server's Status gives (else its raw body)."""
+    try:
+        yield
+    except DynamicApiError as e:  # what the DynamicClient raises for every non-2xx answer
+        # Its summary() reads the Status only when Content-Type is exactly application/json.
+        body = e.body if isinstance(e.body, str) else ""
+        try:
+            message = str(json.loads(body)["message"])
+        except (ValueError, KeyError, TypeError):
+            message = body[:500] or str(e.reason)
+        raise KubeError(e.status, message) from e
 
 
 def load_config() -> None:
@@ -63,37 +104,43 @@ class Kube:
     def __init__(self, api: client.ApiClient | None = None, user_agent: str = FIELD_MANAGER) -> None:
         self.api = api or client.ApiClient()
         self.api.user_agent = user_agent  # tells our requests apart in audit logs (and in tests)
+        self._lock = threading.Lock()
+        self._dynamic: Any = None  # made on first use: discovery needs the API server
+        self._resources: dict[tuple[str, str], Resource] = {}  # (apiVersion, kind) -> URL, scope
 
-    def request(
-        self,
-        method: str,
-        url: str,
-        body: Obj | None = None,
-        query: dict[str, str] | None = None,
-        content_type: str = "",
-    ) -> Obj:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
-        query_params = list((query or {}).items())
-        params = self.api.param_serialize(
-            method,
-            url,
-            query_params=query_params,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        resp = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT)
-        resp.read()
-        text = resp.data.decode() if resp.data else ""
-        if resp.status >= 400:
-            raise KubeError(resp.status, text[:500])
-        return json.loads(text) if text else {}
+    def _resource(self, api_version: str, kind: str) -> Resource:
+        """The discovered resource; KubeError 404 when the cluster serves no such kind."""
+        key = (api_version, kind)
+        # kopf calls from several threads and the discoverer's cache is not thread-safe; a lookup
+        # after the first is a dict read.
+        with self._lock, _api_errors():
+            if key not in self._resources:
+                if self._dynamic is None:
+                    self._dynamic = _BoundedClient(
+                        self.api, cache_file=_NO_CACHE_FILE, discoverer=_MemoryDiscoverer
+                    )
+                group, _, version = api_version.rpartition("/")
+                try:
+                    self._resources[key] = self._dynamic.resources.get(
+                        prefix="apis" if group else "api", group=group, api_version=version, kind=kind
+                    )
+                except ResourceNotFoundError as e:
+                    raise KubeError(404, f"the cluster serves no {kind} in {api_version}") from e
+            return self._resources[key]
+
+    def _named(self, kind: str) -> Resource:
+        if kind not in API_VERSIONS:
+            raise ValueError(f"kind {kind!r} has no apiVersion in radixserve.operator.kube.API_VERSIONS")
+        return self._resource(API_VERSIONS[kind], kind)
+
+    def _send(self, verb: str, resource: Resource, **kwargs: Any) -> Obj:
+        with _api_errors():
+            body = getattr(self._dynamic, verb)(resource, serializer=_as_dict, **kwargs)
+        return body if isinstance(body, dict) else {}  # an empty or non-JSON body
 
     def get(self, kind: str, namespace: str | None, name: str) -> Obj | None:
         try:
-            return self.request("GET", path(kind, namespace, name))
+            return self._send("get", self._named(kind), name=name, namespace=namespace)
         except KubeError as e:
             if e.status == 404:
                 return None
@@ -110,8 +157,10 @@ class Kube:
         or a proxy may ignore the selector)."""
         if labels:
             label_selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        query = {"labelSelector": label_selector} if label_selector else None
-        items = list(self.request("GET", path(kind, namespace), query=query).get("items", []))
+        found = self._send(
+            "get", self._named(kind), namespace=namespace, label_selector=label_selector or None
+        )
+        items: list[Obj] = list(found.get("items") or [])
         if not labels:
             return items
         return [
@@ -120,13 +169,14 @@ class Kube:
             if all((o.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in labels.items())
         ]
 
+    def _post(self, obj: Obj) -> Obj:
+        resource = self._resource(obj["apiVersion"], obj["kind"])
+        return self._send("create", resource, body=obj, field_manager=FIELD_MANAGER)
+
     def create(self, obj: Obj) -> Obj | None:
         """Create ``obj``; None when an object of that name exists already (left as it is)."""
-        meta = obj["metadata"]
         try:
-            return self.request(
-                "POST", path(obj["kind"], meta.get("namespace")), obj, query={"fieldManager": FIELD_MANAGER}
-            )
+            return self._post(obj)
         except KubeError as e:
             if e.status == 409:
                 return None
@@ -135,7 +185,7 @@ class Kube:
     def delete(self, kind: str, namespace: str | None, name: str) -> bool:
         """Delete an object; False when there was none."""
         try:
-            self.request("DELETE", path(kind, namespace, name))
+            self._send("delete", self._named(kind), name=name, namespace=namespace)
         except KubeError as e:
             if e.status == 404:
                 return False
@@ -145,8 +195,15 @@ class Kube:
     def merge_patch(
         self, kind: str, namespace: str | None, name: str, patch: Obj, sub: str | None = None
     ) -> Obj:
-        return self.request(
-            "PATCH", path(kind, namespace, name, sub), patch, content_type="application/merge-patch+json"
+        """JSON merge patch of the object, or of its subresource ``sub`` (e.g. "status")."""
+        target = self._named(kind)
+        if sub is not None:
+            if sub not in target.subresources:
+                raise KubeError(404, f"{kind} has no subresource {sub!r}")
+            target = target.subresources[sub]
+        content_type = "application/merge-patch+json"
+        return self._send(
+            "patch", target, body=patch, name=name, namespace=namespace, content_type=content_type
         )
 
     def apply(self, obj: Obj) -> Obj:
@@ -154,14 +211,12 @@ class Kube:
 
         Falls back to create where apply cannot create (API emulators without apply support).
         """
-        meta = obj["metadata"]
-        kind, ns, name = obj["kind"], meta.get("namespace"), meta["name"]
-        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        resource = self._resource(obj["apiVersion"], obj["kind"])
         try:
-            return self.request(
-                "PATCH", path(kind, ns, name), obj, query=query, content_type="application/apply-patch+yaml"
+            return self._send(
+                "server_side_apply", resource, body=obj, field_manager=FIELD_MANAGER, force_conflicts=True
             )
         except KubeError as e:
             if e.status != 404:
                 raise
-        return self.request("POST", path(kind, ns), obj, query={"fieldManager": FIELD_MANAGER})
+        return self._post(obj)

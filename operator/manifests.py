@@ -6,15 +6,22 @@
       Service      NAME-gateway       ClusterIP: the endpoint users reach
       StatefulSet  NAME-scheduler     python -m radixserve.scheduler   gRPC 50051, metrics 9400, GPUs
                                       (gpusPerReplica N > 1: --tp-size N, one process per GPU)
-      Service      NAME-scheduler     headless: NAME-scheduler-{i}.NAME-scheduler.NS.svc
+      Service      NAME-scheduler     headless: NAME-scheduler-{i}.NAME-scheduler.NS.svc (+ metrics)
       Deployment   NAME-detokenizer   python -m radixserve.detokenizer gRPC 50052, metrics 9401
-      Service      NAME-detokenizer   ClusterIP
+      Service      NAME-detokenizer   ClusterIP (+ metrics)
       Certificate  NAME-grpc-tls      cert-manager.io/v1, only with spec.tls.certManager (see tls.py)
 
-Schedulers are a StatefulSet, not a Deployment, because the gateway takes a static scheduler list
-and the prefix index keys blocks by the address a scheduler advertises: stable pod names give
-stable addresses. A scale change changes the gateway's list, so the gateway rolls. The pod template
-carries a hash of the ConfigMap so a settings change rolls every component.
+Schedulers are a StatefulSet, not a Deployment, because the prefix index keys blocks by the address a
+scheduler advertises: stable pod names give stable addresses. With a Redis (redis.mode chart or
+external) gateways discover the schedulers from their live heartbeats under the service's key prefix
+(RADIXSERVE_SCHEDULERS=discover), so a scale change (ours, an HPA's, KEDA's) leaves the gateways
+alone; without one (redis.mode none) the gateway takes the static list of pod addresses and rolls on
+a scale change. The pod templates carry a hash of the ConfigMap so a settings change rolls every
+component, and take the users' pod templates (templates.py) last.
+
+Every Service names its metrics port ``metrics`` (the gateway serves /metrics on ``http``), and every
+object carries ``app.kubernetes.io/name: radixserve`` and ``app.kubernetes.io/managed-by:
+radixserve-operator``: what a ServiceMonitor or PodMonitor selects.
 """
 
 from __future__ import annotations
@@ -24,9 +31,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from radixserve.common.config import CACHE_DIR_ENV, env_name, env_var
+from radixserve.common.config import env_var
 from radixserve.common.service_config import DetokenizerConfig, GatewayConfig, SchedulerPodConfig
-from radixserve.operator import tls
+from radixserve.operator import engine_env, scaling, templates, tls
 from radixserve.operator.pods import (
     CONTAINER_SECURITY,
     POD_SECURITY,
@@ -36,8 +43,7 @@ from radixserve.operator.pods import (
     grpc_probes,
     http_probes,
 )
-from radixserve.operator.redis_acl import key_prefix
-from radixserve.operator.volumes import CACHE_DIR, add_api_keys, model_path, model_volumes
+from radixserve.operator.volumes import add_api_keys, model_volumes
 
 # The services' own defaults (service_config.py): the pods run with them.
 GATEWAY_HTTP_PORT = GatewayConfig().port
@@ -48,6 +54,17 @@ SCHEDULER_METRICS_PORT = SchedulerPodConfig().metrics_port  # Prometheus /metric
 DETOKENIZER_METRICS_PORT = DetokenizerConfig().metrics_port
 POOL_LABEL = "radixserve.io/gpu-node-pool"
 MANAGED_BY = "radixserve-operator"
+CONFIG_HASH = "radixserve.io/config-hash"
+# The StatefulSet controller labels each scheduler pod controller-revision-hash: NAME-scheduler-HASH
+# (HASH: at most 10 characters), and a label value holds at most 63: the tightest limit any child puts
+# on an InferenceService's name (Services, NAME-detokenizer, allow 51).
+REVISION_HASH_LENGTH = 10
+MAX_NAME_LENGTH = 63 - len("-scheduler-") - REVISION_HASH_LENGTH  # 42
+# The spec field whose template applies to each component's pods, and every name the operator gives
+# a container (volumes.py names the model's init container): a template's entry of that name goes
+# only to the pod that has it.
+TEMPLATE_FIELDS = {"gateway": "tokenizer", "scheduler": "scheduler", "detokenizer": "detokenizer"}
+OPERATOR_CONTAINERS = ("gateway", "scheduler", "detokenizer", "fetch-model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +79,7 @@ class BuildContext:
     redis_secret: str = ""
     pool: Obj | None = None  # the GPUNodePool's defaulted spec, when scheduler.nodePool names one
     pool_name: str = ""
+    pod_defaults: Obj | None = None  # the operator's pod template for every pod (config.py)
 
 
 def labels(ctx: BuildContext, component: str) -> dict[str, str]:
@@ -92,59 +110,23 @@ def scheduler_addresses(ctx: BuildContext) -> list[str]:
     ]
 
 
+def gateway_schedulers(ctx: BuildContext) -> str:
+    """RADIXSERVE_SCHEDULERS: "discover" (from the heartbeats in the service's Redis), or, without
+    a Redis, the static list (then a scale change rolls the gateway)."""
+    if ctx.spec["redis"]["mode"] != "none":
+        return "discover"
+    return " ".join(scheduler_addresses(ctx))
+
+
 def endpoints(ctx: BuildContext) -> dict[str, str]:
     host = _svc_host(ctx, "gateway")
     return {"http": f"http://{host}:{GATEWAY_HTTP_PORT}", "grpc": f"{host}:{GATEWAY_GRPC_PORT}"}
 
 
 # ----------------------------------------------------------------------------------- ConfigMap
-# The spec's engine and routing fields are these service settings, camelCased (pageSize: page_size);
-# each variable's name comes from the setting (env_var).
-_ENGINE_SETTINGS = (
-    *("page_size", "chunked_prefill_size", "max_running_requests", "max_total_tokens", "mem_fraction"),
-    *("schedule_policy", "fairness_timeout", "dtype", "attention_backend"),
-)
-_ROUTING_SETTINGS = ("balance_abs_threshold", "balance_rel_threshold")
-
-
-def _camel(setting: str) -> str:
-    first, *rest = setting.split("_")
-    return first + "".join(w.title() for w in rest)
-
-
 def engine_settings(ctx: BuildContext) -> dict[str, str]:
-    """The ConfigMap's data: RADIXSERVE_* variables every component reads (each ignores the rest)."""
-    spec = ctx.spec
-    data = {
-        env_name("model"): model_path(spec),
-        env_var(SchedulerPodConfig, "host"): "0.0.0.0",
-        env_var(GatewayConfig, "block_size"): str(spec["routing"]["blockSize"]),
-        env_var(GatewayConfig, "router"): spec["routing"]["policy"],
-        env_var(SchedulerPodConfig, "drain_timeout"): str(spec["scheduler"]["drainTimeoutSeconds"]),
-        CACHE_DIR_ENV: f"{CACHE_DIR}/radixserve",
-        "HOME": CACHE_DIR,  # Hugging Face and torch caches land in the writable emptyDir
-    }
-    if spec["redis"]["mode"] != "none":  # one key prefix per service: its Redis user may touch no other
-        data[env_var(SchedulerPodConfig, "index_key_prefix")] = key_prefix(ctx.namespace, ctx.name)
-    if spec["model"].get("servedModelName"):
-        data[env_name("served_model_name")] = spec["model"]["servedModelName"]
-    engine = spec["scheduler"]["engine"]
-    for name in _ENGINE_SETTINGS:
-        if engine.get(_camel(name)) is not None:
-            data[env_var(SchedulerPodConfig, name)] = str(engine[_camel(name)])
-    if engine.get("overlap") is not None:
-        data[env_var(SchedulerPodConfig, "disable_overlap")] = "false" if engine["overlap"] else "true"
-    for name in _ROUTING_SETTINGS:
-        if spec["routing"].get(_camel(name)) is not None:
-            data[env_var(GatewayConfig, name)] = str(spec["routing"][_camel(name)])
-    tracing = spec["tracing"]
-    if tracing.get("otlpEndpoint"):
-        data["OTEL_EXPORTER_OTLP_ENDPOINT"] = tracing["otlpEndpoint"]
-        data["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
-        data["OTEL_TRACES_SAMPLER_ARG"] = str(tracing["sampleRatio"])
-    else:
-        data["OTEL_SDK_DISABLED"] = "true"
-    return dict(sorted(data.items()))
+    """The ConfigMap's data: RADIXSERVE_* variables every component reads (engine_env.py)."""
+    return engine_env.settings(ctx.spec, ctx.namespace, ctx.name)
 
 
 def config_map(ctx: BuildContext) -> Obj:
@@ -233,7 +215,7 @@ def _pod_template(
         "metadata": {
             "labels": labels(ctx, component),
             "annotations": {
-                "radixserve.io/config-hash": config_hash(ctx),
+                CONFIG_HASH: config_hash(ctx),
                 # The common scrape convention; Prometheus Operator users add a PodMonitor instead.
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(metrics_port),
@@ -273,7 +255,7 @@ def gateway_deployment(ctx: BuildContext) -> Obj:
         _env(GatewayConfig, "grpc_port", str(GATEWAY_GRPC_PORT)),
         # The detokenizer dials the gateway back: its own pod IP is what it can reach.
         _env(GatewayConfig, "advertise_address", f"$(POD_IP):{GATEWAY_GRPC_PORT}"),
-        _env(GatewayConfig, "schedulers", " ".join(scheduler_addresses(ctx))),
+        _env(GatewayConfig, "schedulers", gateway_schedulers(ctx)),
         *(_redis_env(ctx) or [_env(GatewayConfig, "prefix_index", "memory")]),
     ]
     ports = [
@@ -326,6 +308,19 @@ def detokenizer_deployment(ctx: BuildContext) -> Obj:
     return _deployment(ctx, "detokenizer", spec["detokenizer"]["replicas"], template)
 
 
+def _with_templates(ctx: BuildContext, component: str, template: Obj) -> Obj:
+    """The pod template with the users' laid over it: the operator's defaults, spec.template, then
+    the component's own (templates.py has the rules and what stays ours)."""
+    layers = [
+        ctx.pod_defaults or {},
+        ctx.spec.get("template") or {},
+        ctx.spec[TEMPLATE_FIELDS[component]].get("template") or {},
+    ]
+    return templates.merge_templates(
+        template, layers, protected_annotations=(CONFIG_HASH,), reserved=OPERATOR_CONTAINERS
+    )
+
+
 def _deployment(ctx: BuildContext, component: str, replicas: int, template: Obj) -> Obj:
     return {
         "apiVersion": "apps/v1",
@@ -335,7 +330,7 @@ def _deployment(ctx: BuildContext, component: str, replicas: int, template: Obj)
             "replicas": replicas,
             "selector": {"matchLabels": selector(ctx, component)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": template,
+            "template": _with_templates(ctx, component, template),
         },
     }
 
@@ -384,7 +379,7 @@ def scheduler_statefulset(ctx: BuildContext) -> Obj:
         "radixserve.scheduler",
         env,
         ports,
-        grpc_probes(SCHEDULER_PORT, 180),
+        grpc_probes(SCHEDULER_PORT, 180, liveness_service="liveness"),
         scheduler_resources(ctx),
         SCHEDULER_METRICS_PORT,
     )
@@ -397,25 +392,48 @@ def scheduler_statefulset(ctx: BuildContext) -> Obj:
     if tp > 1:
         add_shared_memory(pod, container)  # NCCL between the pod's GPUs
     if ctx.pool is not None:
-        pod["nodeSelector"] = {POOL_LABEL: ctx.pool_name}
-        taint = ctx.pool.get("taint")
-        if taint:
-            pod["tolerations"] = [
-                {"key": taint["key"], "operator": "Equal", "value": taint["value"], "effect": taint["effect"]}
-            ]
+        _place_on_pool(ctx, ctx.pool, template)
+    # No cluster-autoscaler.kubernetes.io/safe-to-evict annotation: a node whose GPUs our schedulers
+    # request is not one the cluster autoscaler finds underused, and when a node does go (a drain, a
+    # consolidation) the PodDisruptionBudget (disruption.py) takes schedulers one at a time and each
+    # finishes its requests at SIGTERM within terminationGracePeriodSeconds (drainTimeoutSeconds + 15).
+    # "false" for good would pin GPU nodes forever; by live load it would need a pod patch per change.
+    # Who wants it anyway sets it (or karpenter.sh/do-not-disrupt) in spec.scheduler.template.
+    spec: Obj = {
+        "serviceName": child_name(ctx, "scheduler"),
+        "replicas": ctx.scheduler_replicas,
+        "podManagementPolicy": "Parallel",  # scale by several pods at once
+        "selector": {"matchLabels": selector(ctx, "scheduler")},
+        "updateStrategy": {"type": "RollingUpdate"},
+        "template": _with_templates(ctx, "scheduler", template),
+    }
+    if scaling.autoscaling(ctx.spec).mode == "external":
+        # An HPA, KEDA or a person scales the StatefulSet itself: applying without the field leaves
+        # it to them (server-side apply removes only fields we owned; scheduler_scale hands it over).
+        del spec["replicas"]
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": _meta(ctx, "scheduler", "scheduler"),
-        "spec": {
-            "serviceName": child_name(ctx, "scheduler"),
-            "replicas": ctx.scheduler_replicas,
-            "podManagementPolicy": "Parallel",  # scale by several pods at once
-            "selector": {"matchLabels": selector(ctx, "scheduler")},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": template,
-        },
+        "spec": spec,
     }
+
+
+def _place_on_pool(ctx: BuildContext, pool: Obj, template: Obj) -> None:
+    """Scheduler pods on the GPUNodePool: its own nodeSelector (labels the cloud, Karpenter or the
+    node group set, so a pending pod matches a node template the cluster autoscaler can add, not only
+    nodes that exist), a toleration for its taint and its tolerations, and the pool's name as a pod
+    label (how the pool counts the GPUs they request)."""
+    pod = template["spec"]
+    pod["nodeSelector"] = dict(pool["nodeSelector"])
+    tolerations = list(pool.get("tolerations", []))
+    taint = pool.get("taint")
+    if taint:
+        own = {"key": taint["key"], "operator": "Equal", "value": taint["value"], "effect": taint["effect"]}
+        tolerations.insert(0, own)
+    if tolerations:
+        pod["tolerations"] = tolerations
+    template["metadata"]["labels"][POOL_LABEL] = ctx.pool_name
 
 
 # --------------------------------------------------------------------------------- services
@@ -440,11 +458,13 @@ def gateway_service(ctx: BuildContext) -> Obj:
 
 
 def scheduler_service(ctx: BuildContext) -> Obj:
-    return _service(ctx, "scheduler", [_port("grpc", SCHEDULER_PORT, "grpc")], headless=True)
+    ports = [_port("grpc", SCHEDULER_PORT, "grpc"), _port("metrics", SCHEDULER_METRICS_PORT, "http")]
+    return _service(ctx, "scheduler", ports, headless=True)
 
 
 def detokenizer_service(ctx: BuildContext) -> Obj:
-    return _service(ctx, "detokenizer", [_port("grpc", DETOKENIZER_PORT, "grpc")])
+    ports = [_port("grpc", DETOKENIZER_PORT, "grpc"), _port("metrics", DETOKENIZER_METRICS_PORT, "http")]
+    return _service(ctx, "detokenizer", ports)
 
 
 def build_all(ctx: BuildContext) -> list[Obj]:

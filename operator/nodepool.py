@@ -1,8 +1,41 @@
-"""GPUNodePool logic (pure): which nodes belong, what to patch on them, what the pool holds."""
+"""GPUNodePool logic (pure): which nodes belong, what to patch on them, what the pool holds.
+
+Scheduler pods select the pool's own ``nodeSelector`` (manifests._place_on_pool): labels the provider
+puts on every node of the group (cloud.google.com/gke-accelerator, karpenter.sh/nodepool,
+node.kubernetes.io/instance-type, ...), so a pending scheduler pod matches the node template of a
+cluster autoscaler or Karpenter and makes it add a node. Nothing the operator writes on a node is
+needed to schedule there. The operator still, on the nodes that exist and match:
+
+- labels them ``radixserve.io/gpu-node-pool: NAME``: bookkeeping only (``kubectl get nodes -l``, and
+  the pool given back cleanly at deletion); and
+- taints them with the pool's ``taint`` (the scheduler pods tolerate it): this reserves a static pool
+  for schedulers. A node the autoscaler adds is tainted only once the operator sees it, and pods
+  placed in between stay, so for autoscaled pools put the same taint in the provider's node template
+  (Karpenter NodePool ``spec.template.spec.taints``, the node group's taints) as well.
+
+Node counts (minNodes, maxNodes) are the provider's: its object says how far a group may grow
+(Karpenter NodePool ``spec.limits``, the node group's min and max size), so the pool refuses them.
+"""
 
 from __future__ import annotations
 
-from radixserve.operator.manifests import POOL_LABEL, Obj
+from radixserve.operator.manifests import POOL_LABEL
+from radixserve.operator.pods import Obj
+
+NODE_LIMITS_MESSAGE = (
+    "minNodes and maxNodes are not supported: set node limits on the provider's object (Karpenter "
+    "NodePool spec.limits, the cluster autoscaler node group's min/max size)"
+)
+
+
+def pool_problems(spec: Obj) -> list[str]:
+    """What the operator refuses in a GPUNodePool's defaulted ``spec`` (the CRD refuses it too)."""
+    problems = []
+    if not spec.get("nodeSelector"):
+        problems.append("spec.nodeSelector is empty: it would match every node")
+    if spec.get("minNodes") or spec.get("maxNodes"):
+        problems.append(NODE_LIMITS_MESSAGE)
+    return problems
 
 
 def node_matches(node: Obj, node_selector: dict[str, str]) -> bool:
@@ -59,6 +92,16 @@ def _quantity(value: object) -> int:
 def _ready(node: Obj) -> bool:
     conds = node.get("status", {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def pod_pool(pod: Obj) -> str | None:
+    """The GPUNodePool a scheduler pod was placed on: its pool label (manifests._place_on_pool), or,
+    for pods made before that label, the pool label its node selector named."""
+    meta_labels = pod.get("metadata", {}).get("labels") or {}
+    if POOL_LABEL in meta_labels:
+        return str(meta_labels[POOL_LABEL])
+    selected = (pod.get("spec", {}).get("nodeSelector") or {}).get(POOL_LABEL)
+    return str(selected) if selected else None
 
 
 def pod_gpus(pod: Obj, resource: str) -> int:

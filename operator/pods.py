@@ -29,11 +29,15 @@ def downward(var: str, path: str) -> Obj:
     return {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def grpc_probes(port: int, startup_failures: int) -> Obj:
+def grpc_probes(port: int, startup_failures: int, liveness_service: str = "") -> Obj:
+    """Startup and readiness ask the server's health ("": NOT_SERVING while draining); liveness asks
+    ``liveness_service`` (the scheduler's "liveness": NOT_SERVING when its engine stopped stepping
+    with work to do, so the kubelet restarts a hung engine but never a draining pod)."""
+    live = {"port": port, "service": liveness_service} if liveness_service else {"port": port}
     return {
         "startupProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": startup_failures},
         "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": 6},
+        "livenessProbe": {"grpc": live, "periodSeconds": 10, "failureThreshold": 6},
     }
 
 

@@ -12,7 +12,7 @@ from radixserve.operator import manifests, nodepool, status
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.crds import GPU_NODE_POOL_SPEC, GROUP, VERSION
 from radixserve.operator.kube import Kube
-from radixserve.operator.manifests import Obj
+from radixserve.operator.pods import Obj
 from radixserve.operator.schema import apply_defaults
 
 POOL = (GROUP, VERSION, "gpunodepools")
@@ -51,7 +51,17 @@ def sync_pool(name: str, spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, patc
     """Label and taint the matching nodes, release the ones that stopped matching, count GPUs."""
     kube: Kube = memo.kube
     s = _pool_spec(spec)
-    selector = s.get("nodeSelector") or {}
+    generation = int(body.get("metadata", {}).get("generation") or 1)
+    previous = body.get("status", {}).get("conditions")
+    refused = nodepool.pool_problems(s)
+    if refused:  # the CRD refuses these; a server without CEL (or an emulator) leaves it to us
+        ready = status.condition(
+            "Ready", False, "InvalidSpec", "; ".join(refused), generation, previous, status.now_iso()
+        )
+        refusal: Obj = {"conditions": [ready], "observedGeneration": generation}
+        status.write_status(patch, dict(body.get("status") or {}), refusal)
+        return
+    selector = s["nodeSelector"]
     taint = s.get("taint")
     members = []
     # Candidates: the nodes the selector matches and the nodes we labelled before (they may have
@@ -71,11 +81,9 @@ def sync_pool(name: str, spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, patc
             kube.merge_patch("Node", None, node_name, change)
     requested = 0
     for pod in kube.list("Pod", None, SCHEDULER_PODS):
-        if (pod.get("spec", {}).get("nodeSelector") or {}).get(manifests.POOL_LABEL) == name:
+        if nodepool.pod_pool(pod) == name:
             requested += nodepool.pod_gpus(pod, s["gpuResourceName"])
     st = nodepool.pool_status(members, s["gpuResourceName"], requested)
-    generation = int(body.get("metadata", {}).get("generation") or 1)
-    previous = body.get("status", {}).get("conditions")
     has_nodes = st["nodes"] > 0
     message = (
         f"{st['nodes']} nodes, {st['gpus']['allocatable']} GPUs allocatable"

@@ -1,4 +1,14 @@
-"""Scheduler autoscaling: where load comes from, what it asks for, and how fast we follow.
+"""Scheduler autoscaling: who scales (:func:`autoscaling`), where load comes from, what it asks for,
+and how fast we follow.
+
+    spec.scheduler.autoscaling.mode
+      off        the StatefulSet follows spec.scheduler.replicas, which a person, an HPA or KEDA may
+                 set (through the InferenceService's scale subresource)
+      operator   the built-in autoscaler below sets it from the schedulers' load
+      external   something else (an HPA, KEDA) scales the StatefulSet itself: the operator never
+                 writes its replicas and reports the count it finds
+    spec.autoscaling.enabled: true (deprecated; only when spec.scheduler.autoscaling.mode is unset)
+                 is mode operator with spec.autoscaling's settings
 
     LoadSource.loads()  ->  recommend()  ->  Stabilizer.decide()  ->  StatefulSet replicas
 
@@ -16,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from radixserve.operator.manifests import Obj
+from radixserve.operator.pods import Obj
 
 Load = Obj  # one scheduler's heartbeat, as it published it: waiting, running, KV use, ...
 
@@ -80,14 +90,41 @@ class ScalePolicy:
         return max(self.min_replicas, min(self.max_replicas, n))
 
 
+MODES = ("off", "operator", "external")
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscaling:
+    """Who scales the schedulers, and the settings the built-in autoscaler reads in mode operator."""
+
+    mode: str  # one of MODES
+    settings: Obj  # minReplicas, maxReplicas, targetWaitingPerReplica, stabilization seconds
+    field: str  # where they came from: "scheduler.autoscaling", or the deprecated "autoscaling"
+
+
+def autoscaling(spec: Obj) -> Autoscaling:
+    """The autoscaling in force for a defaulted spec: spec.scheduler.autoscaling's mode when set, else
+    the deprecated spec.autoscaling (enabled: mode operator), else off."""
+    new, old = spec["scheduler"]["autoscaling"], spec["autoscaling"]
+    if new.get("mode"):
+        return Autoscaling(new["mode"], new, "scheduler.autoscaling")
+    if old["enabled"]:
+        return Autoscaling("operator", old, "autoscaling")
+    return Autoscaling("off", new, "scheduler.autoscaling")
+
+
 def scheduler_replicas(spec: Obj, status: Obj) -> int:
     """The scheduler count in force for a defaulted InferenceService spec and its status: the
-    autoscaler's last decision (within bounds) or the spec's."""
-    auto = spec["autoscaling"]
-    if not auto["enabled"]:
+    autoscaler's last decision (within bounds), the count last found on the StatefulSet (external),
+    or the spec's."""
+    auto = autoscaling(spec)
+    if auto.mode == "external":
+        found = status.get("schedulerReplicas")
+        return int(found if found is not None else spec["scheduler"]["replicas"])
+    if auto.mode == "off":
         return int(spec["scheduler"]["replicas"])
     desired = (status.get("autoscaling") or {}).get("desiredReplicas") or spec["scheduler"]["replicas"]
-    return ScalePolicy.from_spec(auto).clamp(int(desired))
+    return ScalePolicy.from_spec(auto.settings).clamp(int(desired))
 
 
 def total_waiting(loads: dict[str, Load]) -> int:

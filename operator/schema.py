@@ -92,9 +92,10 @@ def _fill_defaults(schema: Schema, value: JsonT) -> JsonT:
 
 def schema_problems(schema: Schema, value: object, where: str = "spec") -> list[str]:
     """What the API server's OpenAPI validation would refuse in ``value`` (types, ranges, enums,
-    required fields), and the unknown fields it would prune or, with strict field validation,
-    refuse: the operator's own check, for a spec that reached it anyway (an older CRD, a cluster
-    without validation, an emulator). One message per problem, with its path."""
+    required fields, minProperties), and the unknown fields it would prune or, with strict field
+    validation, refuse (objects that preserve unknown fields have their known ones checked): the
+    operator's own check, for a spec that reached it anyway (an older CRD, a cluster without
+    validation, an emulator). One message per problem, with its path."""
     if value is None:
         return [] if schema.get("nullable") else [f"{where}: must not be null"]
     kind = schema.get("type")
@@ -124,16 +125,25 @@ def schema_problems(schema: Schema, value: object, where: str = "spec") -> list[
     if kind == "array" and isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             out += schema_problems(schema["items"], item, f"{where}[{i}]")
+    if kind == "object" and isinstance(value, dict):
+        out += _object_problems(schema, value, where)
+    return out
+
+
+def _object_problems(schema: Schema, value: dict[str, object], where: str) -> list[str]:
+    """An object's fields: the known ones checked, unknown ones named unless the schema keeps them."""
+    out: list[str] = []
+    props = schema.get("properties")
+    extra = schema.get("additionalProperties")
     keeps_unknown_fields = schema.get("x-kubernetes-preserve-unknown-fields")
-    if kind == "object" and isinstance(value, dict) and not keeps_unknown_fields:
-        props = schema.get("properties")
-        extra = schema.get("additionalProperties")
-        for key, item in value.items():
-            if props is not None and key in props:
-                out += schema_problems(props[key], item, f"{where}.{key}")
-            elif isinstance(extra, dict):
-                out += schema_problems(extra, item, f"{where}.{key}")
-            elif props is not None:
-                out.append(f"{where}.{key}: unknown field (a typo? known: {', '.join(sorted(props))})")
-        out += [f"{where}.{key}: required" for key in schema.get("required", []) if key not in value]
+    for key, item in value.items():
+        if props is not None and key in props:
+            out += schema_problems(props[key], item, f"{where}.{key}")
+        elif isinstance(extra, dict):
+            out += schema_problems(extra, item, f"{where}.{key}")
+        elif props is not None and not keeps_unknown_fields:
+            out.append(f"{where}.{key}: unknown field (a typo? known: {', '.join(sorted(props))})")
+    out += [f"{where}.{key}: required" for key in schema.get("required", []) if key not in value]
+    if len(value) < schema.get("minProperties", 0):
+        out.append(f"{where}: needs at least {schema['minProperties']} entries")
     return out

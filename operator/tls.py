@@ -173,8 +173,10 @@ def exec_probes(probes: Obj, port: int) -> Obj:
     out = {}
     for kind, probe in probes.items():
         rest = {k: v for k, v in probe.items() if k != "grpc"}
+        service = probe["grpc"].get("service")
         # An exec probe's own timeout (default 1 s) must cover the Python start and the check.
-        out[kind] = {"exec": {"command": command}, "timeoutSeconds": 5, **rest}
+        argv = [*command, "--service", service] if service else command
+        out[kind] = {"exec": {"command": argv}, "timeoutSeconds": 5, **rest}
     return out
 
 

@@ -7,15 +7,40 @@ condition with the reason and message below instead of an exception.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
-from radixserve.operator import tls, volumes
-from radixserve.operator.manifests import Obj
+from radixserve.operator import nodepool, scaling, tls, volumes
+from radixserve.operator.manifests import MAX_NAME_LENGTH
+from radixserve.operator.pods import Obj
+
+# The children's names start with the InferenceService's (NAME-gateway, ...): Services need DNS-1035
+# labels, and the scheduler pods' controller-revision-hash label caps the length (manifests). The
+# CRD's CEL rules say the same (crds.py); servers without CEL, and emulators, leave it to us.
+NAME_FORMAT = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_FORMAT_MESSAGE = (
+    "metadata.name must start with a letter and hold only lower-case letters, digits and '-': the "
+    "Services NAME-gateway, NAME-scheduler and NAME-detokenizer are named after it"
+)
+NAME_LENGTH_MESSAGE = (
+    f"metadata.name must be at most {MAX_NAME_LENGTH} characters: the scheduler pods carry the label "
+    "controller-revision-hash: NAME-scheduler-<10 characters>, and a label value holds at most 63"
+)
 
 
 class Problem(NamedTuple):
     reason: str  # CamelCase, the condition's reason
     message: str
+
+
+def name_problems(name: str) -> list[Problem]:
+    """What is wrong with an InferenceService's name (the CRD's CEL rules, for servers without CEL)."""
+    problems = []
+    if len(name) > MAX_NAME_LENGTH:
+        problems.append(Problem("InvalidName", NAME_LENGTH_MESSAGE))
+    if not re.match(NAME_FORMAT, name):
+        problems.append(Problem("InvalidName", NAME_FORMAT_MESSAGE))
+    return problems
 
 
 def validate(spec: Obj, pool: Obj | None, chart_redis_url: str) -> list[Problem]:
@@ -35,6 +60,8 @@ def validate(spec: Obj, pool: Obj | None, chart_redis_url: str) -> list[Problem]
         bad(Problem("InvalidSpec", "scheduler.device is cpu but scheduler.gpusPerReplica asks for GPUs"))
     if sched.get("nodePool") and pool is None:
         bad(Problem("UnknownNodePool", f"GPUNodePool {sched['nodePool']!r} does not exist"))
+    for message in nodepool.pool_problems(pool) if pool is not None else []:
+        bad(Problem("InvalidNodePool", f"GPUNodePool {sched.get('nodePool')!r}: {message}"))
 
     redis = spec["redis"]
     if redis["mode"] == "external" and not (redis.get("urlSecretRef") or {}).get("name"):
@@ -56,24 +83,41 @@ def validate(spec: Obj, pool: Obj | None, chart_redis_url: str) -> list[Problem]
     bad_tls = tls.problems(spec)
     problems += [Problem("InvalidSpec", message) for message in bad_tls]
 
-    auto = spec["autoscaling"]
-    if auto["enabled"]:
-        if auto["minReplicas"] > auto["maxReplicas"]:
-            bad(Problem("InvalidSpec", "autoscaling.minReplicas is greater than autoscaling.maxReplicas"))
-        if auto["minReplicas"] < 1:
-            bad(
-                Problem(
-                    "InvalidSpec",
-                    "autoscaling.minReplicas must be at least 1 (the gateway needs a scheduler)",
-                )
+    problems += _autoscaling_problems(spec)
+    return problems
+
+
+def _autoscaling_problems(spec: Obj) -> list[Problem]:
+    auto = scaling.autoscaling(spec)
+    problems: list[Problem] = []
+    bad = problems.append
+    if spec["autoscaling"]["enabled"] and spec["scheduler"]["autoscaling"].get("mode"):
+        bad(
+            Problem(
+                "InvalidSpec",
+                "autoscaling (deprecated) and scheduler.autoscaling.mode are both set: remove autoscaling "
+                "(its settings go in scheduler.autoscaling)",
             )
-        if redis["mode"] == "none":
-            bad(
-                Problem(
-                    "InvalidSpec", "autoscaling reads scheduler load from Redis: redis.mode must not be none"
-                )
+        )
+    if auto.mode != "off" and spec["redis"]["mode"] == "none":
+        why = "the autoscaler reads scheduler load and " if auto.mode == "operator" else ""
+        bad(
+            Problem(
+                "InvalidSpec",
+                f"{auto.field} mode {auto.mode}: {why}gateways discover the schedulers in Redis, so "
+                "redis.mode must not be none",
             )
-    elif sched["replicas"] < 1:
+        )
+    settings = auto.settings
+    if auto.mode == "operator" and settings["minReplicas"] > settings["maxReplicas"]:
+        bad(Problem("InvalidSpec", f"{auto.field}.minReplicas is greater than {auto.field}.maxReplicas"))
+    if auto.mode == "operator" and settings["minReplicas"] < 1:
+        bad(
+            Problem(
+                "InvalidSpec", f"{auto.field}.minReplicas must be at least 1 (the gateway needs a scheduler)"
+            )
+        )
+    if auto.mode == "off" and spec["scheduler"]["replicas"] < 1:
         bad(Problem("InvalidSpec", "scheduler.replicas must be at least 1 (the gateway needs a scheduler)"))
     return problems
 

@@ -61,7 +61,8 @@ NON_DEFAULT = [
     "--set", "gpuNodePool.taint.key=radixserve.io/inference",
     "--set-string", "gpuNodePool.taint.value=true",
     "--set", "gpuNodePool.taint.effect=NoSchedule",
-    "--set", "gpuNodePool.maxNodes=4",
+    "--set", "gpuNodePool.tolerations[0].key=nvidia.com/gpu",
+    "--set", "gpuNodePool.tolerations[0].operator=Exists",
     "--set", "inferenceService.create=true",
     "--set", "inferenceService.spec.scheduler.nodePool=h100",
     "--set", "inferenceService.spec.scheduler.replicas=2",
@@ -105,11 +106,17 @@ def test_schema_rejects_unknown_values(helm_env: dict[str, str]) -> None:
     assert done.returncode != 0 and "enabld" in done.stderr
 
 
-def _validate_all(docs: list[dict[str, Any]]) -> None:
-    crd_schemas = {
+def _crd_schemas() -> dict[str, dict[str, Any]]:
+    """Kind -> openAPIV3Schema of every CRD the chart ships: ours (crds.py) and kopf's peering ones."""
+    shipped = [d for f in sorted((CHART / "crds").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())]
+    return {
         c["spec"]["names"]["kind"]: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-        for c in crds.CRDS.values()
+        for c in [*crds.CRDS.values(), *(d for d in shipped if d)]
     }
+
+
+def _validate_all(docs: list[dict[str, Any]]) -> None:
+    crd_schemas = _crd_schemas()
     for doc in docs:
         if doc["kind"] in crd_schemas:  # custom resources: against our CRD's schema
             # CRD schemas are OpenAPI v3.0 (boolean exclusiveMinimum): JSON Schema draft 4.
@@ -124,17 +131,24 @@ def test_default_render_is_valid_and_complete(helm_env: dict[str, str]) -> None:
     _validate_all(docs)
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
     assert kinds == [
+        ("ClusterKopfPeering", "rs-radixserve"),  # two operator replicas, one active
         ("ClusterRole", "rs-radixserve-operator"),
+        ("ClusterRole", "rs-radixserve-uninstall"),  # the pre-delete hook's
         ("ClusterRoleBinding", "rs-radixserve-operator"),
+        ("ClusterRoleBinding", "rs-radixserve-uninstall"),
         ("ConfigMap", "rs-radixserve-redis"),
+        ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev"),
         ("CustomResourceDefinition", "gpunodepools.radixserve.io"),
         ("CustomResourceDefinition", "inferenceservices.radixserve.io"),
+        ("CustomResourceDefinition", "kopfpeerings.kopf.dev"),
         ("Deployment", "rs-radixserve-operator"),
+        ("Job", "rs-radixserve-uninstall"),
         ("NetworkPolicy", "rs-radixserve-operator"),
         ("NetworkPolicy", "rs-radixserve-redis"),
         ("Secret", "rs-radixserve-redis-auth"),
         ("Service", "rs-radixserve-redis"),
         ("ServiceAccount", "rs-radixserve"),
+        ("ServiceAccount", "rs-radixserve-uninstall"),
         ("StatefulSet", "rs-radixserve-redis"),
     ]
     op = next(d for d in docs if d["kind"] == "Deployment")
@@ -146,7 +160,8 @@ def test_default_render_is_valid_and_complete(helm_env: dict[str, str]) -> None:
         "secretKeyRef": {"name": "rs-radixserve-redis-auth", "key": "password"}
     }
     assert env["RADIXSERVE_OPERATOR_NETWORK_POLICY"] == "true"
-    assert env["RADIXSERVE_OPERATOR_IMAGE"] == "ghcr.io/radixserve/radixserve:0.1.0"
+    assert env["RADIXSERVE_OPERATOR_IMAGE"] == "ghcr.io/radixserve/radixserve:0.1.0"  # the services'
+    assert container["image"] == "ghcr.io/radixserve/radixserve-operator:0.1.0"  # its own, slim
     assert container["command"] == ["python", "-m", "radixserve.operator"]
     assert pod["serviceAccountName"] == "rs-radixserve"
 
@@ -187,6 +202,9 @@ def test_non_default_render_is_valid_and_wires_external_redis(helm_env: dict[str
     op = next(d for d in docs if d["kind"] == "Deployment")
     assert op["spec"]["template"]["spec"]["containers"][0]["args"] == [
         "--liveness=http://0.0.0.0:8080/healthz",
+        "--peering=rs-radixserve",
+        "--peering-lifetime=30",
+        "--apply-crds",
         "--namespace=ml",
         "--namespace=staging",
     ]

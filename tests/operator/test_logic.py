@@ -56,6 +56,13 @@ def test_defaults_fill_nested_fields_like_the_api_server() -> None:
         "gpusPerReplica": 1,
         "drainTimeoutSeconds": 30,
         "engine": {},
+        "autoscaling": {  # no mode: off, unless the deprecated autoscaling.enabled says operator
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "targetWaitingPerReplica": 8,
+            "scaleUpStabilizationSeconds": 0,
+            "scaleDownStabilizationSeconds": 300,
+        },
     }
     assert s["redis"] == {"mode": "chart"} and s["routing"]["blockSize"] == 16
     assert s["autoscaling"]["enabled"] is False and s["tracing"]["sampleRatio"] == 0.1
@@ -105,7 +112,7 @@ def test_contradictions_become_problems_not_exceptions(
 
 def test_a_sound_spec_has_no_problems_and_chart_redis_must_exist() -> None:
     assert validate(spec(), None, "redis://r") == []
-    assert validate(spec(scheduler={"nodePool": "p"}), {"nodeSelector": {}}, "redis://r") == []
+    assert validate(spec(scheduler={"nodePool": "p"}), {"nodeSelector": {"gpu": "a"}}, "redis://r") == []
     assert validate(spec(), None, "")[0].message.startswith("redis.mode is chart")
 
 

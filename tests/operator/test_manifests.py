@@ -88,11 +88,11 @@ def pod_annotations(config_hash: str, metrics_port: int) -> dict[str, str]:
     }
 
 
-def grpc_probes(port: int, startup: int) -> dict[str, Any]:
+def grpc_probes(port: int, startup: int, liveness: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "startupProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": startup},
         "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": 6},
+        "livenessProbe": {"grpc": liveness or {"port": port}, "periodSeconds": 10, "failureThreshold": 6},
     }
 
 
@@ -119,9 +119,11 @@ def test_config_map_holds_the_engine_settings_as_radixserve_variables() -> None:
     }
 
 
-def test_services_gateway_two_ports_scheduler_headless_detokenizer() -> None:
+def test_services_gateway_two_ports_scheduler_headless_detokenizer_and_named_metrics_ports() -> None:
     services = {o["metadata"]["name"]: o for o in build_all(ctx()) if o["kind"] == "Service"}
     grpc = {"protocol": "TCP", "appProtocol": "grpc", "targetPort": "grpc", "name": "grpc"}
+    # What a ServiceMonitor selects: port name "metrics" (the gateway's /metrics is on "http").
+    metrics = {"protocol": "TCP", "appProtocol": "http", "targetPort": "metrics", "name": "metrics"}
     assert services == {
         "llm-gateway": {
             "apiVersion": "v1",
@@ -148,7 +150,7 @@ def test_services_gateway_two_ports_scheduler_headless_detokenizer() -> None:
             "metadata": meta("llm-scheduler", "scheduler"),
             "spec": {
                 "selector": labels("scheduler", managed=False),
-                "ports": [{**grpc, "port": 50051}],
+                "ports": [{**grpc, "port": 50051}, {**metrics, "port": 9400}],
                 "clusterIP": "None",
                 "publishNotReadyAddresses": True,
             },
@@ -159,7 +161,7 @@ def test_services_gateway_two_ports_scheduler_headless_detokenizer() -> None:
             "metadata": meta("llm-detokenizer", "detokenizer"),
             "spec": {
                 "selector": labels("detokenizer", managed=False),
-                "ports": [{**grpc, "port": 50052}],
+                "ports": [{**grpc, "port": 50052}, {**metrics, "port": 9401}],
                 "type": "ClusterIP",
             },
         },
@@ -183,7 +185,8 @@ def test_scheduler_statefulset_lands_on_the_pool_with_gpus_and_stable_addresses(
             "updateStrategy": {"type": "RollingUpdate"},
             "template": {
                 "metadata": {
-                    "labels": labels("scheduler"),
+                    # the pool's name: how the GPUNodePool counts the GPUs its schedulers request
+                    "labels": {**labels("scheduler"), "radixserve.io/gpu-node-pool": "h100"},
                     "annotations": pod_annotations(config_hash, 9400),
                 },
                 "spec": {
@@ -212,7 +215,7 @@ def test_scheduler_statefulset_lands_on_the_pool_with_gpus_and_stable_addresses(
                                 {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
                                 {"name": "metrics", "containerPort": 9400, "protocol": "TCP"},
                             ],
-                            **grpc_probes(50051, 180),
+                            **grpc_probes(50051, 180, {"port": 50051, "service": "liveness"}),
                             "resources": {
                                 "requests": {"cpu": "4", "memory": "16Gi"},
                                 "limits": {"nvidia.com/gpu": 1},
@@ -223,7 +226,8 @@ def test_scheduler_statefulset_lands_on_the_pool_with_gpus_and_stable_addresses(
                         }
                     ],
                     "volumes": VOLUMES,
-                    "nodeSelector": {"radixserve.io/gpu-node-pool": "h100"},
+                    # the pool's own labels: nodes a cluster autoscaler would add carry them too
+                    "nodeSelector": {"gpu": "h100"},
                     "tolerations": [
                         {
                             "key": "radixserve.io/inference",
@@ -277,7 +281,7 @@ def test_one_gpu_or_none_runs_without_tensor_parallelism(scheduler: dict[str, An
     assert limits == ({"nvidia.com/gpu": 1} if scheduler["gpusPerReplica"] else {})
 
 
-def test_gateway_deployment_lists_every_scheduler_and_advertises_its_pod_ip() -> None:
+def test_gateway_deployment_discovers_schedulers_in_redis_and_advertises_its_pod_ip() -> None:
     gw = next(
         o for o in build_all(ctx()) if o["metadata"]["name"] == "llm-gateway" and o["kind"] == "Deployment"
     )
@@ -311,11 +315,7 @@ def test_gateway_deployment_lists_every_scheduler_and_advertises_its_pod_ip() ->
                                 {"name": "RADIXSERVE_PORT", "value": "8000"},
                                 {"name": "RADIXSERVE_GRPC_PORT", "value": "50050"},
                                 {"name": "RADIXSERVE_ADVERTISE_ADDRESS", "value": "$(POD_IP):50050"},
-                                {
-                                    "name": "RADIXSERVE_SCHEDULERS",
-                                    "value": "llm-scheduler-0.llm-scheduler.prod.svc:50051 "
-                                    "llm-scheduler-1.llm-scheduler.prod.svc:50051",
-                                },
+                                {"name": "RADIXSERVE_SCHEDULERS", "value": "discover"},
                                 {"name": "RADIXSERVE_PREFIX_INDEX", "value": "redis://r:6379/0"},
                             ],
                             "ports": [
@@ -369,21 +369,20 @@ def test_settings_change_changes_every_pod_template_hash() -> None:
         )
 
 
-def test_hub_model_downloads_in_an_init_container_with_the_token_secret() -> None:
+def test_a_cpu_scheduler_off_any_pool_asks_for_no_gpu_and_selects_no_node() -> None:
+    # (How the model's init container downloads it: tests/operator/test_model_storage.py.)
     spec = {
         "model": {"source": {"hub": {"id": "org/m", "tokenSecretRef": {"name": "hf"}}}},
         "scheduler": {"device": "cpu", "gpusPerReplica": 0},
     }
     sts = scheduler_statefulset(ctx(spec, pool=None))
     pod = sts["spec"]["template"]["spec"]
-    (init,) = pod["initContainers"]
-    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in init["env"]}
-    assert env["HF_REPO_ID"] == "org/m" and env["HF_TOKEN"] == {
-        "secretKeyRef": {"name": "hf", "key": "token"}
-    }
-    assert {"name": "model", "emptyDir": {}} in pod["volumes"]
-    assert config_map(ctx(spec, pool=None))["data"]["RADIXSERVE_MODEL"] == "/models/model"
+    assert [c["name"] for c in pod["initContainers"]] == ["fetch-model"]
     assert "limits" not in pod["containers"][0]["resources"] and "nodeSelector" not in pod
+    assert (
+        "tolerations" not in pod
+        and "radixserve.io/gpu-node-pool" not in sts["spec"]["template"]["metadata"]["labels"]
+    )
 
 
 def test_external_redis_comes_from_the_secret_and_none_means_an_in_memory_index() -> None:

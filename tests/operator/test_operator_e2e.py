@@ -16,7 +16,7 @@ import pytest
 for _module in ("kopf", "kmock", "pytest_asyncio", "kubernetes"):
     pytest.importorskip(_module, reason=f"the operator e2e tests need {_module} (see the README)")
 
-from radixserve.operator.kube import Kube, path  # noqa: E402
+from radixserve.operator.kube import Kube  # noqa: E402
 from radixserve.operator.scaling import StaticLoadSource  # noqa: E402
 from tests.operator import emulator  # noqa: E402
 from tests.operator.emulator import Harness  # noqa: E402
@@ -92,9 +92,7 @@ async def test_create_makes_every_child_owned_and_ready_follows_the_children(har
             parent["metadata"]["uid"],
             True,
         )
-    assert env(gw)["RADIXSERVE_SCHEDULERS"] == (
-        "demo-scheduler-0.demo-scheduler.default.svc:50051 demo-scheduler-1.demo-scheduler.default.svc:50051"
-    )
+    assert env(gw)["RADIXSERVE_SCHEDULERS"] == "discover"  # in the service's Redis (the chart's)
     assert harness.obj("v1/services", "default", "demo-scheduler")["spec"]["clusterIP"] == "None"
     st = await harness.until(
         lambda: harness.obj(ISVC, "default", "demo")["status"]["endpoint"], what="status"
@@ -138,7 +136,7 @@ async def test_spec_change_rolls_out_to_the_children(harness: Harness) -> None:
         lambda: harness.obj(STS, "default", "roll-scheduler")["spec"]["replicas"] == 2, what="2 schedulers"
     )
     gw1 = harness.obj(DEPLOY, "default", "roll-gateway")
-    assert len(env(gw1)["RADIXSERVE_SCHEDULERS"].split()) == 2
+    assert env(gw1)["RADIXSERVE_SCHEDULERS"] == "discover"
     assert harness.obj("v1/configmaps", "default", "roll-engine")["data"]["RADIXSERVE_PAGE_SIZE"] == "16"
     # A settings change is a new pod template (config hash), so the pods roll.
     key = "radixserve.io/config-hash"
@@ -236,7 +234,7 @@ async def test_gpu_node_pool_labels_taints_counts_and_lets_go(harness: Harness) 
         assert {"key": "other", "value": "x", "effect": "NoSchedule"} in obj["spec"]["taints"]
     assert "radixserve.io/gpu-node-pool" not in harness.obj("v1/nodes", None, "cpu-a")["metadata"]["labels"]
 
-    # Schedulers on the pool get its label as node selector, its taint as toleration, GPU limits.
+    # Schedulers on the pool select its labels, tolerate its taint, get GPU limits.
     await harness.call(
         harness.kube.apply, isvc("big", scheduler={"nodePool": "h100", "replicas": 3, "gpusPerReplica": 8})
     )
@@ -246,14 +244,14 @@ async def test_gpu_node_pool_labels_taints_counts_and_lets_go(harness: Harness) 
     assert (degraded["status"], degraded["reason"]) == ("True", "InsufficientGPUs")
     assert "needs 24 GPUs" in degraded["message"]
     pod = harness.obj(STS, "default", "big-scheduler")["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"radixserve.io/gpu-node-pool": "h100"}
+    assert pod["nodeSelector"] == {"gpu": "h100"}
     assert pod["tolerations"] == [
         {"key": "radixserve.io/inference", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
     ]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
 
     # Deleting the pool releases its finalizer after giving the nodes back.
-    await harness.call(harness.kube.request, "DELETE", path("GPUNodePool", None, "h100"))
+    await harness.call(harness.kube.delete, "GPUNodePool", None, "h100")
     await harness.until(lambda: harness.obj(POOL, None, "h100") is None, what="the pool to go")
     obj = harness.obj("v1/nodes", None, "gpu-a")
     assert "radixserve.io/gpu-node-pool" not in obj["metadata"].get("labels", {})
@@ -326,7 +324,7 @@ async def test_delete_releases_the_finalizer(harness: Harness) -> None:
     # write left the finalizer on in about 2 of 50 loaded runs (kopf retrying a patch the emulator
     # refused with a 500; the emulator's cause was not pinned down, and no cluster was tried).
     await harness.until(lambda: harness.obj(ISVC, "default", "gone")["status"]["endpoint"], what="status")
-    await harness.call(harness.kube.request, "DELETE", path("InferenceService", "default", "gone"))
+    await harness.call(harness.kube.delete, "InferenceService", "default", "gone")
     await harness.until(
         lambda: harness.obj(ISVC, "default", "gone") is None, what="the InferenceService to go"
     )
@@ -357,9 +355,9 @@ async def test_autoscaler_follows_reported_load_within_bounds(harness: Harness) 
     await harness.until(
         lambda: harness.obj(STS, "default", "auto-scheduler")["spec"]["replicas"] == 3, what="3 schedulers"
     )
-    # The gateway's scheduler list follows (applied right after the StatefulSet).
-    gateways = lambda: env(harness.obj(DEPLOY, "default", "auto-gateway"))["RADIXSERVE_SCHEDULERS"].split()  # noqa: E731
-    await harness.until(lambda: len(gateways()) == 3, what="the gateway to list 3 schedulers")
+    # The gateways discover schedulers in Redis: scaling leaves their pod template alone.
+    gateway = harness.obj(DEPLOY, "default", "auto-gateway")
+    assert env(gateway)["RADIXSERVE_SCHEDULERS"] == "discover"
     assert set(harness.load_urls) == {"redis://ext:6379/1"}
     assert set(harness.load_prefixes) == {"rs:default/auto:"}  # the service's own keys
     harness.loads.by_pod[addr] = {"waiting": 0}
@@ -370,6 +368,7 @@ async def test_autoscaler_follows_reported_load_within_bounds(harness: Harness) 
         lambda: harness.obj(ISVC, "default", "auto")["status"]["autoscaling"]["desiredReplicas"] == 1,
         what="status",
     )
+    assert harness.obj(DEPLOY, "default", "auto-gateway")["spec"]["template"] == gateway["spec"]["template"]
 
 
 async def test_python_m_radixserve_operator_serves_the_same_handlers(

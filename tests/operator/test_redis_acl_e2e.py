@@ -17,7 +17,6 @@ import redis  # noqa: E402
 
 from radixserve.common.prefix_index import RedisPrefixIndex  # noqa: E402
 from radixserve.operator import handlers, redis_acl  # noqa: E402
-from radixserve.operator.kube import path  # noqa: E402
 from radixserve.operator.netpol import PolicySettings  # noqa: E402
 from radixserve.operator.redis_acl import ChartRedis  # noqa: E402
 from tests.operator import emulator  # noqa: E402
@@ -127,7 +126,7 @@ async def test_each_service_gets_a_user_confined_to_its_prefix_and_loses_it_on_d
     await harness.until(lambda: admin.execute_command("ACL", "GETUSER", "rs-default.a"), what="a's user back")
 
     # Delete B: its user and keys go; A's stay.
-    await harness.call(harness.kube.request, "DELETE", path("InferenceService", "default", "b"))
+    await harness.call(harness.kube.delete, "InferenceService", "default", "b")
     await harness.until(lambda: harness.obj(ISVC, "default", "b") is None, what="b to go")
     assert admin.execute_command("ACL", "GETUSER", "rs-default.b") is None
     assert list(admin.scan_iter(match="rs:default/b:*")) == []

@@ -70,12 +70,15 @@ def test_a_tls_secret_is_mounted_in_every_pod_with_the_settings_and_exec_probes(
                 assert c[kind] == before[kind]
                 continue
             probe = dict(c[kind])
+            # The scheduler's liveness asks its "liveness" health service, through the command too.
+            service = ["--service", "liveness"] if (component, kind) == ("scheduler", "livenessProbe") else []
             assert probe.pop("exec") == {
-                "command": [*HEALTH, f"127.0.0.1:{ports[component]}", "--timeout", "3"]
+                "command": [*HEALTH, f"127.0.0.1:{ports[component]}", "--timeout", "3", *service]
             }
             assert probe.pop("timeoutSeconds") == 5
             old = dict(before[kind])
-            assert old.pop("grpc") == {"port": ports[component]}
+            grpc = {"port": ports[component], **({"service": "liveness"} if service else {})}
+            assert old.pop("grpc") == grpc
             assert probe == old  # the same period and thresholds
 
 

@@ -23,6 +23,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
+{{/* The operator's own slim CPU image (Dockerfile.operator); the services run radixserve.image. */}}
+{{- define "radixserve.operatorImage" -}}
+{{- printf "%s:%s" .Values.operator.image.repository (.Values.operator.image.tag | default .Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* podDefaults, with the chart's imagePullSecrets added unless it names its own (JSON). */}}
+{{- define "radixserve.podDefaults" -}}
+{{- $defaults := deepCopy .Values.podDefaults -}}
+{{- if .Values.imagePullSecrets -}}
+{{- $spec := $defaults.spec | default dict -}}
+{{- if not (hasKey $spec "imagePullSecrets") -}}
+{{- $_ := set $spec "imagePullSecrets" .Values.imagePullSecrets -}}
+{{- end -}}
+{{- $_ := set $defaults "spec" $spec -}}
+{{- end -}}
+{{- toJson $defaults -}}
+{{- end -}}
+
 {{- define "radixserve.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- .Values.serviceAccount.name | default (include "radixserve.fullname" .) -}}

@@ -1,0 +1,98 @@
+"""How many schedulers an InferenceService runs this round, by its autoscaling mode (scaling.autoscaling):
+
+    off        spec.scheduler.replicas (a person, or an HPA/KEDA through the scale subresource)
+    operator   the built-in autoscaler: the schedulers' load -> recommend -> a per-service Stabilizer
+    external   whatever the NAME-scheduler StatefulSet has: an HPA or KEDA owns its replicas
+
+External mode and server-side apply: the operator applies the StatefulSet without ``replicas``, and
+an apply that leaves out a field the same manager applied before *removes* it (the StatefulSet would
+fall back to 1 replica) unless another manager owns it too. A service that switches to external mode
+has applied replicas before, so first the operator's claim on the field is dropped from the
+StatefulSet's managedFields (:func:`replicas_release`): the count stays as it is, owned by nobody
+until the HPA's first scale takes it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from radixserve.operator import manifests, status
+from radixserve.operator.kube import FIELD_MANAGER, Kube
+from radixserve.operator.pods import Obj
+from radixserve.operator.scaling import (
+    LoadSource,
+    ScalePolicy,
+    Stabilizer,
+    autoscaling,
+    recommend,
+    total_waiting,
+)
+
+DEFAULT_STATEFULSET_REPLICAS = 1  # what the API server gives a StatefulSet applied without replicas
+
+
+def scheduler_domain(name: str, namespace: str) -> str:
+    """The host suffix every scheduler of InferenceService ``name`` advertises (see manifests)."""
+    return f".{name}-scheduler.{namespace}.svc"
+
+
+def replicas_release(live: Obj, manager: str = FIELD_MANAGER) -> Obj | None:
+    """A merge patch taking ``spec.replicas`` out of ``manager``'s server-side-apply claim on the
+    ``live`` object (its managedFields), so that applying without the field leaves the count alone;
+    None when ``manager`` does not claim it. The patch carries the resourceVersion it was made from: a
+    write in between makes it fail (409) rather than drop another manager's claim."""
+    meta = live.get("metadata") or {}
+    entries = copy.deepcopy(meta.get("managedFields") or [])
+    released = False
+    for entry in entries:
+        spec_fields = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if (
+            entry.get("manager") == manager
+            and entry.get("operation") == "Apply"
+            and "f:replicas" in spec_fields
+        ):
+            del spec_fields["f:replicas"]
+            released = True
+    if not released:
+        return None
+    return {"metadata": {"managedFields": entries, "resourceVersion": meta.get("resourceVersion")}}
+
+
+def external_replicas(kube: Kube, ctx: manifests.BuildContext) -> int:
+    """Mode external: the StatefulSet's own count (the API server's default before it exists), after
+    dropping the operator's claim on it where an earlier mode left one."""
+    name = manifests.child_name(ctx, "scheduler")
+    live = kube.get("StatefulSet", ctx.namespace, name)
+    if live is None:
+        return DEFAULT_STATEFULSET_REPLICAS
+    release = replicas_release(live)
+    if release is not None:
+        kube.merge_patch("StatefulSet", ctx.namespace, name, release)
+    return int((live.get("spec") or {}).get("replicas", DEFAULT_STATEFULSET_REPLICAS))
+
+
+def autoscale(
+    ctx: manifests.BuildContext,
+    source: LoadSource | None,
+    stabilizer: Stabilizer,
+    current: Obj,
+) -> tuple[int, Obj, str]:
+    """Mode operator, one look at the load: (the scheduler count, status.autoscaling, a log line or
+    ""). Without load to see (no source, no heartbeats) the count stays."""
+    policy = ScalePolicy.from_spec(autoscaling(ctx.spec).settings)
+    replicas = ctx.scheduler_replicas
+    loads = source.loads(scheduler_domain(ctx.name, ctx.namespace)) if source else {}
+    rec = recommend(loads, policy)
+    previous = current.get("autoscaling") or {}
+    if rec is None:
+        return replicas, previous, ""
+    new = stabilizer.decide(replicas, rec, time.monotonic(), policy)
+    waiting = total_waiting(loads)
+    last = previous.get("lastScaleTime")
+    said = ""
+    if new != replicas:
+        said = f"autoscaling schedulers {replicas} -> {new} ({waiting} waiting over {len(loads)} pods)"
+        last = status.now_iso()
+    decision = {"desiredReplicas": new, "waiting": waiting, **({"lastScaleTime": last} if last else {})}
+    return new, decision, said

@@ -1,0 +1,80 @@
+"""``python -m radixserve.operator.uninstall``: the chart's pre-delete hook.
+
+The operator holds a finalizer on every InferenceService and GPUNodePool it serves (kopf makes one
+mandatory while a resource has timers, and ours resync every few seconds). ``helm uninstall``
+deletes the operator's Deployment in the same breath as everything else, so whatever outlives it
+keeps a finalizer nobody will remove: a later delete hangs. This hook runs first, while the
+operator still serves: it deletes every InferenceService and GPUNodePool in the operator's
+namespaces (their workloads go with them through owner references; the operator drops each
+service's Redis user) and waits until the operator has released them all.
+
+Exit status 0 when everything is gone; 1, naming what is left, when the wait times out (Helm then
+stops the uninstall, leaving the operator running, so it can be retried).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from radixserve.operator.kube import Kube, load_config
+
+log = logging.getLogger(__name__)
+
+# Namespaced kinds first: a service's scheduler pods count against its pool's GPUs.
+KINDS = ("InferenceService", "GPUNodePool")
+NAMESPACED = {"InferenceService": True, "GPUNodePool": False}
+USER_AGENT = "radixserve-uninstall"  # its own ServiceAccount and ClusterRole (the chart's hook)
+
+
+def _present(kube: Kube, namespaces: Sequence[str]) -> list[tuple[str, str | None, str]]:
+    """(kind, namespace, name) of every object of ours still there."""
+    found = []
+    for kind in KINDS:
+        scopes: Sequence[str | None] = namespaces if NAMESPACED[kind] and namespaces else [None]
+        for ns in scopes:
+            for obj in kube.list(kind, ns):
+                meta = obj.get("metadata", {})
+                found.append((kind, meta.get("namespace"), meta["name"]))
+    return found
+
+
+def delete_all(
+    kube: Kube, namespaces: Sequence[str] = (), timeout_s: float = 300.0, poll_s: float = 1.0
+) -> list[str]:
+    """Delete every InferenceService (in ``namespaces``, or all) and every GPUNodePool, then wait for
+    them to go; returns ``kind ns/name`` of those still present at the deadline (empty: all gone)."""
+    for kind, ns, name in _present(kube, namespaces):
+        log.info("deleting %s %s/%s", kind, ns or "-", name)
+        kube.delete(kind, ns, name)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = _present(kube, namespaces)
+        if not left or time.monotonic() >= deadline:
+            return [f"{kind} {ns + '/' if ns else ''}{name}" for kind, ns, name in left]
+        time.sleep(poll_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m radixserve.operator.uninstall", description=__doc__)
+    p.add_argument("--namespace", action="append", default=[], help="the operator's (repeatable)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the finalizers")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    load_config()
+    left = delete_all(Kube(user_agent=USER_AGENT), args.namespace, args.timeout)
+    if left:
+        print(
+            f"still present after {args.timeout:.0f} s (is the operator running?): {', '.join(left)}",
+            file=sys.stderr,
+        )
+        return 1
+    print("every InferenceService and GPUNodePool is gone")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
