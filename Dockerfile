@@ -52,7 +52,7 @@ ARG FLASHINFER_JIT_CACHE=1
 ARG FLASHINFER_JIT_CACHE_INDEX_URL=https://flashinfer.ai/whl/cu128
 # pyproject.toml's optional-dependencies groups installed besides the dependencies (comma-separated):
 # flashinfer, and the object-store clients of `python -m radixserve.common.model_fetch`, which the
-# operator runs in this image to download a model from s3:// or gs://.
+# pods' fetch-model init container runs in this image to download a model from s3:// or gs://.
 ARG IMAGE_EXTRAS=gpu,s3,gcs
 
 ENV DEBIAN_FRONTEND=noninteractive \

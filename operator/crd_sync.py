@@ -16,20 +16,37 @@ from __future__ import annotations
 import copy
 import logging
 
-from radixserve.operator.crds import CRDS
+from radixserve.operator.crds import CRD_REVISION, CRDS, REVISION_ANNOTATION
 from radixserve.operator.kube import Kube, KubeError
+from radixserve.operator.schema import Obj
 
 log = logging.getLogger(__name__)
 
 
+def cluster_revision(crd: Obj | None) -> int:
+    """The ``crds.REVISION_ANNOTATION`` of a CRD as the cluster has it (0: none, or an older chart's)."""
+    raw = ((crd or {}).get("metadata", {}).get("annotations") or {}).get(REVISION_ANNOTATION, "0")
+    return int(raw) if str(raw).isdigit() else 0
+
+
 def apply_crds(kube: Kube) -> list[str]:
-    """Server-side apply every CRD of ours; returns the names applied. A CRD that may not be patched
-    (RBAC: the chart's crds.upgrade off) or is missing is logged and left as it is: an operator
-    with a stale schema still runs, it only cannot use the newest fields."""
+    """Server-side apply every CRD of ours over an older or equal revision; returns the names applied.
+    A newer one is left alone (this replica is the older: a rollback, a pod restarting mid-rollout),
+    and so is a CRD that may not be read or patched (RBAC: the chart's crds.upgrade off) or is
+    missing: an operator with a stale schema still runs, it only cannot use the newest fields."""
     done = []
     for crd in CRDS.values():
         name = crd["metadata"]["name"]
         try:
+            theirs = cluster_revision(kube.get("CustomResourceDefinition", None, name))
+            if theirs > CRD_REVISION:
+                log.warning(
+                    "CRD %s is at revision %d, newer than this operator's %d: left as it is",
+                    name,
+                    theirs,
+                    CRD_REVISION,
+                )
+                continue
             kube.apply(copy.deepcopy(crd))
         except KubeError as e:
             log.warning(

@@ -34,6 +34,11 @@ from radixserve.operator.volumes import MODEL_SCHEMA
 
 GROUP = "radixserve.io"
 VERSION = "v1alpha1"
+# Which schema this is: bump it with every change to the CRDs (tests/operator/test_logic.py pins the
+# schemas' digest to it). The operator applies its CRDs at start only over an older or equal one, so
+# an older replica (a rollback, a pod restarting mid-rollout) never takes new fields away.
+CRD_REVISION = 2
+REVISION_ANNOTATION = f"{GROUP}/crd-revision"
 
 
 class _PrinterColumnFields(TypedDict):
@@ -67,7 +72,7 @@ ENGINE_SCHEMA = obj(
 # The built-in autoscaler's settings (mode operator), in spec.scheduler.autoscaling and in the
 # deprecated spec.autoscaling alike.
 _SCALE_SETTINGS: dict[str, Schema] = {
-    "minReplicas": integer(0, 1),
+    "minReplicas": integer(1, 1),
     "maxReplicas": integer(1, 4),
     "targetWaitingPerReplica": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "default": 8},
     "scaleUpStabilizationSeconds": integer(0, 0),
@@ -313,7 +318,7 @@ def _crd(
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}"},
+        "metadata": {"name": f"{plural}.{GROUP}", "annotations": {REVISION_ANNOTATION: str(CRD_REVISION)}},
         "spec": {
             "group": GROUP,
             "scope": scope,

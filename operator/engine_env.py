@@ -40,14 +40,14 @@ def settings(spec: Obj, namespace: str, name: str) -> dict[str, str]:
     if spec["model"].get("servedModelName"):
         data[env_name("served_model_name")] = spec["model"]["servedModelName"]
     engine = spec["scheduler"]["engine"]
-    for name in _ENGINE_SETTINGS:
-        if engine.get(_camel(name)) is not None:
-            data[env_var(SchedulerPodConfig, name)] = str(engine[_camel(name)])
+    for setting in _ENGINE_SETTINGS:
+        if engine.get(_camel(setting)) is not None:
+            data[env_var(SchedulerPodConfig, setting)] = str(engine[_camel(setting)])
     if engine.get("overlap") is not None:
         data[env_var(SchedulerPodConfig, "disable_overlap")] = "false" if engine["overlap"] else "true"
-    for name in _ROUTING_SETTINGS:
-        if spec["routing"].get(_camel(name)) is not None:
-            data[env_var(GatewayConfig, name)] = str(spec["routing"][_camel(name)])
+    for setting in _ROUTING_SETTINGS:
+        if spec["routing"].get(_camel(setting)) is not None:
+            data[env_var(GatewayConfig, setting)] = str(spec["routing"][_camel(setting)])
     tracing = spec["tracing"]
     if tracing.get("otlpEndpoint"):
         data["OTEL_EXPORTER_OTLP_ENDPOINT"] = tracing["otlpEndpoint"]

@@ -468,11 +468,14 @@ def _observe(kube: Kube, ctx: manifests.BuildContext) -> tuple[dict[str, int], d
 
 
 @kopf.on.delete(*ISVC)
-def isvc_deleted(name: str, namespace: str | None, spec: kopf.Spec, logger: kopf.Logger, **_: object) -> None:
+def isvc_deleted(
+    name: str, namespace: str | None, spec: kopf.Spec, memo: kopf.Memo, logger: kopf.Logger, **_: object
+) -> None:
     """Children go by owner references; here the service's Redis user and keys go from the chart's
-    Redis. Best effort: a Redis that is down must not hold the deletion (and, having no
-    persistence, it comes back without them)."""
+    Redis (and its autoscaler's window from memory). Best effort: a Redis that is down must not hold
+    the deletion (and, having no persistence, it comes back without them)."""
     assert namespace is not None, "InferenceServices are namespaced"
+    memo.setdefault("stabilizers", {}).pop(f"{namespace}/{name}", None)
     if _isvc_spec(spec)["redis"]["mode"] != "chart" or not CONFIG.chart_redis_url:
         return
     chart = CONFIG.chart_redis

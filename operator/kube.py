@@ -42,6 +42,7 @@ API_VERSIONS: dict[str, str] = {
     "InferenceService": f"{GROUP}/{VERSION}",
     "GPUNodePool": f"{GROUP}/{VERSION}",
     "Certificate": CERT_MANAGER_API,  # spec.tls.certManager only
+    "CustomResourceDefinition": "apiextensions.k8s.io/v1",  # crd_sync: our two, by name
 }
 
 # By default the library caches discovery in a file in the temp dir: that needs a writable one (a

@@ -38,7 +38,7 @@ def name_problems(name: str) -> list[Problem]:
     problems = []
     if len(name) > MAX_NAME_LENGTH:
         problems.append(Problem("InvalidName", NAME_LENGTH_MESSAGE))
-    if not re.match(NAME_FORMAT, name):
+    if not re.fullmatch(NAME_FORMAT, name):
         problems.append(Problem("InvalidName", NAME_FORMAT_MESSAGE))
     return problems
 

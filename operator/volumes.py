@@ -224,7 +224,9 @@ def _cache_volume(spec: Obj) -> Obj:
     if cache.get("pvc"):
         return {"persistentVolumeClaim": {"claimName": cache["pvc"]["claimName"]}}
     if cache.get("hostPath"):
-        return {"hostPath": {"path": cache["hostPath"], "type": "DirectoryOrCreate"}}
+        # Directory, not DirectoryOrCreate: the kubelet would create it as root, which the fetcher
+        # (uid 1000; fsGroup does not apply to hostPath) could not write. Pre-create it, owned by 1000.
+        return {"hostPath": {"path": cache["hostPath"], "type": "Directory"}}
     return {"emptyDir": {"sizeLimit": cache.get("sizeLimit") or DEFAULT_CACHE_SIZE}}
 
 

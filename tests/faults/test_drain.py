@@ -16,7 +16,7 @@ import time
 import httpx
 
 from radixserve.launcher import Cluster, Service, counter_by
-from tests.integration.conftest import MODEL_NAME, start_cluster
+from tests.integration.conftest import MODEL_NAME, read_stream, start_cluster
 from tests.redis_server import RedisServer
 
 STREAMS = 32
@@ -46,26 +46,9 @@ async def _stream(
         "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
-        "stream": True,
         "stream_options": {"include_usage": True},
     }
-    out: dict = {"chunks": [], "finish": None, "usage": None, "error": None}
-    async with h.stream("POST", "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            msg = json.loads(line[6:])
-            if "error" in msg:
-                out["error"] = msg["error"]["message"]
-                break
-            if msg.get("usage"):
-                out["usage"] = msg["usage"]
-            for c in msg["choices"]:
-                out["chunks"].append(time.monotonic())
-                out["finish"] = c["finish_reason"] or out["finish"]
-                first.set()
-    return out
+    return await read_stream(h, body, first)
 
 
 async def _newcomers(url: str, start_at: float) -> list[httpx.Response]:

@@ -45,7 +45,7 @@ def test_crds_install_from_crds_dir_and_the_operator_upgrades_exactly_ours(helm_
     # list/watch is kopf's discovery; the only write is a patch of our two CRDs, by name.
     writes = [r for r in crd_rules if set(r["verbs"]) - {"list", "watch"}]
     assert [(r["resourceNames"], r["verbs"]) for r in writes] == [
-        ([c["metadata"]["name"] for c in CRDS.values()], ["patch"])
+        ([c["metadata"]["name"] for c in CRDS.values()], ["get", "patch"])
     ]
 
     off = render(helm_env, "--set", "crds.upgrade=false")
@@ -85,7 +85,8 @@ def test_uninstall_hook_deletes_the_services_first_with_its_own_narrow_role(helm
     (container,) = pod["containers"]
     assert pod["serviceAccountName"] == "rs-radixserve-uninstall"
     assert container["command"] == ["python", "-m", "radixserve.operator.uninstall"]
-    assert container["args"] == ["--timeout=120", "--namespace=ml", "--namespace=staging"]
+    # Pools are cluster-scoped: an operator limited to namespaces deletes only the chart's own (none).
+    assert container["args"] == ["--timeout=120", "--namespace=ml", "--namespace=staging", "--pool="]
     assert job["spec"]["activeDeadlineSeconds"] > 120  # the script's own deadline comes first
     assert container["image"] == operator_container(docs)["image"]
     role = grants(one(docs, "ClusterRole", "rs-radixserve-uninstall"))

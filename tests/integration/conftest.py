@@ -47,12 +47,12 @@ def start_cluster(
 
 async def read_stream(h, body: dict, on_first=None) -> dict:
     """POSTs a streamed completion and reads its SSE: its text, finish reason, error message (None
-    if none) and when it ended (``time.monotonic()``). ``on_first`` (an asyncio.Event) is set at the
-    first chunk."""
+    if none), usage (with stream_options.include_usage), when each choice chunk came (``chunks``) and
+    when it ended (``time.monotonic()``). ``on_first`` (an asyncio.Event) is set at the first chunk."""
     import json
     import time
 
-    out: dict = {"text": "", "finish": None, "error": None}
+    out: dict = {"text": "", "finish": None, "error": None, "usage": None, "chunks": []}
     async with h.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
@@ -62,10 +62,13 @@ async def read_stream(h, body: dict, on_first=None) -> dict:
             if "error" in msg:
                 out["error"] = msg["error"]["message"]
                 break
-            out["text"] += msg["choices"][0]["text"]
-            out["finish"] = msg["choices"][0]["finish_reason"] or out["finish"]
-            if on_first is not None:
-                on_first.set()
+            out["usage"] = msg.get("usage") or out["usage"]
+            for choice in msg["choices"]:
+                out["chunks"].append(time.monotonic())
+                out["text"] += choice["text"]
+                out["finish"] = choice["finish_reason"] or out["finish"]
+                if on_first is not None:
+                    on_first.set()
     out["ended"] = time.monotonic()
     return out
 

@@ -112,6 +112,19 @@ def test_one_trace_spans_all_three_services_correctly_parented_and_honours_the_c
     assert s["radixserve.rid"] == attrs(detok)["radixserve.rid"] == f"{rid}-0"
 
 
+def root_span(receiver, trace_id: str, name: str):
+    """The one span named ``name`` in the trace (waiting up to 15 s for the export); a server span."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        roots = [s for _, s in receiver.trace(bytes.fromhex(trace_id)) if s.name == name]
+        if roots:
+            break
+        time.sleep(0.1)
+    assert len(roots) == 1, [s.name for _, s in receiver.trace(bytes.fromhex(trace_id))]
+    assert roots[0].kind == SPAN_KIND_SERVER
+    return roots[0]
+
+
 def test_a_chat_requests_root_span_is_a_genai_chat_span(traced):
     cluster, receiver = traced
     trace_id = "5cf92f3577b34da6a3ce929d0e0e4737"
@@ -122,16 +135,8 @@ def test_a_chat_requests_root_span_is_a_genai_chat_span(traced):
         json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
     )
     assert r.status_code == 200
-    name = f"chat {MODEL_NAME}"
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        roots = [s for svc, s in receiver.trace(bytes.fromhex(trace_id)) if s.name == name]
-        if roots:
-            break
-        time.sleep(0.1)
-    assert len(roots) == 1, [s.name for _, s in receiver.trace(bytes.fromhex(trace_id))]
-    a = attrs(roots[0])
-    assert roots[0].kind == SPAN_KIND_SERVER
+    root = root_span(receiver, trace_id, f"chat {MODEL_NAME}")
+    a = attrs(root)
     assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "radixserve"
     assert a["gen_ai.request.model"] == a["gen_ai.response.model"] == MODEL_NAME
     body = r.json()
@@ -153,15 +158,7 @@ def test_a_grpc_generate_calls_root_span_is_a_genai_span_too(traced):
                 request, metadata=[("traceparent", f"00-{trace_id}-00f067aa0ba902b8-01")], timeout=60
             )
         )
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        roots = [s for _, s in receiver.trace(bytes.fromhex(trace_id)) if s.name == ROOT]
-        if roots:
-            break
-        time.sleep(0.1)
-    assert len(roots) == 1, [s.name for _, s in receiver.trace(bytes.fromhex(trace_id))]
-    a = attrs(roots[0])
-    assert roots[0].kind == SPAN_KIND_SERVER
+    a = attrs(root_span(receiver, trace_id, ROOT))
     assert a["gen_ai.provider.name"] == "radixserve" and a["gen_ai.operation.name"] == "text_completion"
     assert a["gen_ai.response.id"] == replies[-1].rid and a["rpc.system"] == "grpc"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from radixserve.operator.crd_sync import apply_crds
-from radixserve.operator.crds import CRDS
+from radixserve.operator.crds import CRD_REVISION, CRDS, REVISION_ANNOTATION
 from radixserve.operator.kube import Kube
 from tests.operator.emulator import _by_operator, access, chart_rbac, serving_emulator
 
@@ -44,3 +44,22 @@ async def test_an_older_crd_is_brought_to_the_operators_schema(
         used = {a for r in emulator._requests if _by_operator(r) and (a := access(r)) is not None}
         assert ("apiextensions.k8s.io", "customresourcedefinitions", "patch") in used
         assert used <= chart_rbac(), sorted(used - chart_rbac())
+
+
+async def test_a_newer_crd_is_left_to_the_newer_operator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with serving_emulator(tmp_path, monkeypatch) as (emulator, _):
+        # A newer operator's schema in the cluster (this replica is the older: a rollback).
+        newer = copy.deepcopy(CRDS["inferenceservices"])
+        newer["metadata"]["annotations"][REVISION_ANNOTATION] = str(CRD_REVISION + 1)
+        newer["spec"]["versions"][0]["additionalPrinterColumns"] = []  # something to tell it apart
+        tests_client = Kube(user_agent="radixserve-tests")
+        await asyncio.to_thread(tests_client.create, newer)
+        await asyncio.to_thread(tests_client.create, copy.deepcopy(CRDS["gpunodepools"]))
+
+        applied = await asyncio.to_thread(apply_crds, Kube())
+
+        assert applied == [CRDS["gpunodepools"]["metadata"]["name"]]
+        stored = dict(emulator.objects[CRD, None, "inferenceservices.radixserve.io"].raw)
+        assert stored["spec"] == newer["spec"]

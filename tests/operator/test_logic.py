@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import jsonschema
@@ -24,6 +26,22 @@ def test_chart_crds_are_rendered_from_the_python_source() -> None:
     for plural, crd in crds.CRDS.items():
         on_disk = (REPO / "helm/radixserve/crds" / f"{plural}.radixserve.io.yaml").read_text()
         assert on_disk == crds.render(crd), "run: python -m radixserve.operator.crds helm/radixserve/crds"
+
+
+# crds.CRD_REVISION -> the digest of the CRDs at that revision (their metadata aside).
+CRD_DIGESTS = {2: "b16cfa46702b2dac"}
+
+
+def test_a_schema_change_bumps_the_crd_revision() -> None:
+    """The operator applies its CRDs only over an older or equal revision (crd_sync): a schema change
+    that kept its revision would let an older operator take the new fields away again."""
+    body = {k: {**c, "metadata": {"name": c["metadata"]["name"]}} for k, c in crds.CRDS.items()}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    assert CRD_DIGESTS.get(crds.CRD_REVISION) == digest, (
+        f"the CRDs changed: bump crds.CRD_REVISION and add {{revision: {digest!r}}} to CRD_DIGESTS"
+    )
+    for crd in crds.CRDS.values():
+        assert crd["metadata"]["annotations"][crds.REVISION_ANNOTATION] == str(crds.CRD_REVISION)
 
 
 def _nodes(schema: dict, where: str = "") -> list[tuple[str, dict]]:

@@ -89,7 +89,7 @@ def test_a_node_cache_is_a_hostpath() -> None:
     p = pod({"uri": "hf://org/m", "cache": {"hostPath": "/var/cache/radixserve"}})
     assert volume(p, "model") == {
         "name": "model",
-        "hostPath": {"path": "/var/cache/radixserve", "type": "DirectoryOrCreate"},
+        "hostPath": {"path": "/var/cache/radixserve", "type": "Directory"},
     }
     assert p["initContainers"][0]["command"][3] == "hf://org/m@main"
 

@@ -39,9 +39,11 @@ def test_the_crd_refuses_the_same_names_with_cel_rules_the_api_server_reads() ->
     by_rule = {r["rule"]: r["message"] for r in rules}
     assert by_rule[f"self.metadata.name.size() <= {MAX_NAME_LENGTH}"] == name_problems("n" * 43)[0].message
     assert by_rule[f"self.metadata.name.matches('{NAME_FORMAT}')"] == name_problems("A")[0].message
-    # The CEL regex (RE2) and the operator's (Python) agree on these names.
-    for name, ok in [("llama-3", True), ("a", True), ("3b", False), ("a.b", False), ("a-", False)]:
-        assert bool(re.match(NAME_FORMAT, name)) == ok
+    # The pattern both use (CEL's matches() and the operator's re.fullmatch) takes DNS-1035 labels.
+    names = [("llama-3", True), ("a", True), ("3b", False), ("a.b", False), ("a-", False), ("a\n", False)]
+    for name, ok in names:
+        assert bool(re.fullmatch(NAME_FORMAT, name)) == ok
+        assert (name_problems(name) == []) == ok
 
 
 def test_any_gpu_count_is_tensor_parallelism_not_a_problem() -> None:

@@ -53,17 +53,20 @@ async def test_the_hook_deletes_every_service_and_pool_and_waits_for_their_final
 
 
 async def test_with_watched_namespaces_it_leaves_other_namespaces_alone(harness: Harness) -> None:
+    await harness.call(harness.kube.apply, POOL_BODY)  # another release's pool, maybe
+    await harness.until(lambda: harness.obj(POOL, None, "h100")["metadata"]["finalizers"], what="pool")
     for ns in ("ml", "elsewhere"):
         body = isvc("svc", scheduler=CPU, redis={"mode": "none"})
         body["metadata"]["namespace"] = ns
         await harness.call(harness.kube.apply, body)
         await harness.until(lambda s=ns: harness.obj(ISVC, s, "svc")["status"]["endpoint"], what=ns)
 
-    left = await harness.call(uninstall.delete_all, harness.kube, ["ml"], 30.0, 0.1)
+    left = await harness.call(uninstall.delete_all, harness.kube, ["ml"], 30.0, 0.1, [])
 
     assert left == []
     assert harness.obj(ISVC, "ml", "svc") is None
     assert harness.obj(ISVC, "elsewhere", "svc") is not None  # another operator's, or nobody's
+    assert harness.obj(POOL, None, "h100") is not None  # the chart's own pools only (none here)
 
 
 async def test_what_the_operator_does_not_release_in_time_is_named(harness: Harness) -> None:
@@ -77,3 +80,11 @@ async def test_what_the_operator_does_not_release_in_time_is_named(harness: Harn
     left = await harness.call(uninstall.delete_all, harness.kube, [], 1.0, 0.1)
 
     assert left == ["InferenceService default/held"]
+
+
+async def test_kinds_the_cluster_no_longer_serves_count_as_gone(harness: Harness) -> None:
+    # The CRDs deleted before the uninstall (by hand, or a second uninstall): nothing to wait for.
+    del harness.emulator.resources["radixserve.io/v1alpha1/inferenceservices"]
+    del harness.emulator.resources["radixserve.io/v1alpha1/gpunodepools"]
+
+    assert await harness.call(uninstall.delete_all, harness.kube, [], 5.0, 0.1) == []
