@@ -76,7 +76,8 @@ async def test_core_kind_round_trip(served: tuple[Any, Kube]) -> None:
     patches = [r for r in emu._requests if r.url.path.endswith("/configmaps/cm") and r.method == "PATCH"]
     applied = [r for r in patches if r.headers["Content-Type"] == "application/apply-patch+yaml"]
     assert applied and applied[0].url.query["fieldManager"] == "radixserve-operator"
-    assert applied[0].url.query["force"] == "true"
+    # The API server reads it with Go's strconv.ParseBool (client 36 sends "True", 37 "true").
+    assert applied[0].url.query["force"] in ("1", "t", "T", "true", "TRUE", "True")
     posts = [r for r in emu._requests if r.url.path == "/api/v1/namespaces/default/configmaps"]
     assert posts and all(r.url.query["fieldManager"] == "radixserve-operator" for r in posts)
 
