@@ -289,6 +289,9 @@ _CLOSE: Final = _Close.CLOSE  # queued by close(): the end of the call
 _Item: TypeAlias = tuple[object, Callable[[], None] | None]
 
 
+CLOSE_IDLE_S = 0.5  # StreamSender.close with nothing queued: how long the call's end may take
+
+
 class StreamSender:
     """Sends messages, in order, over one long-lived client-streaming call to ``address``.
 
@@ -344,11 +347,14 @@ class StreamSender:
                 break
 
     def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued, then end the call."""
+        """Send what is queued (for up to ``timeout``), then end the call. With nothing queued only
+        the call's end is left, which a live peer takes at once: a peer that is gone (at a shutdown
+        the gateway usually goes first) must not hold this process for ``timeout`` as well."""
         if not self._closed:
             self._closed = True
+            idle = self._queue.empty()
             self._queue.put(_CLOSE)
-            self._thread.join(timeout)
+            self._thread.join(min(timeout, CLOSE_IDLE_S) if idle else timeout)
 
     def _messages(self, done: list[bool]) -> Iterator[object]:
         while True:
