@@ -27,8 +27,7 @@ from radixserve.operator.kube import Kube, KubeError, load_config
 log = logging.getLogger(__name__)
 
 # Namespaced kinds first: a service's scheduler pods count against its pool's GPUs.
-KINDS = ("InferenceService", "GPUNodePool")
-NAMESPACED = {"InferenceService": True, "GPUNodePool": False}
+NAMESPACED = {"InferenceService": True, "GPUNodePool": False}  # kind -> namespaced, in this order
 USER_AGENT = "radixserve-uninstall"  # its own ServiceAccount and ClusterRole (the chart's hook)
 
 
@@ -37,8 +36,8 @@ def _present(
 ) -> list[tuple[str, str | None, str]]:
     """(kind, namespace, name) of every object of ours still there (none of a kind not served)."""
     found = []
-    for kind in KINDS:
-        scopes: Sequence[str | None] = namespaces if NAMESPACED[kind] and namespaces else [None]
+    for kind, namespaced in NAMESPACED.items():
+        scopes: Sequence[str | None] = namespaces if namespaced and namespaces else [None]
         for ns in scopes:
             try:
                 objs = kube.list(kind, ns)

@@ -16,7 +16,7 @@ import time
 import httpx
 
 from radixserve.launcher import Cluster, Service, counter_by
-from tests.integration.conftest import MODEL_NAME, read_stream, start_cluster
+from tests.integration.conftest import MODEL_NAME, start_cluster, stream_completion
 from tests.redis_server import RedisServer
 
 STREAMS = 32
@@ -39,16 +39,7 @@ def _gateway_counter(cluster: Cluster, family: str, label: str) -> dict[str, flo
 async def _stream(
     h: httpx.AsyncClient, prompt: str, first: asyncio.Event, max_tokens: int = MAX_TOKENS
 ) -> dict:
-    """A streamed completion: when each chunk came, its finish reason, usage, error (None if none)."""
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream_options": {"include_usage": True},
-    }
-    return await read_stream(h, body, first)
+    return await stream_completion(h, prompt, first, max_tokens)
 
 
 async def _newcomers(url: str, start_at: float) -> list[httpx.Response]:

@@ -16,7 +16,7 @@ import httpx
 
 from radixserve.common.sampling import SamplingParams
 from radixserve.launcher import Cluster, RestartPolicy, counter_by
-from tests.integration.conftest import MODEL_NAME, read_stream, start_cluster
+from tests.integration.conftest import MODEL_NAME, start_cluster, stream_completion
 
 STREAMS = 32
 MAX_TOKENS = 1200  # long enough that every stream is mid-flight at the fault
@@ -27,14 +27,7 @@ AFTER = 16  # requests sent once the victim's streams have ended: every one must
 async def _stream(
     h: httpx.AsyncClient, prompt: str, first: asyncio.Event, max_tokens: int = MAX_TOKENS
 ) -> dict:
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-    return await read_stream(h, body, first)
+    return await stream_completion(h, prompt, first, max_tokens)
 
 
 async def _after(url: str) -> list[int]:

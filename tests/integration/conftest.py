@@ -45,6 +45,20 @@ def start_cluster(
     return cluster
 
 
+async def stream_completion(h, prompt: str, on_first, max_tokens: int) -> dict:
+    """A greedy streamed completion of exactly ``max_tokens`` (EOS ignored), read by read_stream
+    (its usage included)."""
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    return await read_stream(h, body, on_first)
+
+
 async def read_stream(h, body: dict, on_first=None) -> dict:
     """POSTs a streamed completion and reads its SSE: its text, finish reason, error message (None
     if none), usage (with stream_options.include_usage), when each choice chunk came (``chunks``) and

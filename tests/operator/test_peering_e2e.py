@@ -55,13 +55,12 @@ async def replica(agent: str, priority: int) -> AsyncIterator[None]:
 
 
 def children_applied_by(emulator: Any, service: str) -> set[str]:
-    """User agents of the requests that wrote ``service``'s StatefulSet."""
+    """User agents of the requests that wrote ``service``'s StatefulSet (every write, a create too,
+    starts as a server-side apply to its own path)."""
     return {
         r.headers.get("User-Agent", "")
         for r in emulator._requests
-        if f"/statefulsets/{service}-scheduler" in r.url.path
-        or (r.url.path.endswith("/statefulsets") and str(r.method).upper().endswith("POST"))
-        if _by_operator(r)
+        if f"/statefulsets/{service}-scheduler" in r.url.path and _by_operator(r)
     }
 
 
