@@ -45,8 +45,9 @@ FROM ${CUDA_IMAGE}
 # plain dependency it would come from PyPI with whatever CUDA that build bundles.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
-# The flashinfer release radixserve was tested with (tests/gpu on an H100), and its prebuilt kernels
-# for the base image's CUDA (cu128).
+# The flashinfer release the GPU path is written against (pyproject's gpu extra allows 0.6.x;
+# scripts/gpu-check carries this one to the GPU test machine), and its prebuilt kernels for the base
+# image's CUDA (cu128).
 ARG FLASHINFER_VERSION=0.6.0
 ARG FLASHINFER_JIT_CACHE=1
 ARG FLASHINFER_JIT_CACHE_INDEX_URL=https://flashinfer.ai/whl/cu128

@@ -12,21 +12,66 @@ detokenizer.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from radixserve.common.config import ConfigError, RaisingParser, load, parse_args, service_parser
+from radixserve.common.ports import check_listen, free_ports
 from radixserve.common.ports import free_port as free_port  # re-exported: tests and benchmarks
-from radixserve.common.ports import free_ports
 from radixserve.common.rpc import TLS, is_serving, tls_from_env
+from radixserve.common.service_config import DetokenizerConfig, GatewayConfig, SchedulerPodConfig
+
+ServiceConfig = SchedulerPodConfig | GatewayConfig | DetokenizerConfig
+# Each service module's config, and whether it takes --served-model-name: a service's command line
+# is checked with the parser the module itself builds (``Cluster.check``).
+SERVICE_CONFIGS: dict[str, tuple[type[ServiceConfig], bool]] = {
+    "radixserve.scheduler": (SchedulerPodConfig, True),
+    "radixserve.tokenizer": (GatewayConfig, True),
+    "radixserve.detokenizer": (DetokenizerConfig, False),
+}
+TAIL_BYTES = 8192  # of a service's stderr, kept to say why it exited
+REASON_CHARS = 400  # of the reason quoted from it
+
+# A service's own words about why it stops: its log's last ERROR record (the services' format, or
+# uvicorn's), else an uncaught exception's message (a traceback's last lines); either may span lines.
+_LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \S+ [A-Z]+ |^[A-Z]+: +")
+_ERROR_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \S+ (?:ERROR|CRITICAL) |^ERROR: +")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Failure)\b")
+
+
+def stated_reason(stderr: str) -> str | None:
+    """A process's own last words about why it stops, as one line: its last ERROR record or
+    exception message with the lines that continue it, else its last line; None if it said nothing."""
+    lines = [x.strip() for x in stderr.splitlines() if x.strip()]
+    if not lines:
+        return None
+    start = len(lines) - 1
+    for i in reversed(range(len(lines))):
+        if _ERROR_LOG.match(lines[i]) or _EXCEPTION.match(lines[i]):
+            start = i
+            break
+    rest = itertools.takewhile(lambda x: not _LOG_RECORD.match(x), lines[start + 1 :])
+    why = " ".join(" ".join([_ERROR_LOG.sub("", lines[start]), *rest]).split())
+    why = why.removesuffix("; exiting with status 1")
+    return why if len(why) <= REASON_CHARS else why[: REASON_CHARS - 3] + "..."
+
+
+class StartFailed(RuntimeError):
+    """A service exited, or not all were ready in time, while ``Cluster.start`` waited: the message
+    is one line naming the service and its own reason."""
 
 
 @dataclass
@@ -43,17 +88,44 @@ class Service:
     restarts: int = 0
     fast_crashes: int = 0  # exits in a row, each soon after its start
     restart_at: float | None = None  # exited; to be started again then
+    tail: bytearray = field(default_factory=bytearray)  # the end of its stderr since its last start
 
     def start(self) -> None:
         self.started_at = time.monotonic()
         # Children must not outlive a launcher that is killed outright (SIGKILL runs no handlers):
         # radixserve.common.child sets their death signal before it runs the service.
         env = {**os.environ, **self.env, "RADIXSERVE_PARENT_PID": str(os.getpid())}
+        self.tail = bytearray()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "radixserve.common.child", *self.argv],
             env=env,
+            stderr=subprocess.PIPE,  # passed on as it comes (``_relay``); its end says why it exited
             start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the children in order
         )
+        assert self.proc.stderr is not None
+        threading.Thread(
+            target=_relay, args=(self.proc.stderr, self.tail), name=f"{self.name}-stderr", daemon=True
+        ).start()
+
+    def last_error(self) -> str | None:
+        """Why it stopped, in its own words (``stated_reason`` of its stderr's end)."""
+        return stated_reason(self.tail.decode(errors="replace"))
+
+    def exit_reason(self, when: str) -> str:
+        """``NAME exited WHEN with code N``, and its own last error line if it said one."""
+        code = self.proc.returncode if self.proc is not None else None
+        why = self.last_error()
+        return f"{self.name} exited {when} with code {code}" + (f": {why}" if why else "")
+
+    def checked_config(self) -> ServiceConfig:
+        """Its config from its command line (and the environment it inherits), checked as the
+        service checks it at its start; ConfigError names the service and the setting."""
+        cls, named = SERVICE_CONFIGS[self.argv[0]]
+        parser = service_parser(cls, self.name, served_name=named, parser_class=RaisingParser)
+        try:
+            return load(cls, parse_args(parser, self.argv[1:]))
+        except ConfigError as e:
+            raise ConfigError(f"{self.name}: {e}") from None
 
     def healthy(self) -> bool:
         if self.grpc_address:
@@ -92,9 +164,21 @@ class Cluster:
 
     supervisor: Supervisor | None = None
 
-    def start(self, timeout: float = 300.0) -> None:
+    def check(self) -> None:
+        """ConfigError naming the first service whose command line cannot work or that could not
+        listen on its ports: what would fail its start, found before anything starts."""
         for s in self.services:
-            s.start()
+            cfg = s.checked_config()
+            try:
+                check_listen(cfg.host, cfg.listens())
+            except ConfigError as e:
+                raise ConfigError(f"{s.name}: {e}") from None
+
+    def start(self, timeout: float = 300.0) -> None:
+        """Starts every service and waits until all are ready; StartFailed (the others stopped)
+        when one exits meanwhile, naming it and its own reason, or when ``timeout`` passes."""
+        for svc in self.services:
+            svc.start()
         deadline = time.monotonic() + timeout
         pending: list[Service | str] = [*self.services, "routes"]
         while pending:
@@ -105,15 +189,13 @@ class Cluster:
                     continue
                 if not s.alive():
                     self.stop()
-                    raise RuntimeError(
-                        f"{s.name} exited with {s.proc.returncode if s.proc else '?'} during start"
-                    )
+                    raise StartFailed(s.exit_reason("during start"))
                 if s.healthy():
                     pending.remove(s)
             if pending and time.monotonic() > deadline:
                 self.stop()
-                names = [s if isinstance(s, str) else s.name for s in pending]
-                raise TimeoutError(f"not ready after {timeout:.0f} s: {names}")
+                names = ", ".join(s if isinstance(s, str) else s.name for s in pending)
+                raise StartFailed(f"not ready after {timeout:.0f} s: {names}")
             time.sleep(0.2)
 
     def gateway_connected(self) -> int:
@@ -171,6 +253,26 @@ def _say(line: str) -> None:
     print(f"radixserve: {line}", file=sys.stderr, flush=True)
 
 
+def _relay(pipe: typing.IO[bytes], tail: bytearray) -> None:
+    """Copies a child's stderr to ours as it comes, keeping its last ``TAIL_BYTES`` in ``tail``.
+    Reads on when ours cannot be written: a child must never block on a full pipe."""
+    fd = pipe.fileno()
+    try:
+        while chunk := os.read(fd, 65536):
+            tail += chunk
+            del tail[:-TAIL_BYTES]
+            with contextlib.suppress(OSError):
+                _write_all(2, chunk)
+    finally:
+        pipe.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
     """When a service exits, it is started again: at once if it had run ``fast_crash_s`` or more,
@@ -215,9 +317,11 @@ class Supervisor:
                 ran = now - s.started_at
                 s.fast_crashes = s.fast_crashes + 1 if ran < p.fast_crash_s else 0
                 if s.fast_crashes >= p.max_fast_crashes:
+                    why = s.last_error()
                     return (
                         f"{s.name} exited (code {code}) {s.fast_crashes} times in a row, each within"
-                        f" {p.fast_crash_s:.0f} s of its start; giving up (its log above says why)"
+                        f" {p.fast_crash_s:.0f} s of its start; giving up"
+                        + (f" (its last error: {why})" if why else " (its log above says why)")
                     )
                 delay = (
                     0.0
@@ -278,51 +382,22 @@ def build_cluster(
     prefix_index: str = "memory",
     env: dict[str, str] | None = None,
 ) -> Cluster:
-    """The services' command lines; ``scheduler_args`` come last, so they override the defaults here."""
-    ports = iter([p for p in free_ports(4 + 2 * schedulers) if p != port])
-    detok_port, detok_metrics = next(ports), next(ports)
-    detok = Service(
-        "detokenizer",
-        [
-            "radixserve.detokenizer",
-            "--model",
-            str(model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(detok_port),
-            "--metrics-port",
-            str(detok_metrics),
-        ],
-        grpc_address=f"127.0.0.1:{detok_port}",
-        metrics_url=f"http://127.0.0.1:{detok_metrics}/metrics",
-    )
+    """The services' command lines; ``scheduler_args`` come last, so they override the defaults here.
+    Nothing starts: ``Cluster.check`` says whether they can, ``Cluster.start`` starts them."""
+    if schedulers < 1 or tp_size < 1:
+        raise ValueError(f"schedulers ({schedulers}) and tp_size ({tp_size}) must be at least 1")
+    ports = iter([p for p in free_ports(4 + 2 * schedulers) if p not in (port, grpc_port)])
+    detok = _detokenizer(model, next(ports), next(ports))
     if torch_threads is None:  # share the cores: one left for the gateway and the detokenizer
         torch_threads = max(1, ((os.cpu_count() or 2) - 1) // (schedulers * tp_size))
-    scheds = []
-    for i in range(schedulers):
-        p, mp = next(ports), next(ports)
-        argv = ["radixserve.scheduler", "--model", str(model), "--served-model-name", model_name]
-        argv += ["--host", "127.0.0.1", "--port", str(p), "--metrics-port", str(mp)]
-        if prefix_index != "memory":  # Redis: the pods publish there themselves
-            argv += ["--prefix-index", prefix_index]
-        argv += ["--advertise-address", f"127.0.0.1:{p}", "--detokenizer", f"127.0.0.1:{detok_port}"]
-        argv += [
-            "--torch-threads",
-            str(torch_threads),
-            "--drain-timeout",
-            str(drain_timeout),
-            *(["--tp-size", str(tp_size)] if tp_size > 1 else []),
-            *scheduler_args,
-        ]
-        scheds.append(
-            Service(
-                f"scheduler-{i}",
-                argv,
-                grpc_address=f"127.0.0.1:{p}",
-                metrics_url=f"http://127.0.0.1:{mp}/metrics",
-            )
-        )
+    common = ["--torch-threads", str(torch_threads), "--drain-timeout", str(drain_timeout)]
+    common += ["--tp-size", str(tp_size)] if tp_size > 1 else []
+    if prefix_index != "memory":  # Redis: the pods publish there themselves
+        common += ["--prefix-index", prefix_index]
+    scheds = [
+        _scheduler(i, model, model_name, next(ports), next(ports), detok, [*common, *scheduler_args])
+        for i in range(schedulers)
+    ]
     gport = grpc_port or next(ports)
     argv = ["radixserve.tokenizer", "--model", str(model), "--served-model-name", model_name]
     argv += ["--host", host, "--port", str(port), "--grpc-port", str(gport)]
@@ -342,3 +417,28 @@ def build_cluster(
         svc.env = dict(env or {})  # e.g. OTEL_EXPORTER_OTLP_ENDPOINT: each names itself radixserve-<kind>
         svc.tls = tls
     return Cluster(gateway, scheds, detok, f"http://{url_host}:{port}", f"{url_host}:{gport}")
+
+
+def _detokenizer(model: Path, port: int, metrics_port: int) -> Service:
+    argv = ["radixserve.detokenizer", "--model", str(model), "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--metrics-port", str(metrics_port)]
+    return Service(
+        "detokenizer",
+        argv,
+        grpc_address=f"127.0.0.1:{port}",
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+    )
+
+
+def _scheduler(
+    i: int, model: Path, model_name: str, port: int, metrics_port: int, detok: Service, extra: list[str]
+) -> Service:
+    argv = ["radixserve.scheduler", "--model", str(model), "--served-model-name", model_name]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port)]
+    argv += ["--advertise-address", f"127.0.0.1:{port}", "--detokenizer", detok.grpc_address or ""]
+    return Service(
+        f"scheduler-{i}",
+        [*argv, *extra],
+        grpc_address=f"127.0.0.1:{port}",
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+    )

@@ -29,7 +29,9 @@ NUMBERS = [  # numbers on CPU too
     "overlap_speedup",
     "nano_vllm_published_tok_s",
 ]
-GPU_ONLY = ["gpu_idle_ms_p50", "gpu_idle_ms_p90", "gpu_idle_frac"]
+# the GPU's own time per decode step and its idle gap before one (CUDA events): None on CPU
+GPU_STEP = [f"decode_gpu_{k}ms_bs{b}{s}" for k in ("", "idle_") for b in (1, 8, 64) for s in ("", "_eager")]
+GPU_ONLY = ["gpu_idle_ms_p50", "gpu_idle_ms_p90", "gpu_idle_frac", *GPU_STEP]
 TARGETS = [
     "decode_ms_bs1_le_2x_floor",
     "kernels_per_layer_le_15",
@@ -38,19 +40,21 @@ TARGETS = [
 ]
 
 
-# The smoke report's keys as benchmarks/gpu.py wrote them before it became a package (no GPU run is
-# committed to compare with): top level (""), and one level down for each dict-valued entry.
+# The smoke report's keys (no GPU run is committed to compare with): top level (""), and one level
+# down for each dict-valued entry. A partial report (a stage failed or not run) has the same keys.
 SMOKE_KEYS = {
-    "": """benchmark device torch_version flashinfer_version attention_backend cuda_graphs_used
-        decode_ms_bs1 decode_ms_bs8 decode_ms_bs64 decode_ms_bs1_eager decode_ms_bs8_eager
+    "": " ".join(GPU_STEP)
+    + """ benchmark partial stages device torch_version flashinfer_version attention_backend
+        cuda_graphs_used decode_ms_bs1 decode_ms_bs8 decode_ms_bs64 decode_ms_bs1_eager decode_ms_bs8_eager
         decode_ms_bs64_eager floor_ms_bs1 d2d_gbps kernels_per_decode_step num_layers kernels_per_layer
         kernel_count_method offline_tok_s hf_tok_s speedup_vs_hf nano_vllm_published_tok_s
         nano_vllm_device overlap_speedup gpu_idle_ms_p50 gpu_idle_ms_p90 gpu_idle_frac gpu_trace_steps
         gpu_busy_ms_total gpu_idle_ms_total gpu_trace config floor decode kernels offline hf machine
         targets benchmark_wall_s""",
-    "config": """model model_shapes smoke device_arg dtype seed page_size chunked_prefill_size batch_sizes
-        prompt_len decode_steps profile_steps num_requests input_range output_range hf_batch_sizes_tried
-        max_running_requests workload sampling""",
+    "stages": "bandwidth decode_graphs decode_eager offline_overlap hf offline_normal gpu_trace",
+    "config": """model model_shapes smoke preset stages_asked device_arg dtype seed page_size
+        chunked_prefill_size batch_sizes prompt_len decode_steps profile_steps num_requests input_range
+        output_range hf_batch_sizes_tried max_running_requests workload sampling""",
     "floor": """weight_bytes kv_bytes_per_token kv_tokens_read_bs1_median bytes_read_bs1 d2d_gbps
         copy_bytes copy_ms_each_round d2d_method""",
     "decode": "graphs eager",
@@ -94,6 +98,7 @@ def test_smoke_run_writes_every_figure(smoke_run):
     assert report["kernels_per_layer"] == pytest.approx(report["kernels_per_decode_step"] / 2)
     assert report["cuda_graphs_used"] is False and report["attention_backend"]
     assert isinstance(report["torch_version"], str) and "flashinfer_version" in report
+    assert report["partial"] is False and set(report["stages"].values()) == {"done"}
     assert set(TARGETS) <= set(report["targets"])
     assert all(report["targets"][k] is None for k in TARGETS)  # not judged on CPU
     # every request got exactly its output length, on both loops
@@ -112,6 +117,23 @@ def test_smoke_run_has_the_key_structure_it_had_before_the_split(smoke_run):
             assert set(report[key]) == set(keys.split()), key
     # every dict-valued entry is listed above
     assert {k for k, v in report.items() if isinstance(v, dict)} == set(SMOKE_KEYS) - {""}
+
+
+def test_a_run_of_some_stages_is_a_partial_report_with_every_key(gpu_bench, tmp_path):
+    """The JSON is written after every stage; a run that did not do them all says so, and keeps
+    every key (None where not measured), so a reader of a cut-short run finds the same layout."""
+    stages = "bandwidth,decode_graphs"
+    assert gpu_bench.main(["--smoke", "--stages", stages, "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu-cpu.json").read_text())
+    assert set(report) == set(SMOKE_KEYS[""].split())
+    assert report["partial"] is True
+    assert [k for k, v in report["stages"].items() if v == "done"] == stages.split(",")
+    assert {v for k, v in report["stages"].items() if k not in stages} == {"not run"}
+    assert report["decode_ms_bs1"] > 0 and report["floor_ms_bs1"] > 0
+    assert report["decode_ms_bs1_eager"] is None and report["offline_tok_s"] is None
+    assert report["overlap_speedup"] is None and report["targets"]["speedup_vs_hf_ge_10"] is None
+    assert (tmp_path / "gpu-cpu.png").stat().st_size > 0
+    assert not list(tmp_path.glob("*.tmp"))  # each write replaced the file whole
 
 
 def test_idle_stats_and_targets(gpu_bench):
@@ -140,3 +162,9 @@ def test_idle_stats_and_targets(gpu_bench):
 def test_bench_gpu_parses_its_flags(gpu_bench):
     args = gpu_bench.parse_args(["--smoke", "--num-requests", "4", "--out", "x"])
     assert args.smoke and args.num_requests == 4 and str(args.out) == "x"
+    check = gpu_bench.parse_args(["--preset", "check", "--device", "cpu", "--stages", "hf,bandwidth"])
+    assert (check.num_requests, check.max_running_requests, check.hf_batch_sizes) == (64, 64, (64,))
+    assert tuple(check.input_range) == (64, 512) and tuple(check.output_range) == (64, 256)
+    assert check.stages == ["hf", "bandwidth"]  # run in the benchmark's own order
+    with pytest.raises(SystemExit):
+        gpu_bench.parse_args(["--smoke", "--stages", "decode"])

@@ -2,8 +2,10 @@
 the scheduler's ``memory/`` and ``policy/`` packages, the core types they share (``req``, ``batch``,
 ``config``), the ``EngineWorker`` (``worker``), tensor parallelism (``tensor_parallel``,
 ``model.parallel``), what runs between the model and the sampler (``model.logits``,
-``model.penalties``, ``grammar``) and the tool-call parsers. pyproject.toml's ``[tool.mypy]`` names the set;
-the modules they import are read for their types, their own errors not reported.
+``model.penalties``, ``grammar``), the tool-call parsers, the OpenAI front end (its field table,
+requests, reasoning and tool output, the Responses API) and the detokenizer's incremental decoding.
+pyproject.toml's ``[tool.mypy]`` names the set; the modules they import are read for their types,
+their own errors not reported.
 
 mypy cannot follow the editable install's import hook (``radixserve`` is ``services/`` through
 setuptools' package-dir), so it runs in a folder where ``radixserve`` is a link to ``services/``.
@@ -38,6 +40,23 @@ MODULES = (
     "radixserve.scheduler.grammar",  # structured outputs (llguidance)
     "radixserve.tokenizer.tool_calls",
     "radixserve.tokenizer.tool_grammar",
+    # the OpenAI front end: field policy, requests, reasoning and tool output, the Responses API
+    "radixserve.tokenizer.request_fields",
+    "radixserve.tokenizer.field_policy",
+    "radixserve.tokenizer.reasoning",
+    "radixserve.tokenizer.chat_plan",
+    "radixserve.tokenizer.chat_request",
+    "radixserve.tokenizer.openai_api",
+    "radixserve.tokenizer.openai_choices",
+    "radixserve.tokenizer.openai_responses",
+    "radixserve.tokenizer.responses_api",
+    "radixserve.tokenizer.responses_route",
+    "radixserve.tokenizer.response_store",
+    "radixserve.tokenizer.http_util",
+    "radixserve.tokenizer.errors",
+    "radixserve.tokenizer.model_text",
+    "radixserve.tokenizer.tool_call_text",
+    "radixserve.detokenizer.incremental",
 )
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's flags, with their full-run / ``--smoke`` defaults."""
+"""The benchmark's flags, with their full-run / ``--preset check`` / ``--smoke`` defaults."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import _common as common
+
+from .stages import STAGES
 
 FULL, SMOKE = common.presets(
     (  # (setting, full run, --smoke)
@@ -23,6 +25,16 @@ FULL, SMOKE = common.presets(
         ("threads", None, 1),
     )
 )
+# What scripts/gpu-check's phase 2 runs: every stage, at sizes that fit one device command with the
+# flashinfer JIT build before it (docs/gpu.md): 64 requests, graph buckets up to 64, one HF batch.
+CHECK = {
+    **FULL,
+    "num_requests": 64,
+    "input_range": (64, 512),
+    "output_range": (64, 256),
+    "max_running_requests": 64,
+}
+PRESETS = {"full": FULL, "check": CHECK}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -31,6 +43,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=summary)
     p.add_argument(
         "--smoke", action="store_true", help="tiny model on CPU, tiny counts: end to end in < 1 min"
+    )
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS), default="full", help="sizes: full, or check (scripts/gpu-check)"
+    )
+    p.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help=f"comma-separated, run in this order: {','.join(STAGES)} (default all; fewer: a partial report)",
     )
     p.add_argument("--device", default=None, help="cuda (default) or cpu (--smoke's default)")
     p.add_argument("--dtype", default=None, help="bfloat16 (default on CUDA) or float32 (default on CPU)")
@@ -54,7 +74,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (smoke: 1)")
     args = p.parse_args(argv)
     args.quick = args.smoke  # common.fill_defaults' switch
-    common.fill_defaults(args, FULL, SMOKE)
+    common.fill_defaults(args, PRESETS[args.preset], SMOKE)
+    args.stages = [s for s in args.stages.split(",") if s]
+    unknown = sorted(set(args.stages) - set(STAGES))
+    if unknown or not args.stages:
+        p.error(f"--stages: {unknown or 'none'}; choose from {','.join(STAGES)}")
     args.device = args.device or ("cpu" if args.smoke else "cuda")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     common.check_ranges(p, args, ["input_range", "output_range"])

@@ -1,4 +1,5 @@
-"""Decode step time at batch 1, 8 and 64 on the normal loop, with CUDA graphs on or off."""
+"""Decode step time at batch 1, 8 and 64 on the normal loop, with CUDA graphs on or off: host time
+per step, and on CUDA the GPU's own time per step and its idle gap between steps."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from .model import make_engine
 BATCH_SIZES = (1, 8, 64)
 
 
-def time_decode(engine: Any, batch_size: int, args: argparse.Namespace, rng: Any, vocab: int) -> dict:
+def time_decode(
+    engine: Any, batch_size: int, args: argparse.Namespace, rng: Any, vocab: int
+) -> dict[str, Any]:
     """``batch_size`` requests decode together; every decode step of all of them is timed."""
     from radixserve.scheduler.batch import ForwardMode
 
@@ -32,10 +35,13 @@ def time_decode(engine: Any, batch_size: int, args: argparse.Namespace, rng: Any
             rows.append((processed - launched, int((batch.prefix_lens + batch.extend_lens).sum())))
 
     engine.loop.on_batch = on_batch
+    engine.loop.enable_gpu_trace()  # CUDA events around every forward (a no-op on CPU)
     try:
         engine.generate(input_ids=prompts(), sampling_params=offline.greedy(args.decode_steps))
+        traced = engine.loop.gpu_trace()
     finally:
         engine.loop.on_batch = None
+        engine.loop.trace = None
     ms = [1e3 * s for s, _ in rows]
     return {
         "batch_size": batch_size,
@@ -45,6 +51,22 @@ def time_decode(engine: Any, batch_size: int, args: argparse.Namespace, rng: Any
         "p90_ms": common.percentile(ms, 90),
         "min_ms": min(ms, default=float("nan")),
         "kv_tokens_read_median": statistics.median(c for _, c in rows) if rows else float("nan"),
+        **gpu_step_times(traced, batch_size),
+    }
+
+
+def gpu_step_times(traced: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
+    """The GPU's own time per decode step of all ``batch_size`` requests (CUDA events around the
+    forward: what the host time above leaves out is scheduling, preparing and processing) and its
+    idle time before each such step; None on CPU, where nothing is traced."""
+    steps = [s for s in traced if s["mode"] == "decode" and s["batch_size"] == batch_size]
+    gpu = [float(s["gpu_ms"]) for s in steps]
+    idle = [float(s["idle_before_ms"]) for s in steps if s["idle_before_ms"] is not None]
+    return {
+        "gpu_steps_timed": len(gpu),
+        "gpu_median_ms": statistics.median(gpu) if gpu else None,
+        "gpu_p90_ms": common.percentile(gpu, 90) if gpu else None,
+        "gpu_idle_median_ms": statistics.median(idle) if idle else None,
     }
 
 
@@ -52,10 +74,10 @@ def decode_capacity(args: argparse.Namespace) -> int:
     """KV slots for the decode runs: the largest batch at full length, twice (a run's prefixes stay
     cached while the next runs), and a margin."""
     per_req = args.prompt_len + max(args.decode_steps, args.profile_steps + 8) + 2 * args.page_size
-    return 2 * max(BATCH_SIZES) * per_req + 64 * args.page_size
+    return int(2 * max(BATCH_SIZES) * per_req + 64 * args.page_size)
 
 
-def measure_decode(model_path: Path, args: argparse.Namespace, graphs: bool, vocab: int) -> dict:
+def measure_decode(model_path: Path, args: argparse.Namespace, graphs: bool, vocab: int) -> dict[str, Any]:
     """Decode step times at every batch size on one engine; with graphs off also the kernel count."""
     import numpy as np
 

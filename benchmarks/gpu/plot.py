@@ -1,8 +1,10 @@
-"""gpu-<device>.png: decode step times against the floor, GPU idle between steps, offline throughput."""
+"""gpu-<device>.png: decode step times (host and GPU) against the floor, GPU idle between steps, offline
+throughput; a stage that did not run draws as zero."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import _common as common
 
@@ -10,18 +12,24 @@ from .decode import BATCH_SIZES
 from .throughput import NANO_VLLM
 
 
-def plot(report: dict, path: Path) -> None:
+def plot(report: dict[str, Any], path: Path) -> None:
     plt = common.pyplot()
     fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.6))
     x = range(len(BATCH_SIZES))
-    w = 0.38
-    for k, (suffix, label, color) in enumerate(
-        (("", "CUDA graphs", "#4c72b0"), ("_eager", "eager", "#dd8452"))
-    ):
-        vals = [report[f"decode_ms_bs{b}{suffix}"] or 0.0 for b in BATCH_SIZES]
-        bars = ax.bar([i + (k - 0.5) * w for i in x], vals, w, label=label, color=color)
+    w = 0.27
+    series = (
+        ("decode_ms_bs", "", "CUDA graphs, host", "#4c72b0"),
+        ("decode_gpu_ms_bs", "", "CUDA graphs, GPU", "#8fb0dd"),
+        ("decode_ms_bs", "_eager", "eager, host", "#dd8452"),
+    )
+    for k, (key, suffix, label, color) in enumerate(series):
+        vals = [report[f"{key}{b}{suffix}"] or 0.0 for b in BATCH_SIZES]
+        bars = ax.bar([i + (k - 1) * w for i in x], vals, w, label=label, color=color)
         for b, v in zip(bars, vals, strict=True):
-            ax.annotate(f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+            if v > 0:  # log scale: a missing figure (0) has no place on it
+                ax.annotate(
+                    f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=7
+                )
     if report["floor_ms_bs1"]:
         floor = report["floor_ms_bs1"]
         ax.hlines(floor, -0.5, 0.5, colors="#c44e52", linestyles="--", label=f"floor bs1 {floor:.3f} ms")
@@ -51,10 +59,10 @@ def plot(report: dict, path: Path) -> None:
         f"nano-vllm\n(published, {NANO_VLLM['nano_vllm_device']})",
     ]
     off = report["offline"]
-    tps = [
-        report["hf_tok_s"],
-        off["normal"]["output_tok_s"],
-        off["overlap"]["output_tok_s"],
+    tps = [  # 0 where a stage did not run (a partial report)
+        report["hf_tok_s"] or 0.0,
+        (off["normal"] or {}).get("output_tok_s", 0.0),
+        (off["overlap"] or {}).get("output_tok_s", 0.0),
         NANO_VLLM["nano_vllm_published_tok_s"],
     ]
     bars = ax3.bar(names, tps, color=["#999999", "#4c72b0", "#55a868", "#cccccc"])

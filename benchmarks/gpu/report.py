@@ -1,12 +1,13 @@
-"""One whole benchmark run: every measurement in order on one temporary model, then the report with
-its headline figures, the memory floor, the sections behind them and the targets."""
+"""One whole benchmark run: the stages in order on one temporary model, then the report with its
+headline figures, the memory floor, the sections behind them and the targets. The report is built
+after every stage too (``write``), with None for the figures not measured yet."""
 
 from __future__ import annotations
 
 import argparse
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,111 +17,113 @@ from _machine import machine_info
 
 from radixserve.common.demo_model import SHAPES
 
-from .decode import BATCH_SIZES, measure_decode
-from .device import copy_bandwidth, device_name, flashinfer_version, release
+from .decode import BATCH_SIZES
+from .device import device_name, flashinfer_version
 from .model import QWEN3_0_6B, build_model, tokenizer_vocab
-from .throughput import NANO_VLLM, idle_stats, measure_hf, measure_offline
+from .stages import Measurements, measure
+from .throughput import NANO_VLLM, idle_stats
 
 TRACE_KEEP = 2000  # GPU trace steps kept in the JSON
 TARGETS = {"decode_vs_floor": 2.0, "kernels_per_layer": 15, "speedup_vs_hf": 10.0, "overlap_speedup": 1.15}
 
 
-@dataclass
-class Measurements:
-    """What one run measured, before it is reported."""
-
-    bandwidth: dict  # copy_bandwidth
-    graphs: dict  # measure_decode, CUDA graphs on
-    eager: dict  # measure_decode, graphs off (with the kernel count)
-    reqs: list[dict]  # the offline workload
-    overlap: dict  # measure_offline, overlap loop
-    normal: dict  # measure_offline, normal loop
-    trace: list[dict]  # the GPU idle trace (overlap loop; empty on CPU)
-    hf: dict  # measure_hf
-
-
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, write: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The whole run; ``write`` gets the report after every stage (and the final one)."""
     import torch
 
     t_start = time.perf_counter()
     threads_before = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
+
+    def report(m: Measurements) -> dict[str, Any]:
+        return common.finish_report(build_report(args, m), t_start)
+
     try:
-        m = measure(args)
+        with tempfile.TemporaryDirectory(prefix="radixserve-bench-gpu-") as tmp:
+            model_path = build_model(Path(tmp) / "model", args.smoke, args.dtype, args.seed)
+            vocab = tokenizer_vocab(model_path)
+            m = measure(args, model_path, vocab, lambda m: write(report(m)) if write else None)
     finally:
         torch.set_num_threads(threads_before)
-    return common.finish_report(build_report(args, m), t_start)
+    return report(m)
 
 
-def measure(args: argparse.Namespace) -> Measurements:
-    """Every measurement, in the docstring's order, each engine or model freed before the next."""
-    with tempfile.TemporaryDirectory(prefix="radixserve-bench-gpu-") as tmp:
-        model_path = build_model(Path(tmp) / "model", args.smoke, args.dtype, args.seed)
-        vocab = tokenizer_vocab(model_path)
-        bw = copy_bandwidth(args.device, args.copy_mib)
-        print(f"copy bandwidth: {bw['d2d_gbps']:.0f} GB/s", flush=True)
-        graphs = measure_decode(model_path, args, graphs=True, vocab=vocab)
-        release(args.device)
-        eager = measure_decode(model_path, args, graphs=False, vocab=vocab)
-        release(args.device)
-
-        reqs = offline.build_workload(
-            args.num_requests, tuple(args.input_range), tuple(args.output_range), 0.0, 0, vocab, args.seed
-        )
-        ours_overlap, _ = measure_offline(model_path, reqs, args, overlap=True, trace=False)
-        release(args.device)
-        ours_normal, _ = measure_offline(model_path, reqs, args, overlap=False, trace=False)
-        release(args.device)
-        _, trace = measure_offline(model_path, reqs, args, overlap=True, trace=True)
-        release(args.device)
-        hf = measure_hf(model_path, reqs, args)
-    return Measurements(bw, graphs, eager, reqs, ours_overlap, ours_normal, trace, hf)
+def _per_batch(run: dict[str, Any] | None, b: int, key: str) -> Any:
+    """A decode run's figure at batch size ``b``; None when that run did not happen."""
+    return None if run is None else run["by_batch_size"][str(b)].get(key)
 
 
-def _decode_ms(run: dict, b: int) -> float:
-    return run["by_batch_size"][str(b)]["median_ms"]
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
 
 
-def build_report(args: argparse.Namespace, m: Measurements) -> dict:
+def decode_figures(m: Measurements) -> dict[str, Any]:
+    """Host time per decode step (launch to processed tokens), the GPU's own time per step (CUDA
+    events around the forward; None on CPU) and the GPU's idle gap before each step, graphs on and
+    off; medians over the timed steps."""
+    out: dict[str, Any] = {}
+    for suffix, run in (("", m.graphs), ("_eager", m.eager)):
+        for b in BATCH_SIZES:
+            out[f"decode_ms_bs{b}{suffix}"] = _per_batch(run, b, "median_ms")
+            out[f"decode_gpu_ms_bs{b}{suffix}"] = _per_batch(run, b, "gpu_median_ms")
+            out[f"decode_gpu_idle_ms_bs{b}{suffix}"] = _per_batch(run, b, "gpu_idle_median_ms")
+    return out
+
+
+def floor_figures(m: Measurements) -> dict[str, Any]:
+    """The bs-1 memory floor: every weight and the KV one step reads, at the copy bandwidth."""
+    run = m.graphs or m.eager
+    if run is None:
+        return {}
+    kv_tokens = run["by_batch_size"]["1"]["kv_tokens_read_median"]
+    floor_bytes = run["weight_bytes"] + run["kv_bytes_per_token"] * kv_tokens
+    return {
+        "weight_bytes": run["weight_bytes"],
+        "kv_bytes_per_token": run["kv_bytes_per_token"],
+        "kv_tokens_read_bs1_median": kv_tokens,
+        "bytes_read_bs1": floor_bytes,
+        **(m.bandwidth or {}),
+    }
+
+
+def build_report(args: argparse.Namespace, m: Measurements) -> dict[str, Any]:
+    """The report from what ``m`` holds: every key always present (None where not measured), the
+    figures a reader wants first at the top."""
     import torch
 
     cuda = args.device.startswith("cuda")
-    kv_tokens = m.graphs["by_batch_size"]["1"]["kv_tokens_read_median"]
-    floor_bytes = m.graphs["weight_bytes"] + m.graphs["kv_bytes_per_token"] * kv_tokens
-    kern = m.eager["kernels"]
-    per_step = kern["kernels_per_decode_step"]
-    num_layers = m.eager["num_layers"]
+    floor = floor_figures(m)
+    gbps = (m.bandwidth or {}).get("d2d_gbps")
+    kern = m.eager["kernels"] if m.eager else None
+    per_step = kern["kernels_per_decode_step"] if kern else None
+    num_layers = (m.eager or m.graphs or {}).get("num_layers")
+    ours, hf, normal = (r["output_tok_s"] if r else None for r in (m.overlap, m.hf, m.normal))
     report: dict[str, Any] = {
         "benchmark": "GPU decode: step time vs memory floor, kernels per step, offline throughput vs HF",
+        "partial": m.partial,
+        "stages": dict(m.status),
         "device": device_name(args.device),
-        "torch_version": torch.__version__,
-        "flashinfer_version": flashinfer_version(),
-        "attention_backend": m.graphs["attention_backend"],
-        "cuda_graphs_used": m.graphs["cuda_graphs_enabled"],
-        **{f"decode_ms_bs{b}": _decode_ms(m.graphs, b) for b in BATCH_SIZES},
-        **{f"decode_ms_bs{b}_eager": _decode_ms(m.eager, b) for b in BATCH_SIZES},
-        "floor_ms_bs1": 1e3 * floor_bytes / (m.bandwidth["d2d_gbps"] * 1e9),
-        "d2d_gbps": m.bandwidth["d2d_gbps"],
+        **decode_figures(m),
+        "floor_ms_bs1": 1e3 * floor["bytes_read_bs1"] / (gbps * 1e9) if floor and gbps else None,
+        "d2d_gbps": gbps,
         "kernels_per_decode_step": per_step,
         "num_layers": num_layers,
-        "kernels_per_layer": None if per_step is None else per_step / num_layers,
-        "kernel_count_method": kern["kernel_count_method"],
-        "offline_tok_s": m.overlap["output_tok_s"],
-        "hf_tok_s": m.hf["output_tok_s"],
-        "speedup_vs_hf": m.overlap["output_tok_s"] / m.hf["output_tok_s"],
+        "kernels_per_layer": None if per_step is None or not num_layers else per_step / num_layers,
+        "kernel_count_method": kern["kernel_count_method"] if kern else None,
+        "offline_tok_s": ours,
+        "hf_tok_s": hf,
+        "speedup_vs_hf": _ratio(ours, hf),
         **NANO_VLLM,
-        "overlap_speedup": m.overlap["output_tok_s"] / m.normal["output_tok_s"],
-        **idle_stats(m.trace),
-        "gpu_trace": m.trace[:TRACE_KEEP],
+        "overlap_speedup": _ratio(ours, normal),
+        **idle_stats(m.trace or []),
+        "gpu_trace": (m.trace or [])[:TRACE_KEEP],
+        "torch_version": torch.__version__,
+        "flashinfer_version": flashinfer_version(),
+        "attention_backend": (m.graphs or m.eager or {}).get("attention_backend"),
+        "cuda_graphs_used": m.graphs["cuda_graphs_enabled"] if m.graphs else None,
         "config": run_config(args, m.reqs),
-        "floor": {
-            "weight_bytes": m.graphs["weight_bytes"],
-            "kv_bytes_per_token": m.graphs["kv_bytes_per_token"],
-            "kv_tokens_read_bs1_median": kv_tokens,
-            "bytes_read_bs1": floor_bytes,
-            **m.bandwidth,
-        },
+        "floor": floor,
         "decode": {"graphs": m.graphs, "eager": m.eager},
         "kernels": kern,
         "offline": {"overlap": m.overlap, "normal": m.normal},
@@ -131,12 +134,14 @@ def build_report(args: argparse.Namespace, m: Measurements) -> dict:
     return report
 
 
-def run_config(args: argparse.Namespace, reqs: list[dict]) -> dict:
+def run_config(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str, Any]:
     """The report's ``config``: the model, every setting and the offline workload."""
     return {
         "model": "random-weight Qwen3, " + ("tiny shapes (--smoke)" if args.smoke else "Qwen3-0.6B shapes"),
         "model_shapes": dict(SHAPES["tiny"] if args.smoke else QWEN3_0_6B),
         "smoke": args.smoke,
+        "preset": "smoke" if args.smoke else args.preset,
+        "stages_asked": list(args.stages),
         "device_arg": args.device,
         "dtype": args.dtype,
         "seed": args.seed,
@@ -156,7 +161,7 @@ def run_config(args: argparse.Namespace, reqs: list[dict]) -> dict:
     }
 
 
-def judge(r: dict, cuda: bool) -> dict:
+def judge(r: dict[str, Any], cuda: bool) -> dict[str, Any]:
     """The targets, on a CUDA run only (None where a figure is missing, all None on CPU)."""
 
     def at_most(a: Any, b: Any) -> bool | None:

@@ -5,6 +5,12 @@ A config field declared with ``setting(default, help)`` becomes the flag ``--foo
 command line wins over the environment. ``--help`` lists the variable beside each flag. The
 services' configs live in ``service_config.py``. ``--model demo`` means the generated demo model
 (built on first use).
+
+Bad input is one line naming it, before a service starts anything: a number outside its setting's
+``Bounds`` is refused as the flag (or variable) is parsed, two settings in conflict by the config
+class's ``check`` (``load``), a model folder that cannot be one by ``model_problem``; the services'
+``__main__`` and ``radixserve serve`` (which checks every service's command line before starting
+any) share all of it through ``load_service`` / ``service_parser``.
 """
 
 from __future__ import annotations
@@ -12,12 +18,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
+import math
 import os
+import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Literal, NoReturn, TypedDict, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -29,6 +38,56 @@ T = TypeVar("T")
 C = TypeVar("C", bound="DataclassInstance")
 
 
+class ConfigError(ValueError):
+    """A setting that cannot work (out of its range, in conflict with another, a port in use); the
+    message is the one line a failed start prints, and names the flag."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad command line ends in one line (``PROG: error: MESSAGE``) and status 2,
+    without the usage block: the cause is the line a user or a pod's log shows."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class RaisingParser(OneLineParser):
+    """Raises ConfigError instead of exiting: for checking a service's command line in another
+    process (``radixserve serve`` checks its services' before it starts any)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The values a numeric setting admits: ``low`` (excluded when ``low_open``) to ``high``. NaN
+    and infinities are never admitted: no setting means anything by them."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+
+    def admits(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        return above and (self.high is None or value <= self.high)
+
+    def __str__(self) -> str:
+        low, high = _number(self.low), _number(self.high)
+        if self.low is None:
+            return "a finite number" if self.high is None else f"at most {high}"
+        if self.high is None:
+            return f"above {low}" if self.low_open else f"at least {low}"
+        return f"in ({low}, {high}]" if self.low_open else f"{low} to {high}"
+
+
+def _number(x: float | None) -> str:
+    """``x`` as a user wrote it: 65535, not 65535.0."""
+    return str(int(x)) if isinstance(x, int) or (x is not None and x.is_integer()) else f"{x}"
+
+
 class _Meta(TypedDict):
     """What ``setting`` keeps in a field's metadata."""
 
@@ -36,6 +95,7 @@ class _Meta(TypedDict):
     choices: Sequence[str] | None
     required: bool
     negation: tuple[str, str] | None
+    bounds: Bounds | None
 
 
 class _FlagArgs(TypedDict, total=False):
@@ -62,11 +122,50 @@ def setting(
     choices: Sequence[str] | None = None,
     required: bool = False,
     negation: tuple[str, str] | None = None,
+    bounds: Bounds | None = None,
 ) -> T:
     """A config field that is also a flag. ``negation``: (flag, help) of a second flag that sets
-    a ``bool | None`` field to False (``--enable-overlap`` for ``disable_overlap``)."""
-    meta: _Meta = {"help": help, "choices": choices, "required": required, "negation": negation}
+    a ``bool | None`` field to False (``--enable-overlap`` for ``disable_overlap``). ``bounds``: the
+    values a number admits; the flag (and its environment variable) refuses others by name."""
+    meta: _Meta = {
+        "help": help,
+        "choices": choices,
+        "required": required,
+        "negation": negation,
+        "bounds": bounds,
+    }
     return dataclasses.field(default=default, metadata=meta)
+
+
+_KIND = {int: "an integer", float: "a number"}
+
+
+def number_type(base: type[int] | type[float], bounds: Bounds | None) -> Callable[[str], object]:
+    """An argparse ``type`` for a number within ``bounds``: a value outside them is the flag's
+    error (one line naming the range), not a failure later in the service."""
+
+    limits = bounds or Bounds()  # at least finite
+
+    def parse(raw: str) -> object:
+        try:
+            value = base(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {_KIND[base]}, got {raw!r}") from None
+        if not limits.admits(value):
+            raise argparse.ArgumentTypeError(f"must be {limits} (got {raw})")
+        return value
+
+    return parse
+
+
+def flag_type(cls: type[DataclassInstance], name: str) -> Callable[[str], object]:
+    """The argparse ``type`` of ``cls``'s numeric setting ``name``, its bounds included: for a
+    command line that takes the same value under a flag of its own (``radixserve serve --port``)."""
+    f, hint = _setting(cls, name)
+    base, meta = _base(hint), _meta(f)
+    if (base is not int and base is not float) or meta is None:
+        raise TypeError(f"{cls.__name__}.{name} is not a numeric setting")
+    return number_type(int if base is int else float, meta["bounds"])
 
 
 def _fields(cls: type[DataclassInstance]) -> list[tuple[dataclasses.Field[object], object]]:
@@ -77,6 +176,17 @@ def _fields(cls: type[DataclassInstance]) -> list[tuple[dataclasses.Field[object
 def _config_class(hint: object) -> type[DataclassInstance] | None:
     """``hint`` if it is a nested config (a dataclass), else None."""
     return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+
+
+def _setting(cls: type[DataclassInstance], name: str) -> tuple[dataclasses.Field[object], object]:
+    """The field of setting ``name`` and its type hint, found in ``cls`` or a config nested in it."""
+    for f, hint in _fields(cls):
+        nested = _config_class(hint)
+        if nested is not None and name in flag_fields(nested):
+            return _setting(nested, name)
+        if nested is None and f.name == name and _meta(f) is not None:
+            return f, hint
+    raise KeyError(f"{cls.__name__} has no setting {name!r}")
 
 
 def _meta(f: dataclasses.Field[object]) -> _Meta | None:
@@ -133,7 +243,9 @@ def add_flags(
         else:
             if base is tuple:
                 kw["nargs"], kw["type"] = "+", str
-            elif callable(base):  # int, float, str: the field's type parses the flag's value
+            elif base is int or base is float:  # parsed and held to its bounds at the flag
+                kw["type"] = number_type(int if base is int else float, meta["bounds"])
+            elif callable(base):  # str: the field's type parses the flag's value
                 kw["type"] = base
             else:
                 raise ValueError(f"{cls.__name__}.{f.name}: no flag for a field of type {hint!r}")
@@ -169,13 +281,15 @@ def env_flag(raw: str) -> bool:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse ``argv`` with defaults taken from the environment where a variable is set."""
+    """Parse ``argv`` with defaults taken from the environment where a variable is set. A flag on
+    the command line wins: its variable is not read at all (a stale bad value there is no error)."""
+    args = list(sys.argv[1:] if argv is None else argv)
     for action in parser._actions:
         if not action.option_strings or action.dest in ("help", "version"):
             continue
         var = env_name(action.dest)
         action.help = f"{action.help or ''} [env {var}]".strip()
-        if var not in os.environ:
+        if var not in os.environ or _given(action, args):
             continue
         raw = os.environ[var]
         if isinstance(action, argparse._StoreFalseAction):  # the negation of a flag set above
@@ -183,16 +297,80 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
             action.default = env_flag(raw)
         elif action.nargs in ("+", "*"):
-            action.default = [_convert(action, x) for x in raw.split()]
+            action.default = [_convert(parser, action, var, x) for x in raw.split()]
         else:
-            action.default = _convert(action, raw)
+            action.default = _convert(parser, action, var, raw)
         action.required = False
-    return parser.parse_args(argv)
+    return parser.parse_args(args)
 
 
-def _convert(action: argparse.Action, raw: str) -> object:
-    """``raw`` parsed by the flag's type (add_flags gives every valued flag a callable one)."""
-    return action.type(raw) if callable(action.type) else raw
+def _given(action: argparse.Action, argv: Sequence[str]) -> bool:
+    """Whether ``argv`` sets ``action``'s flag itself (``--flag V`` or ``--flag=V``)."""
+    return any(a.split("=", 1)[0] in action.option_strings for a in argv)
+
+
+def _convert(parser: argparse.ArgumentParser, action: argparse.Action, var: str, raw: str) -> object:
+    """``raw`` parsed by the flag's type (add_flags gives every valued flag a callable one); a value
+    it refuses is the parser's error naming the variable, as a flag's would name the flag."""
+    if not callable(action.type):
+        return raw
+    try:
+        value = action.type(raw)
+    except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
+        parser.error(f"environment {var}: {e}")
+    if action.choices is not None and value not in action.choices:
+        parser.error(f"environment {var}: {raw!r} is not one of {', '.join(map(str, action.choices))}")
+    return value
+
+
+def check(cfg: DataclassInstance) -> None:
+    """Raises ConfigError for the first rule ``cfg`` breaks that no single flag's range can say
+    (two settings in conflict): each config class states its own in a ``check`` method, nested
+    configs included. A setting's own range is checked when it is parsed (``Bounds``)."""
+    for f, hint in _fields(type(cfg)):
+        if _config_class(hint) is not None:
+            check(getattr(cfg, f.name))
+    own = getattr(cfg, "check", None)
+    if callable(own):
+        own()
+
+
+def load(cls: type[C], args: argparse.Namespace) -> C:
+    """``cls`` from parsed flags, checked (``check``): ConfigError names what cannot work."""
+    cfg = from_args(cls, args)
+    check(cfg)
+    return cfg
+
+
+def load_service(
+    parser: argparse.ArgumentParser, cls: type[C], argv: Sequence[str] | None, weights: bool = False
+) -> tuple[argparse.Namespace, C]:
+    """A service module's flags and environment as its checked config (``load``) and the parsed
+    arguments (``--model`` among them, looked at too): what its start needs, or ConfigError naming
+    the first thing that cannot work, before the service imports or starts anything. ``parser``
+    should be a ``RaisingParser``, so a bad flag is a ConfigError too; ``weights``: the model's
+    folder must hold them (``model_problem``)."""
+    args = parse_args(parser, argv)
+    cfg = load(cls, args)
+    problem = model_problem(args.model, weights)
+    if problem is not None:
+        raise ConfigError(problem)
+    return args, cfg
+
+
+def service_parser(
+    cls: type[DataclassInstance],
+    prog: str,
+    description: str | None = None,
+    served_name: bool = False,
+    parser_class: type[argparse.ArgumentParser] = OneLineParser,
+) -> argparse.ArgumentParser:
+    """A service module's parser: ``--model`` (and ``--served-model-name``) plus ``cls``'s settings.
+    ``radixserve serve`` builds the same one (``RaisingParser``) to check a service's command line."""
+    p = parser_class(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_flag(p, served_name=served_name)
+    add_flags(p, cls)
+    return p
 
 
 def demo_model_dir() -> Path:
@@ -202,14 +380,52 @@ def demo_model_dir() -> Path:
     return Path(root) / "demo-model"
 
 
+# A tokenizer transformers' AutoTokenizer can load is one of these files in the model's folder.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def model_problem(spec: str, weights: bool = False) -> str | None:
+    """Why ``--model spec`` cannot be served, from its folder's file names and config.json alone (no
+    library loads anything); None if it may be. ``weights``: it must hold *.safetensors too (the
+    scheduler's; the gateway and the detokenizer need only the tokenizer)."""
+    if spec == "demo":
+        return None
+    path = Path(spec)
+    if not path.exists():
+        if spec.count("/") == 1 and not spec.startswith((".", "/")):  # a Hugging Face id, as vLLM takes
+            return (
+                f"--model {spec}: no such folder (a Hugging Face id? radixserve fetch-model hf://{spec}"
+                " --cache DIR downloads it and prints its folder)"
+            )
+        return f"--model {spec}: no such folder"
+    if not (path / "config.json").is_file():
+        return f"--model {spec}: no config.json there (a Hugging Face model folder is needed)"
+    try:
+        if not isinstance(json.loads((path / "config.json").read_text()), dict):
+            return f"--model {spec}: config.json is not a JSON object"
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"--model {spec}: config.json cannot be read ({' '.join(str(e).split())})"
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        return f"--model {spec}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)})"
+    if weights and not any(path.glob("*.safetensors")):
+        return f"--model {spec}: no weights there (*.safetensors)"
+    return None
+
+
+def model_path(spec: str) -> Path:
+    """Where ``--model spec`` is (the demo model's folder, written or not): no file is written."""
+    return demo_model_dir() if spec == "demo" else Path(spec)
+
+
 def resolve_model(spec: str) -> Path:
-    """A model folder, or "demo": the generated demo model, written on first use."""
+    """A model folder, or "demo": the generated demo model, written on first use. SystemExit with
+    one line when the folder is not a model's."""
+    problem = model_problem(spec)
+    if problem is not None:
+        raise SystemExit(problem)
+    path = model_path(spec)
     if spec != "demo":
-        path = Path(spec)
-        if not (path / "config.json").is_file():
-            raise SystemExit(f"--model {spec}: no config.json there (a Hugging Face model folder is needed)")
         return path
-    path = demo_model_dir()
     if not (path / "config.json").is_file():
         from radixserve.common.demo_model import make_demo_model
 

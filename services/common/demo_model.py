@@ -8,7 +8,10 @@ and ``AutoTokenizer.from_pretrained`` load it with no network. Nothing is downlo
   Python (so it is identical on every machine with the same Python), with ChatML special tokens and
   a ChatML chat template;
 * the model is built from the transformers config class of the chosen architecture with seeded
-  random weights (a larger ``initializer_range`` than usual so greedy decoding is not degenerate).
+  random weights (a larger ``initializer_range`` than usual so greedy decoding is not degenerate);
+* ``thinking=True`` makes a Qwen3-style thinking model's folder: ``<think>`` and ``</think>`` are
+  added tokens, and the chat template takes ``enable_thinking`` (false: an empty think block ends
+  the prompt) and renders an assistant's ``reasoning_content`` (for --reasoning-parser qwen3).
 
 The same ``(arch, size, seed)`` gives byte-identical files on the same machine.
 """
@@ -98,6 +101,29 @@ the name of the function and its arguments:\n<tool_call>\n{"name": <function-nam
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
 """
+
+THINK_START, THINK_END = "<think>", "</think>"
+
+# CHAT_TEMPLATE with Qwen3's thinking switch: a past assistant turn shows its reasoning_content in a
+# think block; enable_thinking false closes an empty one at the end of the prompt.
+THINKING_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    """    {%- elif message.role == 'tool' %}""",
+    """    {%- elif message.role == 'assistant' and message.reasoning_content is defined \
+and message.reasoning_content %}
+        {{- '<|im_start|>assistant\n<think>\n' + message.reasoning_content + '\n</think>\n\n' \
++ message.content + '<|im_end|>\n' }}
+    {%- elif message.role == 'tool' %}""",
+).replace(
+    """    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+""",
+    """    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+""",
+)
 
 # A Llama-3.1-style template with JSON tool calling (not the demo model's default: tests set it to
 # exercise the llama3_json parser). The header tokens are plain text to the demo tokenizer. With
@@ -257,8 +283,9 @@ def _corpus() -> list[str]:
     return texts
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
-    """A byte-level BPE ``PreTrainedTokenizerFast`` with ChatML special tokens and chat template."""
+def build_tokenizer(vocab_size: int = VOCAB_SIZE, thinking: bool = False) -> PreTrainedTokenizerFast:
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with ChatML special tokens and chat template;
+    ``thinking``: plus Qwen3's <think> tokens and thinking template."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -279,16 +306,21 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    return PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
         eos_token=IM_END,  # chat turns end with <|im_end|>; <|endoftext|> also stops (generation_config)
         pad_token=PAD,
         additional_special_tokens=[EOS, IM_START],
-        chat_template=CHAT_TEMPLATE,
+        chat_template=THINKING_CHAT_TEMPLATE if thinking else CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
         model_max_length=2048,
     )
+    if thinking:  # as Qwen3 has them: added, not special (they show in decoded text)
+        from tokenizers import AddedToken
+
+        fast.add_tokens([AddedToken(THINK_START, special=False), AddedToken(THINK_END, special=False)])
+    return fast
 
 
 def model_config(
@@ -328,14 +360,21 @@ def model_config(
 
 
 def make_demo_model(
-    path: str | os.PathLike[str], arch: str = "llama", size: str = "tiny", seed: int = 0
+    path: str | os.PathLike[str],
+    arch: str = "llama",
+    size: str = "tiny",
+    seed: int = 0,
+    thinking: bool = False,
 ) -> Path:
-    """Write a random-weight HF model folder for ``arch`` / ``size`` to ``path``; return the path."""
+    """Write a random-weight HF model folder for ``arch`` / ``size`` to ``path``; return the path.
+    ``thinking``: a Qwen3-style thinking model's tokenizer and template (the module's docstring)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
-    return save_random_model(path, lambda vocab, ids: model_config(arch, size, vocab, ids), "float32", seed)
+    return save_random_model(
+        path, lambda vocab, ids: model_config(arch, size, vocab, ids), "float32", seed, thinking
+    )
 
 
 def save_random_model(
@@ -343,6 +382,7 @@ def save_random_model(
     make_config: Callable[[int, dict[str, Any]], PretrainedConfig],
     dtype: str = "float32",
     seed: int = 0,
+    thinking: bool = False,
 ) -> Path:
     """Write a random-weight HF folder with the demo tokenizer: ``make_config(vocab_size,
     special_token_ids)`` returns the transformers config (benchmarks pass other shapes, e.g.
@@ -354,7 +394,7 @@ def save_random_model(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(thinking=thinking)
     ids: dict[str, int | list[int]] = dict(
         bos_token_id=_token_id(tokenizer, BOS),
         eos_token_id=[_token_id(tokenizer, IM_END), _token_id(tokenizer, EOS)],

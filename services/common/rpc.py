@@ -228,6 +228,7 @@ def sampling_to_proto(sp: SamplingParams, skip_special_tokens: bool = True) -> p
         ignore_eos=sp.ignore_eos,
         skip_special_tokens=skip_special_tokens,
         logit_bias=dict(sp.logit_bias),
+        include_stop_str=sp.include_stop_str,
     )
     for name, default in _OPTIONAL.items():
         if getattr(sp, name) != default:
@@ -246,6 +247,7 @@ _OPTIONAL = {
     "repetition_penalty": 1.0,
     "logprobs": None,
     "prompt_logprobs": None,
+    "min_new_tokens": 0,
 }
 
 
@@ -260,6 +262,7 @@ def sampling_from_proto(msg: pb.SamplingParams, default_max_new_tokens: int | No
     sp.stop_token_ids = tuple(msg.stop_token_ids)
     sp.stop = tuple(msg.stop)
     sp.ignore_eos = msg.ignore_eos
+    sp.include_stop_str = msg.include_stop_str
     sp.logit_bias = tuple(sorted(msg.logit_bias.items()))
     if msg.HasField("constraint"):
         sp.constraint = Constraint(msg.constraint.kind, msg.constraint.spec)

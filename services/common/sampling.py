@@ -19,7 +19,7 @@ MAX_REPETITION_PENALTY = 2.0  # HF's multiplicative penalty, in (0, 2] (SGLang's
 MAX_LOGIT_BIAS = 100.0  # OpenAI's [-100, 100]
 MAX_LOGIT_BIAS_TOKENS = 1024
 MAX_CONSTRAINT_CHARS = 1 << 20  # a JSON schema / regex / grammar's text
-CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "choice", "lark")
+CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "choice", "lark", "llguidance")
 
 
 class SamplingError(ValueError):
@@ -38,7 +38,8 @@ class Constraint:
     ``kind`` / ``spec``: ``json_object`` (spec ignored: any JSON object), ``json_schema`` (spec: the
     schema as JSON text), ``regex`` (spec: the pattern the whole output matches), ``choice`` (spec: a
     JSON list of strings, the output is one of them), ``lark`` (spec: an llguidance Lark grammar; the
-    gateway's tool calls build these)."""
+    gateway's tool calls build these), ``llguidance`` (spec: llguidance's own grammar JSON, several
+    grammars referring to each other; the gateway's answer-after-reasoning builds these)."""
 
     kind: str
     spec: str = ""
@@ -66,6 +67,11 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     constraint: Constraint | None = None
+    # vLLM's min_tokens: no EOS, stop token (masked on the device) or stop string (not matched by the
+    # detokenizer) before this many tokens.
+    min_new_tokens: int = 0
+    # vLLM's include_stop_str_in_output: a matched stop string stays at the end of the text.
+    include_stop_str: bool = False
 
     def validate(self) -> None:
         """Raise SamplingError with a message a client can act on."""
@@ -111,6 +117,11 @@ class SamplingParams:
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
         if any(not 0 <= t <= MAX_TOKENS for t in self.stop_token_ids):
             raise SamplingError("stop_token_ids", "stop_token_ids must be token ids (integers >= 0)")
+        mn = self.min_new_tokens
+        if isinstance(mn, bool) or not isinstance(mn, int) or not 0 <= mn <= mt:
+            raise SamplingError(
+                "min_new_tokens", f"min_new_tokens must be an integer in [0, max_new_tokens={mt}], got {mn!r}"
+            )
         self._validate_extras()
 
     def _validate_extras(self) -> None:
@@ -152,6 +163,10 @@ class SamplingParams:
             if mt == 0:
                 raise SamplingError(
                     "max_new_tokens", "a structured-output constraint needs max_new_tokens >= 1"
+                )
+            if self.min_new_tokens:  # the grammar may have to end the output before it
+                raise SamplingError(
+                    "min_new_tokens", "min_new_tokens cannot be combined with a structured-output constraint"
                 )
 
     @property

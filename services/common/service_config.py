@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE
-from radixserve.common.config import setting
+from radixserve.common.config import Bounds, ConfigError, setting
 
 # A prefill step delays every other request's next token (and a new request's first) until it is
 # done, so its size is a latency bound. 2048 tokens take milliseconds on a GPU, but on one CPU core
@@ -30,39 +30,68 @@ DRAIN_TIMEOUT_S = 30.0
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 
+# The ranges settings admit (config.Bounds): a value outside is refused when the flag or variable
+# is parsed, naming it, before the service starts anything.
+AT_LEAST_0 = Bounds(0)
+AT_LEAST_1 = Bounds(1)
+ABOVE_0 = Bounds(0, low_open=True)
+FRACTION = Bounds(0, 1, low_open=True)  # a share of something that cannot be nothing
+SHARE = Bounds(0, 1)
+PORT = Bounds(1, 65535)
+PORT_OR_0 = Bounds(0, 65535)  # 0: off
+TORCH_SEED = Bounds(-(2**63), 2**64 - 1)  # what torch.manual_seed takes
+
 # Every Redis key of the prefix index starts with this (the operator gives each InferenceService
 # its own, "rs:<namespace>/<name>:", which its Redis ACL user is limited to).
 INDEX_KEY_PREFIX = "radixserve:"
 ROUTERS = ("cache-aware", "least-load", "round-robin")
+REASONING_PARSERS = ("qwen3", "deepseek_r1")  # tokenizer/reasoning.py's (a test holds them equal)
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Engine arguments; every field can be passed to ``Engine(model_path, **kwargs)``."""
 
-    page_size: int = setting(1, "tokens per KV page")
+    page_size: int = setting(1, "tokens per KV page", bounds=AT_LEAST_1)
     max_total_tokens: int | None = setting(
-        None, "KV capacity in tokens (default: mem_fraction of free device memory)"
+        None,
+        "KV capacity in tokens (default: mem_fraction of free device memory)",
+        bounds=AT_LEAST_1,
     )
     mem_fraction: float = setting(
-        0.85, "share of free memory after the weights for the KV (CUDA); of available RAM x 0.25 on CPU"
+        0.85,
+        "share of free memory after the weights for the KV (CUDA); of available RAM x 0.25 on CPU",
+        bounds=FRACTION,
     )
-    max_running_requests: int = setting(64, "requests decoding at once (the req->token table's rows)")
-    max_waiting_requests: int = setting(4096, "beyond it new requests are refused (the server's 429)")
-    max_context_len: int | None = setting(None, "longest prompt + output (default: the model's)")
+    max_running_requests: int = setting(
+        64, "requests decoding at once (the req->token table's rows)", bounds=AT_LEAST_1
+    )
+    max_waiting_requests: int = setting(
+        4096, "beyond it new requests are refused (the server's 429)", bounds=AT_LEAST_1
+    )
+    max_context_len: int | None = setting(
+        None, "longest prompt + output (default: the model's)", bounds=AT_LEAST_1
+    )
     chunked_prefill_size: int | None = setting(
         None,
         f"tokens of one prompt per prefill step; default by device (CUDA {CUDA_CHUNKED_PREFILL_SIZE},"
         f" CPU {CPU_CHUNKED_PREFILL_SIZE}); 0: no chunking",
+        bounds=AT_LEAST_0,
     )
-    max_prefill_tokens: int = setting(8192, "new tokens per prefill batch")
+    max_prefill_tokens: int = setting(8192, "new tokens per prefill batch", bounds=AT_LEAST_1)
     schedule_policy: str = setting("lpm", "waiting-queue order", choices=SCHEDULE_POLICIES)
     fairness_timeout: float | None = setting(
-        None, "seconds after which a waiting request goes first whatever its prefix (default: off)"
+        None,
+        "seconds after which a waiting request goes first whatever its prefix (default: off)",
+        bounds=AT_LEAST_0,
     )
-    fairness_lead: float = setting(0.1, "requests within this fraction of the timeout go first already")
+    fairness_lead: float = setting(
+        0.1, "requests within this fraction of the timeout go first already", bounds=SHARE
+    )
     init_new_token_ratio: float = setting(
-        0.7, "decode reserve estimate; lower admits more (retraction covers it)"
+        0.7,
+        "decode reserve estimate; lower admits more (retraction covers it)",
+        bounds=SHARE,
     )
     disable_radix_cache: bool = setting(False, "no prefix cache")
     # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
@@ -78,7 +107,9 @@ class EngineConfig:
     # worker thread (tiny demo model, ~1 ms forwards: the thread made the loop 0.63-0.76x). 0: always
     # the worker thread (the tests, to exercise it).
     cpu_overlap_thread_min_ms: float = setting(
-        10.0, "CPU overlap: forwards shorter than this on average run inline, not on the worker thread"
+        10.0,
+        "CPU overlap: forwards shorter than this on average run inline, not on the worker thread",
+        bounds=AT_LEAST_0,
     )
     attention_backend: str = setting("auto", "auto | torch | cpu | flashinfer")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N")
@@ -87,11 +118,13 @@ class EngineConfig:
         "auto",
         "auto (the checkpoint's, but float32 serves in bfloat16 on CUDA) | float32 | bfloat16 | float16",
     )
-    seed: int = setting(0, "torch's seed (requests with their own seed keep it)")
+    seed: int = setting(0, "torch's seed (requests with their own seed keep it)", bounds=TORCH_SEED)
     # CUDA: decode batches of up to cuda_graph_max_bs requests replay a graph captured at start
     # (model/graph_runner.py); larger ones, and every prefill, launch eagerly.
     disable_cuda_graph: bool = setting(False, "CUDA: launch decode eagerly, no graphs")
-    cuda_graph_max_bs: int = setting(160, "CUDA: largest decode batch replayed from a graph")
+    cuda_graph_max_bs: int = setting(
+        160, "CUDA: largest decode batch replayed from a graph", bounds=AT_LEAST_1
+    )
     # CPU: run decode through the same padded static-buffer path the graphs use, eagerly (tests: it
     # proves the padding gives the same tokens). No speed benefit on CPU.
     cpu_static_decode: bool = setting(False, "CPU: decode through the graphs' padded static buffers")
@@ -100,9 +133,13 @@ class EngineConfig:
     warmup: bool = setting(True, "run warm-up requests before reporting ready")
     # Tensor parallelism (scheduler/parallel/): rank 0 is the scheduler's own process, ranks 1..N-1
     # worker processes it starts; one device each (cuda:0..N-1 from --device's index; CPU: gloo).
-    tp_size: int = setting(1, "tensor parallelism: devices (one process each) the model is split across")
+    tp_size: int = setting(
+        1, "tensor parallelism: devices (one process each) the model is split across", bounds=AT_LEAST_1
+    )
     tp_timeout: float = setting(
-        120.0, "tensor parallelism: seconds a collective may wait for a rank before the scheduler fails"
+        120.0,
+        "tensor parallelism: seconds a collective may wait for a rank before the scheduler fails",
+        bounds=ABOVE_0,
     )
 
 
@@ -140,31 +177,43 @@ class SchedulerPodConfig:
 
     detokenizer: str = setting("", "HOST:PORT of the detokenizer", required=True)
     host: str = setting("0.0.0.0", "listen address")
-    port: int = setting(50051, "gRPC port")
+    port: int = setting(50051, "gRPC port", bounds=PORT)
     advertise_address: str | None = setting(
         None, "HOST:PORT others reach this pod at (default localhost:PORT)"
     )
-    torch_threads: int = setting(0, "torch intra-op threads (0: torch's default)")
-    drain_timeout: float = setting(DRAIN_TIMEOUT_S, "seconds to finish requests at SIGTERM")
+    torch_threads: int = setting(0, "torch intra-op threads (0: torch's default)", bounds=AT_LEAST_0)
+    drain_timeout: float = setting(
+        DRAIN_TIMEOUT_S, "seconds to finish requests at SIGTERM", bounds=AT_LEAST_0
+    )
     prefix_index: str = setting(
         "",
         "redis:// or rediss:// URL to publish KV block events and heartbeats to (default: none;"
         " gateways with an in-memory index get them over Watch)",
     )
-    metrics_port: int = setting(9400, "Prometheus /metrics port (0: off)")
+    metrics_port: int = setting(9400, "Prometheus /metrics port (0: off)", bounds=PORT_OR_0)
     index_key_prefix: str = setting(
         INDEX_KEY_PREFIX, "prefix of every Redis key this pod writes (the operator: one per InferenceService)"
     )
-    block_size: int = setting(DEFAULT_BLOCK_SIZE, "tokens per hashed block (0: no block events)")
-    heartbeat_interval: float = setting(1.0, "seconds between heartbeats (Redis)")
-    heartbeat_ttl: float = setting(5.0, "seconds a heartbeat stays valid (Redis)")
+    block_size: int = setting(
+        DEFAULT_BLOCK_SIZE, "tokens per hashed block (0: no block events)", bounds=AT_LEAST_0
+    )
+    heartbeat_interval: float = setting(1.0, "seconds between heartbeats (Redis)", bounds=ABOVE_0)
+    heartbeat_ttl: float = setting(5.0, "seconds a heartbeat stays valid (Redis)", bounds=ABOVE_0)
     stall_timeout: float = setting(
         120.0,
         "liveness: the health service reports NOT_SERVING once the engine thread has work and has not"
         " stepped for this many seconds (a hung engine; the kubelet then restarts the pod); 0: off",
+        bounds=AT_LEAST_0,
     )
     engine: EngineConfig = field(default_factory=EngineConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
+
+    def listens(self) -> dict[str, int]:
+        """The ports it listens on, by flag (0: off)."""
+        return {"--port": self.port, "--metrics-port": self.metrics_port}
+
+    def check(self) -> None:
+        distinct_ports(self.listens())
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,22 +224,38 @@ class RoutingConfig:
         '"memory" (fed by the schedulers\' Watch streams; one gateway) or a redis:// / rediss:// URL'
         " (password in the URL)",
     )
-    block_size: int = setting(DEFAULT_BLOCK_SIZE, "tokens per hashed block (as the schedulers)")
+    block_size: int = setting(
+        DEFAULT_BLOCK_SIZE, "tokens per hashed block (as the schedulers)", bounds=AT_LEAST_0
+    )
     index_key_prefix: str = setting(INDEX_KEY_PREFIX, "prefix of the Redis keys read (as the schedulers')")
     balance_abs_threshold: int = setting(
-        16, "cache-aware: route to the least loaded pod when loads differ by more than this ..."
+        16,
+        "cache-aware: route to the least loaded pod when loads differ by more than this ...",
+        bounds=AT_LEAST_0,
     )
-    balance_rel_threshold: float = setting(1.5, "... and by more than this factor")
-    recent_ttl: float = setting(10.0, "seconds a prefix counts as held by the pod it was just routed to")
+    balance_rel_threshold: float = setting(1.5, "... and by more than this factor", bounds=ABOVE_0)
+    recent_ttl: float = setting(
+        10.0, "seconds a prefix counts as held by the pod it was just routed to", bounds=AT_LEAST_0
+    )
     working_set_window: float = setting(
-        60.0, "cache-aware: a new prefix goes to the pod sent the fewest prefix blocks in this many seconds"
+        60.0,
+        "cache-aware: a new prefix goes to the pod sent the fewest prefix blocks in this many seconds",
+        bounds=ABOVE_0,
     )
     kv_fill: float = setting(
         0.9,
         "cache-aware: a new prefix goes first to pods where those blocks + the prompt stay within this"
         " share of the pod's KV capacity",
+        bounds=FRACTION,
     )
     sweep_s: float = 1.0  # Redis: how often expired pods are looked for (and removed); not a flag
+
+    def check(self) -> None:
+        if self.router == "cache-aware" and self.block_size < 1:
+            raise ConfigError(
+                f"--block-size {self.block_size}: the cache-aware router hashes prompts in blocks of at"
+                " least 1 token (0 suits --router least-load or round-robin)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,23 +269,27 @@ class GatewayConfig:
         required=True,
     )
     host: str = setting("0.0.0.0", "listen address (HTTP and gRPC)")
-    port: int = setting(8000, "HTTP port (OpenAI API)")
-    grpc_port: int = setting(50050, "gRPC port (Generate; the detokenizer's Deliver)")
+    port: int = setting(8000, "HTTP port (OpenAI API)", bounds=PORT)
+    grpc_port: int = setting(50050, "gRPC port (Generate; the detokenizer's Deliver)", bounds=PORT)
     advertise_address: str | None = setting(
         None, "HOST:PORT the detokenizer reaches the gRPC port at (default localhost:GRPC_PORT)"
     )
     drain_timeout: float = setting(
-        DRAIN_TIMEOUT_S, "at SIGTERM, seconds open responses get to finish (match the schedulers')"
+        DRAIN_TIMEOUT_S,
+        "at SIGTERM, seconds open responses get to finish (match the schedulers')",
+        bounds=AT_LEAST_0,
     )
     lost_response_check: float = setting(
         10.0,
         "seconds without news of a request before asking its scheduler whether it still holds it"
         " (one it ended whose response never came is failed with 503, not left hanging); 0: off",
+        bounds=AT_LEAST_0,
     )
     scheduler_stale_after: float = setting(
         5.0,
         "seconds without a load report after which a scheduler counts as down: its requests move"
         " to another scheduler (no text yet) or fail with 503, not left hanging (at least 5 reports)",
+        bounds=ABOVE_0,
     )
     api_key: tuple[str, ...] = setting(
         (), "API keys a client must send (Authorization: Bearer KEY); several allowed; none: no check"
@@ -232,8 +301,32 @@ class GatewayConfig:
         "the model's tool-call format for chat requests with tools (hermes, llama3_json);"
         " default: the one its chat template shows, if any (else such requests get a 400)",
     )
+    reasoning_parser: str | None = setting(
+        None,
+        "split the model's <think>...</think> into reasoning_content; default: off (the reasoning stays"
+        " in content)",
+        choices=REASONING_PARSERS,
+    )
+    chat_template: str | None = setting(
+        None, "a Jinja chat template (a file, or the template itself) instead of the model folder's"
+    )
+    response_store_entries: int = setting(
+        10000,
+        "responses kept for previous_response_id and GET /v1/responses/{id} (in memory: the latest;"
+        " in the prefix index's Redis: each for --response-ttl)",
+        bounds=AT_LEAST_1,
+    )
+    response_store_mb: int = setting(256, "in memory: the stored responses' size bound", bounds=AT_LEAST_1)
+    response_ttl: float = setting(86400.0, "seconds a stored response is kept", bounds=ABOVE_0)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
+
+    def listens(self) -> dict[str, int]:
+        """The ports it listens on, by flag."""
+        return {"--port": self.port, "--grpc-port": self.grpc_port}
+
+    def check(self) -> None:
+        distinct_ports(self.listens())
 
 
 ROUTING_DEFAULTS = RoutingConfig()
@@ -245,7 +338,23 @@ class DetokenizerConfig:
     """``python -m radixserve.detokenizer``."""
 
     host: str = setting("0.0.0.0", "listen address")
-    port: int = setting(50052, "gRPC port")
-    metrics_port: int = setting(9401, "Prometheus /metrics port (0: off)")
-    workers: int = setting(64, "gRPC threads (one per connected scheduler + spare)")
+    port: int = setting(50052, "gRPC port", bounds=PORT)
+    metrics_port: int = setting(9401, "Prometheus /metrics port (0: off)", bounds=PORT_OR_0)
+    workers: int = setting(64, "gRPC threads (one per connected scheduler + spare)", bounds=AT_LEAST_1)
     tls: TLSConfig = field(default_factory=TLSConfig)
+
+    def listens(self) -> dict[str, int]:
+        """The ports it listens on, by flag (0: off)."""
+        return {"--port": self.port, "--metrics-port": self.metrics_port}
+
+    def check(self) -> None:
+        distinct_ports(self.listens())
+
+
+def distinct_ports(ports: dict[str, int]) -> None:
+    """ConfigError when two of a service's listening ports (by flag; 0: off) are the same one."""
+    seen: dict[int, str] = {}
+    for flag, port in ports.items():
+        if port and port in seen:
+            raise ConfigError(f"{flag} {port}: {seen[port]} is that port too (each needs its own)")
+        seen[port] = flag

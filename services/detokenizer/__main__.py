@@ -16,25 +16,30 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from radixserve.common.config import add_flags, add_model_flag, from_args, parse_args, resolve_model
+from radixserve.common.config import (
+    ConfigError,
+    OneLineParser,
+    RaisingParser,
+    load_service,
+    resolve_model,
+    service_parser,
+)
+from radixserve.common.ports import check_listen
 from radixserve.common.service_config import DetokenizerConfig
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m radixserve.detokenizer",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_flag(p)
-    add_flags(p, DetokenizerConfig)
-    return p
+def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) -> argparse.ArgumentParser:
+    prog = "python -m radixserve.detokenizer"
+    return service_parser(DetokenizerConfig, prog, __doc__, parser_class=parser_class)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
-    cfg = from_args(DetokenizerConfig, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s detokenizer %(levelname)s %(message)s")
+    try:  # every setting, the model folder and the ports, before the tokenizer loads
+        args, cfg = load_service(build_parser(RaisingParser), DetokenizerConfig, argv)
+        check_listen(cfg.host, cfg.listens())  # a port in use: one line, not gRPC's bind error
+    except ConfigError as e:
+        return _failed(str(e))
     from radixserve.common import telemetry
     from radixserve.common.rpc import TLSError, load_tls
     from radixserve.detokenizer.server import serve
@@ -42,14 +47,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         tls = load_tls(cfg.tls)
     except TLSError as e:
-        logging.error("TLS settings: %s", e)
-        return 1
+        return _failed(f"TLS settings: {e}")
     telemetry.setup_tracing("radixserve-detokenizer")
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server, service = serve(str(resolve_model(args.model)), f"{cfg.host}:{cfg.port}", cfg.workers, tls)
+    try:
+        server, service = serve(str(resolve_model(args.model)), f"{cfg.host}:{cfg.port}", cfg.workers, tls)
+    except (OSError, ValueError) as e:  # a tokenizer transformers cannot load from the model's folder
+        return _failed(f"cannot load the tokenizer of --model {args.model}: {e}")
     if cfg.metrics_port:
         from prometheus_client import start_http_server
 
@@ -60,6 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     service.close()
     telemetry.shutdown()
     return 0
+
+
+def _failed(reason: str) -> int:
+    """Say why the detokenizer stops, in one line (a library's message may span several)."""
+    logging.error("%s; exiting with status 1", " ".join(reason.split()))
+    return 1
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ Per request the text grows as tokens arrive; what has been sent is never taken b
 - Decoding a token alone can drop or add a leading space (SentencePiece's "▁"): each step decodes
   the new tokens together with a few tokens of context before them and keeps only the difference
   (``prefix_offset`` .. ``read_offset`` is that context).
-- A stop string cuts the text where it starts and ends the request; text that ends in a partial
-  match (a proper prefix of a stop string) is held back until it is settled.
+- A stop string cuts the text where it starts (or, with ``include_stop``, where it ends) and ends
+  the request; text that ends in a partial match (a proper prefix of a stop string) is held back
+  until it is settled. Before ``min_tokens`` output tokens no stop string is looked for (vLLM's
+  min_tokens: the text of those tokens goes out as it is).
 
 All requests of one batch are decoded with two ``batch_decode`` calls per skip_special_tokens
 setting, not two calls per request.
@@ -43,6 +45,8 @@ class DecodeState:
     skip_special_tokens: bool = True
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    include_stop: bool = False
+    min_tokens: int = 0
     ids: list[int] = field(default_factory=list)
     prefix_offset: int = 0  # first token of the context decoded with the new tokens
     read_offset: int = 0  # tokens up to here are in ``text``
@@ -85,6 +89,8 @@ class TokenUpdate:
     skip_special_tokens: bool = True
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    include_stop: bool = False
+    min_tokens: int = 0
     logprobs: object | None = None  # pb.Logprobs of token_ids, passed through
     prompt_logprobs: object | None = None
 
@@ -133,6 +139,7 @@ class IncrementalDetokenizer:
                 if u.stop is not None:
                     st.stop, st.skip_special_tokens = u.stop, u.skip_special_tokens
                     st.prompt_tokens, st.cached_tokens = u.prompt_tokens, u.cached_tokens
+                    st.include_stop, st.min_tokens = u.include_stop, u.min_tokens
                 self.states[u.rid] = st
             st.ids.extend(u.token_ids)
             todo.append((st, u))
@@ -177,11 +184,12 @@ class IncrementalDetokenizer:
         finish, matched = u.finish_reason, ""
         if finish:
             self._flush(st)
-        if st.stop:
-            cut, matched = find_stop(st.text, st.stop, max(0, st.sent - max(map(len, st.stop)) + 1))
+        stops = st.stop if len(st.ids) > st.min_tokens else ()
+        if stops:
+            cut, matched = find_stop(st.text, stops, max(0, st.sent - max(map(len, stops)) + 1))
             if matched:
-                st.text, finish = st.text[:cut], "stop"
-        end = len(st.text) if finish else len(st.text) - _partial_stop_len(st.text, st.stop)
+                st.text, finish = st.text[: cut + len(matched) if st.include_stop else cut], "stop"
+        end = len(st.text) if finish else len(st.text) - _partial_stop_len(st.text, stops)
         end = max(end, st.sent)
         out = TextDelta(
             st.rid,

@@ -30,6 +30,7 @@ def updates_from_proto(batch: pb.TokenBatch) -> list[TokenUpdate]:
             o = e.options
             u.stop, u.skip_special_tokens = tuple(o.stop), o.skip_special_tokens
             u.prompt_tokens, u.cached_tokens = o.prompt_tokens, o.cached_tokens
+            u.include_stop, u.min_tokens = o.include_stop, o.min_tokens
         if e.HasField("logprobs"):
             u.logprobs = e.logprobs
         if e.HasField("prompt_logprobs"):

@@ -11,10 +11,11 @@ Health (grpc.health.v1): "" is readiness (NOT_SERVING once draining); "liveness"
 while the engine has had work and finished no step for --stall-timeout seconds (a hung engine; the
 log names where the engine thread is stuck), and SERVING again if it steps again.
 
-Failure: an engine that cannot start (e.g. a model whose heads do not divide by --tp-size), an
-engine loop that fails, or a tensor-parallel rank that dies: one log line with the reason (also
-written to /dev/termination-log, which Kubernetes shows in the pod's status), requests in flight
-end with a retryable error, exit 1.
+Failure: a bad flag or variable (named, with its range), a model folder that is none, a port in
+use, an engine that cannot start (e.g. a model whose heads do not divide by --tp-size), an engine
+loop that fails, or a tensor-parallel rank that dies: one log line with the reason (also written to
+/dev/termination-log, which Kubernetes shows in the pod's status), requests in flight end with a
+retryable error, exit 1. The first three are found before torch is imported.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from radixserve.common.config import (
-    add_flags,
-    add_model_flag,
-    from_args,
-    parse_args,
+    ConfigError,
+    OneLineParser,
+    RaisingParser,
+    load_service,
     resolve_model,
     served_model_name,
+    service_parser,
 )
+from radixserve.common.ports import check_listen
 from radixserve.common.service_config import SchedulerPodConfig
 
 if TYPE_CHECKING:  # imported when the engine starts (torch is slow to import; --help is not)
@@ -44,21 +47,18 @@ if TYPE_CHECKING:  # imported when the engine starts (torch is slow to import; -
     from radixserve.scheduler.server import SchedulerService
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m radixserve.scheduler",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_flag(p, served_name=True)
-    add_flags(p, SchedulerPodConfig)
-    return p
+def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) -> argparse.ArgumentParser:
+    prog = "python -m radixserve.scheduler"
+    return service_parser(SchedulerPodConfig, prog, __doc__, served_name=True, parser_class=parser_class)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
-    cfg = from_args(SchedulerPodConfig, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
+    try:  # every setting, the model folder and the ports, before torch is imported and the model loads
+        args, cfg = load_service(build_parser(RaisingParser), SchedulerPodConfig, argv, weights=True)
+        check_listen(cfg.host, cfg.listens())  # a port in use: one line, not gRPC's bind error
+    except ConfigError as e:
+        return _failed(str(e))
     import torch
 
     from radixserve.common import telemetry
@@ -67,10 +67,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from radixserve.scheduler.server import fail, serve, shutdown
     from radixserve.scheduler.tensor_parallel import TPFailure
 
-    if not cfg.stall_timeout >= 0:  # NaN too; before the engine, as a wrong TLS file
-        return _failed(
-            f"--stall-timeout (RADIXSERVE_STALL_TIMEOUT) {cfg.stall_timeout}: expected 0 (off) or seconds"
-        )
     try:
         tls = load_tls(cfg.tls)  # before the engine: a wrong file fails the pod at once
     except TLSError as e:
@@ -149,7 +145,9 @@ def _publish(cfg: SchedulerPodConfig, address: str, service: SchedulerService) -
 
 
 def _failed(reason: str) -> int:
-    """Say why the scheduler stops, in its log and where Kubernetes reads a container's last words."""
+    """Say why the scheduler stops, in its log and where Kubernetes reads a container's last words:
+    one line (a library's message may span several)."""
+    reason = " ".join(reason.split())
     logging.error("%s; exiting with status 1", reason)
     if os.path.exists("/dev/termination-log"):
         try:

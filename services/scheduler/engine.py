@@ -145,6 +145,7 @@ class Engine:
             profile=self.profile,
             page_size=cfg.page_size,
             step_sink=followers.send if followers is not None else None,
+            eos_token_ids=self._eos_token_ids(),
         )
         kv = self.scheduler.kv
         if followers is not None:
@@ -316,6 +317,8 @@ class Engine:
         for r in reqs:
             if r.rid in pending and r.sampling.stop:
                 known = r.output_ids[: r.known_len - r.prompt_len]
+                if len(known) <= r.sampling.min_new_tokens:  # stop strings wait for min_new_tokens
+                    continue
                 tail = str(self.tokenizer.decode(known[-64:], skip_special_tokens=True))
                 if known and find_stop(tail, r.sampling.stop)[0] >= 0:
                     self.scheduler.abort(r.rid, FinishReason.STOP)
@@ -327,9 +330,9 @@ class Engine:
         ids = [t for t in r.output_ids if t >= 0]
         text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
         reason = r.finish_reason.value if r.finish_reason else None
-        cut, _ = find_stop(text, r.sampling.stop)
-        if cut >= 0:  # the text ends before the first stop string, which ended the request
-            text, reason = text[:cut], FinishReason.STOP.value
+        cut, matched = stop_in_output(self.tokenizer, ids, r.sampling)
+        if cut >= 0:  # the text ends at the first stop string (after min_new_tokens), which ended it
+            text, reason = text[: cut + len(matched) if r.sampling.include_stop_str else cut], "stop"
         out = {
             "text": text,
             "token_ids": ids,
@@ -368,3 +371,17 @@ class Engine:
 
 def _is_ids(x: Sequence[int] | Sequence[Sequence[int]]) -> bool:
     return len(x) == 0 or isinstance(x[0], int)
+
+
+def stop_in_output(tokenizer: Any, ids: list[int], sp: SamplingParams) -> tuple[int, str]:
+    """Where the first stop string starts in the decoded ``ids`` and which, as the detokenizer finds
+    it: only in text after the first ``min_new_tokens`` tokens' (a match may begin inside them)."""
+    if not sp.stop:
+        return -1, ""
+    text = str(tokenizer.decode(ids, skip_special_tokens=True))
+    if len(ids) <= sp.min_new_tokens:
+        return -1, ""
+    # the detokenizer looks from one stop length before the text of the first token past the minimum
+    head = str(tokenizer.decode(ids[: sp.min_new_tokens], skip_special_tokens=True))
+    start = max(0, len(head) - max(map(len, sp.stop)) + 1) if sp.min_new_tokens else 0
+    return find_stop(text, sp.stop, start)

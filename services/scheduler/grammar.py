@@ -134,7 +134,30 @@ def grammar_text(c: Constraint) -> str:
         return llguidance.LLMatcher.grammar_from_lark(_choice_lark(spec))
     if kind == "lark":
         return llguidance.LLMatcher.grammar_from_lark(spec)
+    if kind == "llguidance":
+        try:
+            top = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"llguidance: the grammar is not valid JSON: {e}") from None
+        if not isinstance(top, dict) or not isinstance(top.get("grammars"), list):
+            raise GrammarError('llguidance: expected {"grammars": [...]}')
+        return spec
     raise GrammarError(f"unknown constraint kind {kind!r}: expected one of {', '.join(CONSTRAINT_KINDS)}")
+
+
+def after_prefix(c: Constraint, head: str, rules: str = "") -> Constraint:
+    """``c`` applied only after what the Lark expression ``head`` matches (a reasoning block): one
+    llguidance grammar whose start rule is ``head`` followed by ``c``'s grammar (``@answer``);
+    ``rules``: Lark rules ``head`` refers to."""
+    text = grammar_text(c)
+    try:
+        top = json.loads(text)
+        sub = dict(top["grammars"][0])
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+        sub = {"lark_grammar": text}  # Lark text (lark, choice): not JSON
+    sub["name"] = "answer"
+    start = {"lark_grammar": f"start: {head} @answer\n{rules}"}
+    return Constraint("llguidance", json.dumps({"grammars": [start, sub]}, ensure_ascii=False))
 
 
 def _choice_lark(spec: str) -> str:

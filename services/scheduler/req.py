@@ -85,6 +85,7 @@ class Req:
             or sp.prompt_logprobs is not None
             or sp.penalized
             or sp.constraint is not None
+            or sp.min_new_tokens > 0
         )
 
     @property

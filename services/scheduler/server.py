@@ -202,6 +202,7 @@ def _to_proto(u: TokenUpdate) -> pb.RequestTokens:
         eo.stop.extend(o.stop)
         eo.skip_special_tokens = o.skip_special_tokens
         eo.prompt_tokens, eo.cached_tokens = o.prompt_tokens, u.cached_tokens
+        eo.include_stop, eo.min_tokens = o.include_stop, o.min_tokens
         if o.trace_context:
             eo.trace_context.update(o.trace_context)
     if u.logprobs is not None:

@@ -53,6 +53,8 @@ class DetokenizeOptions:
     skip_special_tokens: bool
     prompt_tokens: int
     trace_context: dict[str, str] | None = None
+    include_stop: bool = False  # SamplingParams.include_stop_str
+    min_tokens: int = 0  # SamplingParams.min_new_tokens: stop strings wait for them
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +223,8 @@ class EngineWorker:
             skip_special_tokens=msg.skip_special_tokens,
             prompt_tokens=len(msg.input_ids),
             trace_context=trace,
+            include_stop=msg.sampling.include_stop_str,
+            min_tokens=msg.sampling.min_new_tokens,
         )
         self._put(_Live(req, msg.reply_to, options))
 

@@ -21,25 +21,22 @@ import sys
 from collections.abc import Sequence
 
 from radixserve.common.config import (
-    add_flags,
-    add_model_flag,
+    ConfigError,
+    OneLineParser,
+    RaisingParser,
     from_args,
-    parse_args,
+    load_service,
     resolve_model,
     served_model_name,
+    service_parser,
 )
+from radixserve.common.ports import check_listen
 from radixserve.common.service_config import GatewayConfig
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m radixserve.tokenizer",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_flag(p, served_name=True)
-    add_flags(p, GatewayConfig)
-    return p
+def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) -> argparse.ArgumentParser:
+    prog = "python -m radixserve.tokenizer"
+    return service_parser(GatewayConfig, prog, __doc__, served_name=True, parser_class=parser_class)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -59,7 +56,11 @@ async def run(args: argparse.Namespace) -> None:
     try:
         gw = Gateway(resolve_model(args.model), served_model_name(args), cfg, tls)
     except ValueError as e:  # a setting that cannot work (each message names its flag)
-        raise SystemExit(f"gateway settings: {e}") from None
+        raise SystemExit(" ".join(f"gateway settings: {e}".split())) from None  # one line
+    try:  # after the settings' own errors; a port in use is one line, not uvicorn's or gRPC's bind error
+        check_listen(cfg.host, cfg.listens())
+    except ConfigError as e:
+        raise SystemExit(str(e)) from None
     await gw.start()
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_GatewayServicer_to_server(GatewayService(gw), server)
@@ -97,8 +98,12 @@ async def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
+    try:  # every setting and the model folder, before the gateway loads anything
+        args, _ = load_service(build_parser(RaisingParser), GatewayConfig, argv)
+    except ConfigError as e:
+        logging.error("%s; exiting with status 1", e)
+        return 1
     from radixserve.common import telemetry
 
     telemetry.setup_tracing("radixserve-gateway")

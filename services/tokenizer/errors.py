@@ -4,7 +4,9 @@ the matching gRPC status (grpc_api.py maps one to the other)."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
+from collections.abc import Callable
 from typing import TypedDict
 
 import grpc
@@ -73,3 +75,31 @@ def error_from_grpc(e: grpc.aio.AioRpcError, where: str) -> ApiError:
 def retryable(message: str) -> ApiError:
     """A 503 the client may retry as it is (another scheduler, or the same one back, can serve it)."""
     return ApiError(503, message, "server_error")
+
+
+class ClientErrorLog:
+    """Each refused request (4xx) at info level, with its path, field and reason, so an operator can
+    see why a client fails without the client's help; at most ``per_second`` lines a second (a
+    misbehaving client must not flood the log), the rest counted and reported with the next line."""
+
+    def __init__(self, per_second: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate = per_second
+        self._clock = clock
+        self._tokens = per_second
+        self._last = clock()
+        self.suppressed = 0
+
+    def refused(self, method: str, path: str, e: ApiError) -> bool:
+        """Log ``e`` if the budget allows; returns whether it was logged."""
+        now = self._clock()
+        self._tokens = min(self._rate, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if self._tokens < 1:
+            self.suppressed += 1
+            return False
+        self._tokens -= 1
+        more = f" ({self.suppressed} more not logged)" if self.suppressed else ""
+        self.suppressed = 0
+        field = f" field={e.param}" if e.param else ""
+        log.info("refused %d %s %s%s: %s%s", e.status, method, path, field, e.message, more)
+        return True

@@ -27,6 +27,7 @@ from radixserve.tokenizer.choice import Choice, Delivery, choice_seed, retry_rid
 from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.model_text import ModelText
+from radixserve.tokenizer.response_store import ResponseStore, open_store
 from radixserve.tokenizer.router import CacheAwareRouter, LeastLoadRouter, RoundRobinRouter, Router
 from radixserve.tokenizer.scheduler_pool import SchedulerHandle, SchedulerPool, discovers
 from radixserve.tokenizer.tracing import RequestTrace
@@ -65,12 +66,16 @@ class Gateway:
         reply_to = config.advertise_address or f"localhost:{config.grpc_port}"
         routing = config.routing
         self.model_name = model_name
-        self.text = ModelText(model_path, config.tool_call_parser)  # a bad parser name stops the start
+        # a bad parser name or template stops the start
+        self.text = ModelText(
+            model_path, config.tool_call_parser, config.reasoning_parser, config.chat_template
+        )
         self.tokenizer = self.text.tokenizer
         self.reply_to = reply_to
         self.routing = routing
         self.index = open_index(routing.prefix_index, routing.index_key_prefix)
         memory = self.index if isinstance(self.index, InMemoryPrefixIndex) else None
+        self.responses: ResponseStore = open_store(self.index, config)
         self.discover = discovers(config.schedulers, memory is None)
         self.pool = SchedulerPool(
             () if self.discover else config.schedulers,

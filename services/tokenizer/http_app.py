@@ -10,38 +10,43 @@ are openai_responses.py's. With API keys configured, every path but /health (and
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixserve.common.sampling import Constraint, SamplingParams
+from radixserve.common.sampling import SamplingParams
 from radixserve.tokenizer import openai_api as api
 from radixserve.tokenizer import openai_responses as resp
 from radixserve.tokenizer.auth import RequireApiKey
 from radixserve.tokenizer.body_limits import BodyLimits
-from radixserve.tokenizer.errors import ApiError, internal_error
+from radixserve.tokenizer.chat_plan import check_constraint, plan_chat
+from radixserve.tokenizer.chat_request import ChatCompletionRequest
+from radixserve.tokenizer.errors import ApiError, ClientErrorLog, internal_error
 from radixserve.tokenizer.gateway import Gateway
+from radixserve.tokenizer.http_util import event_stream, unless_gone
+from radixserve.tokenizer.model_text import ModelText
 from radixserve.tokenizer.openai_choices import (
     ChatChoiceState,
+    ChatParsing,
     CompletionChoiceState,
     CompletionFold,
-    chat_content,
+    chat_answer,
     finish_reason,
 )
 from radixserve.tokenizer.openai_responses import Pieces, chat_logprobs, scored
+from radixserve.tokenizer.request_fields import CHAT, COMPLETIONS, refused
+from radixserve.tokenizer.responses_route import add_response_routes
 from radixserve.tokenizer.session import Output, RequestSession
 from radixserve.tokenizer.tokenize_api import add_routes, model_card
-from radixserve.tokenizer.tool_calls import PARSERS, ToolParser
-from radixserve.tokenizer.tool_grammar import tool_choice_constraint
 from radixserve.tokenizer.tracing import inference_span
 
 MAX_BODY_BYTES = 8 * 2**20  # 413 above this, before parsing
@@ -70,6 +75,7 @@ def build_app(gw: Gateway) -> FastAPI:
     app.post("/v1/completions")(routes.completions)
     app.post("/v1/chat/completions")(routes.chat)
     add_routes(app, gw)  # /v1/tokenize, /v1/detokenize, /v1/models/{id}
+    add_response_routes(app, gw)  # /v1/responses
     if gw.api_keys.enabled:  # added last, so outermost: a refusal comes before the body is read
         open_paths = ["/health"] if gw.protect_metrics else ["/health", "/metrics"]
         app.add_middleware(RequireApiKey, keys=gw.api_keys, open_paths=open_paths, refused=routes.refused)
@@ -87,9 +93,10 @@ class OpenAIRoutes:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.metrics = gw.metrics
+        self.client_errors = ClientErrorLog()
         self.paths = {
             "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
-            "/v1/tokenize", "/v1/detokenize",
+            "/v1/tokenize", "/v1/detokenize", "/v1/responses",
         }  # fmt: skip
 
     # -------------------------------------------------------------------------------- errors
@@ -100,18 +107,26 @@ class OpenAIRoutes:
 
     async def invalid(self, request: Request, exc: RequestValidationError) -> JSONResponse:
         msg, param = api.validation_message(list(exc.errors()))
-        self.metrics.requests.labels(request.url.path, "400").inc()
-        return _error(ApiError(400, msg, param=param))
+        return self._refuse(request, ApiError(400, msg, param=param))
 
     async def api_error(self, request: Request, exc: ApiError) -> JSONResponse:
-        self.metrics.requests.labels(request.url.path, str(exc.status)).inc()
-        return _error(exc)
+        return self._refuse(request, exc)
 
     async def http_error(self, request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # FastAPI's own refusals (a body it cannot parse, 404, 405): OpenAI's error body too
-        self.metrics.requests.labels(request.url.path, str(exc.status_code)).inc()
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return _error(ApiError(exc.status_code, str(exc.detail), type_))
+        message = str(exc.detail)
+        if exc.status_code == 404 and request.url.path not in self.paths:  # OpenAI's words for it
+            message = f"Invalid URL ({request.method} {request.url.path})"
+        return self._refuse(request, ApiError(exc.status_code, message, type_))
+
+    def _refuse(self, request: Request, e: ApiError) -> JSONResponse:
+        path = request.url.path
+        # Made-up paths share one label: each would otherwise be a time series of its own.
+        self.metrics.requests.labels(path if path in self.paths else "other", str(e.status)).inc()
+        if e.status < 500:
+            self.client_errors.refused(request.method, path, e)
+        return _error(e)
 
     async def unexpected(self, request: Request, exc: Exception) -> JSONResponse:
         # A bug before a request's session began (one inside it is an ApiError already): still
@@ -133,13 +148,15 @@ class OpenAIRoutes:
         return JSONResponse({"object": "list", "data": [model_card(self.gw)]})
 
     async def completions(self, body: api.CompletionRequest, request: Request) -> Response:
-        self._check(body)
+        self._check(body, COMPLETIONS)
         t0 = time.monotonic()
-        prompts = _prompts(self.gw, body.prompt)
+        special = body.add_special_tokens is not False  # on by default for completions (vLLM's)
+        context = self.gw.max_context()
+        prompts = [body.truncated(ids, context) for ids in _prompts(self.gw.text, body.prompt, special)]
         t1 = time.monotonic()
         source = body.constraint()
         sp = body.sampling_params(self.gw.text.vocab_size, source)
-        await self._check_constraint(source)
+        await check_constraint(self.gw.text, source)
         echo = [_echo(self.gw, body.prompt, i, ids) for i, ids in enumerate(prompts)] if body.echo else None
         pieces, wants = self.gw.text.pieces, body.logprobs is not None
         states = [
@@ -149,47 +166,23 @@ class OpenAIRoutes:
         out = _CompletionOutput(states, wants)
         return await self._serve(request, body, prompts, sp, out, tokenized=(t0, t1))
 
-    async def chat(self, body: api.ChatCompletionRequest, request: Request) -> Response:
-        self._check(body)
-        body.check_fields()
-        t0 = time.monotonic()
-        tools = body.tool_dicts()  # validated here, once
-        parser, tool_constraint = _tool_plan(self.gw, body, tools)
-        ids = self.gw.text.encode_chat(api.template_messages(body.messages), tools)
-        t1 = time.monotonic()
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        if max_tokens is None:  # OpenAI: up to the context length
-            ctx = self.gw.max_context()
-            max_tokens = max(1, ctx - len(ids)) if ctx else api.COMPLETIONS_DEFAULT_MAX_TOKENS
-        if max_tokens < 1:
-            field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-            raise ApiError(400, f"{field} must be at least 1, got {max_tokens}", param=field)
-        source = body.output_constraint(tool_constraint)
-        sp = body.sampling_params(max_tokens, self.gw.text.vocab_size, source)
-        await self._check_constraint(source)
-        out = _ChatOutput(
-            self.gw.text.pieces, bool(body.logprobs), parser, body.parallel_tool_calls is False, body.n
-        )
-        return await self._serve(request, body, [ids], sp, out, tokenized=(t0, t1))
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        self._check(body, CHAT)
+        plan = await plan_chat(self.gw, body)
+        out = _ChatOutput(self.gw.text.pieces, bool(body.logprobs), plan.parsing, body.n)
+        return await self._serve(request, body, [plan.ids], plan.sampling, out, tokenized=plan.tokenized)
 
-    def _check(self, body: api.CompletionRequest | api.ChatCompletionRequest) -> None:
+    def _check(self, body: api.CompletionRequest | ChatCompletionRequest, endpoint: str) -> None:
         self.gw.check_model(body.model)
-        refused = body.unsupported()
-        if refused is not None:
-            raise ApiError(400, refused[1], param=refused[0], code="unsupported_parameter")
+        not_served = refused(body, endpoint)
+        if not_served is not None:
+            raise ApiError(400, not_served[1], param=not_served[0], code="unsupported_parameter")
         body.check_stream_options()
-
-    async def _check_constraint(self, source: api.Source | None) -> None:
-        """An invalid schema, regex or grammar is the client's 400 here, not a failure on a scheduler.
-        A tool_choice grammar is built from the tools' parameters: those are what to fix."""
-        if source is not None:
-            field, constraint = source
-            await self.gw.text.check_constraint(constraint, "tools" if field == "tool_choice" else field)
 
     async def _serve(
         self,
         request: Request,
-        body: api.CompletionRequest | api.ChatCompletionRequest,
+        body: api.CompletionRequest | ChatCompletionRequest,
         prompts: list[list[int]],
         sp: SamplingParams,
         out: _Output,
@@ -213,42 +206,35 @@ class OpenAIRoutes:
         session.trace.child("tokenize", *tokenized, {"radixserve.prompts": len(prompts)})
         await session.submit(prompts, sp, body.n, body.skip_special_tokens)  # failing, it ends the session
         if body.stream:
-            return StreamingResponse(
-                _stream(session, out, body.include_usage, path),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+            usage = _StreamUsage(body.include_usage, body.continuous_usage)
+            return event_stream(_stream(session, out, usage, path))
         async with session:
-            collect = asyncio.create_task(out.collect(session))
-            gone = asyncio.create_task(_disconnected(request))
-            done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if collect not in done:  # the client went away: free the scheduler's slots now
-                collect.cancel()
-                self.metrics.requests.labels(path, "499").inc()
-                return Response(status_code=499)
-            gone.cancel()
-            built = collect.result()
+            built = await unless_gone(request, out.collect(session))
+        if built is None:  # the client went away
+            self.metrics.requests.labels(path, "499").inc()
+            return Response(status_code=499)
         self.metrics.requests.labels(path, "200").inc()
         return JSONResponse(built(session.rid, self.gw.model_name, _usage(session)))
 
 
-def _prompts(gw: Gateway, prompt: Prompt) -> list[list[int]]:
-    ids = _prompt_ids(gw, prompt)
+def _prompts(text: ModelText, prompt: Prompt, special: bool) -> list[list[int]]:
+    ids = _prompt_ids(text, prompt, special)
     # A scheduler refuses an empty prompt only late (after routing); nothing can be generated from it.
     if not ids or not all(ids):
         raise ApiError(400, "the prompt is empty", param="prompt")
     return ids
 
 
-def _prompt_ids(gw: Gateway, prompt: Prompt) -> list[list[int]]:
+def _prompt_ids(text: ModelText, prompt: Prompt, special: bool) -> list[list[int]]:
+    """Token ids of each prompt; ``special``: the tokenizer adds its special tokens (BOS) to text."""
     if isinstance(prompt, str):
-        return [gw.encode(prompt)]
+        return [text.encode(prompt, special)]
     if not prompt:
         return []
     if isinstance(prompt[0], int):
         return [list(prompt)]
     if isinstance(prompt[0], str):
-        return [gw.encode(p) for p in prompt]
+        return [text.encode(p, special) for p in prompt]
     return [list(p) for p in prompt]
 
 
@@ -259,35 +245,6 @@ def _echo(gw: Gateway, prompt: Prompt, i: int, ids: list[int]) -> tuple[str, lis
     if isinstance(prompt, list) and prompt and isinstance(prompt[i], str):
         return str(prompt[i]), ids
     return str(gw.tokenizer.decode(ids, skip_special_tokens=False)), ids
-
-
-def _tool_plan(
-    gw: Gateway, body: api.ChatCompletionRequest, tools: list[dict[str, object]] | None
-) -> tuple[ToolParser | None, Constraint | None]:
-    """The parser for the model's tool calls (None: the model is not to call any) and the grammar a
-    forcing tool_choice imposes; ``tools``: the request's tool_dicts (validated)."""
-    if tools is None:
-        return None, None
-    name = gw.text.tool_call_parser
-    if name is None:
-        msg = (
-            "this model's chat template has no tool-call format this server knows; start the gateway"
-            f" with --tool-call-parser ({', '.join(PARSERS)}) to use tools"
-        )
-        raise ApiError(400, msg, param="tools")
-    try:
-        # parallel_tool_calls: false -> a forced call is exactly one call
-        constraint = tool_choice_constraint(
-            tools, body.tool_choice_value(), name, body.parallel_tool_calls is not False
-        )
-    except ValueError as e:
-        raise ApiError(400, str(e), param="tools") from e
-    return PARSERS[name](), constraint
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 BodyBuilder = Callable[[str, str, resp.UsageBody], resp.Body]  # (rid, model, usage) -> the response
@@ -320,14 +277,12 @@ class _CompletionOutput:
 
 
 class _ChatOutput:
-    """/v1/chat/completions' chunks and body: text through the tool-call parser (``parser``, when the
-    model may call tools), logprobs when asked."""
+    """/v1/chat/completions' chunks and body: text read as ``parsing`` says (reasoning, tool calls),
+    logprobs when asked."""
 
-    def __init__(
-        self, pieces: Pieces, logprobs: bool, parser: ToolParser | None, one_call: bool, n: int
-    ) -> None:
-        self.logprobs, self.parser, self.one_call = logprobs, parser, one_call
-        self.states = [ChatChoiceState(pieces, logprobs, parser, one_call) for _ in range(n)]
+    def __init__(self, pieces: Pieces, logprobs: bool, parsing: ChatParsing, n: int) -> None:
+        self.logprobs, self.parsing = logprobs, parsing
+        self.states = [ChatChoiceState(pieces, logprobs, parsing) for _ in range(n)]
         self.pieces = pieces
 
     def hello(self, rid: str, model: str, created: int) -> list[resp.Body]:
@@ -337,9 +292,11 @@ class _ChatOutput:
 
     def chunk(self, o: Output, rid: str, model: str, created: int) -> resp.Body | None:
         s = self.states[o.index].step(o)
-        if not s.content and not s.tool_calls and s.logprobs is None and s.finish_reason is None:
+        if not (s.reasoning or s.content or s.tool_calls) and s.logprobs is None and s.finish_reason is None:
             return None
         delta: resp.ChatDelta = {}
+        if s.reasoning:
+            delta["reasoning_content"] = s.reasoning
         if s.content:
             delta["content"] = s.content
         if s.tool_calls:
@@ -359,17 +316,27 @@ class _ChatOutput:
                     scores[o.index] += chat_logprobs(scored(o.token_ids, o.logprobs), self.pieces)
         results = []
         for i in range(n):
-            content, calls = chat_content("".join(texts[i]), self.parser, self.one_call)
+            a = chat_answer("".join(texts[i]), self.parsing)
             lp = scores[i] if self.logprobs else None
-            results.append(resp.ChatResult(i, content, finish_reason(reasons[i], bool(calls)), calls, lp))
+            reason = finish_reason(reasons[i], bool(a.tool_calls))
+            results.append(resp.ChatResult(i, a.content, reason, a.tool_calls, lp, a.reasoning))
         return lambda rid, model, use: resp.chat_body(rid, model, results, use)
 
 
 _Output = _CompletionOutput | _ChatOutput
 
 
+@dataclass(frozen=True, slots=True)
+class _StreamUsage:
+    """stream_options: a last chunk with the usage (include_usage), the usage so far on every chunk
+    (vLLM's continuous_usage_stats)."""
+
+    last: bool = False
+    every: bool = False
+
+
 async def _stream(
-    session: RequestSession, out: _Output, include_usage: bool, path: str
+    session: RequestSession, out: _Output, usage: _StreamUsage, path: str
 ) -> AsyncIterator[str]:
     model, rid, created = session.gw.model_name, session.rid, int(time.time())
     chat = isinstance(out, _ChatOutput)
@@ -378,14 +345,14 @@ async def _stream(
         async with session:
             hello = out.hello(rid, model, created)
             if hello:
-                yield "".join(_sse(_usage_slot(c, include_usage)) for c in hello)
+                yield "".join(_sse(_usage_slot(c, usage, session)) for c in hello)
             async for outputs in session:
                 chunks = [
-                    _sse(c) for o in outputs if (c := _chunk(out, o, rid, model, created, include_usage))
+                    _sse(c) for o in outputs if (c := _chunk(out, o, rid, model, created, usage, session))
                 ]
                 if chunks:
                     yield "".join(chunks)
-            if include_usage:
+            if usage.last:
                 yield _sse(resp.usage_chunk(rid, model, created, chat, _usage(session)))
             yield "data: [DONE]\n\n"
     except ApiError as e:  # mid-stream: the status line is sent already; the error goes in the stream
@@ -398,15 +365,17 @@ async def _stream(
 
 
 def _chunk(
-    out: _Output, o: Output, rid: str, model: str, created: int, include_usage: bool
+    out: _Output, o: Output, rid: str, model: str, created: int, usage: _StreamUsage, session: RequestSession
 ) -> resp.Body | None:
     chunk = out.chunk(o, rid, model, created)
-    return _usage_slot(chunk, include_usage) if chunk is not None else None
+    return _usage_slot(chunk, usage, session) if chunk is not None else None
 
 
-def _usage_slot(chunk: resp.Body, include_usage: bool) -> resp.Body:
-    """With include_usage, OpenAI's every chunk before the last (the usage's own) says ``usage: null``."""
-    if include_usage:
+def _usage_slot(chunk: resp.Body, usage: _StreamUsage, session: RequestSession) -> resp.Body:
+    """The chunk's ``usage``: so far (continuous), else OpenAI's null before the usage's own chunk."""
+    if usage.every:
+        chunk["usage"] = _usage(session)
+    elif usage.last:
         chunk["usage"] = None
     return chunk
 

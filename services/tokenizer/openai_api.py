@@ -10,9 +10,9 @@ One schema per endpoint, strict and bounded, so bad input is a 400 that names th
   parameter names are mapped back to the request's own: ``max_new_tokens`` is ``max_tokens``, ...);
 - structured output comes from one source per request: OpenAI's ``response_format``, vLLM's
   ``guided_json`` / ``guided_regex`` / ``guided_choice``, or a chat's forcing ``tool_choice``;
-- ``best_of`` (other than ``n``) and ``suffix`` are not implemented: a 400 naming them
-  (``unsupported``); ``user`` is accepted and ignored on purpose (it labels requests for the
-  provider's abuse monitoring); any other field is refused as unknown.
+- what each field does, or why it is accepted and ignored, or refused at any value but a neutral
+  one, is request_fields.FIELDS' (the one table; request_fields.refused applies it); a field in no
+  row is refused as unknown, by name.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
@@ -34,7 +34,7 @@ from radixserve.common.sampling import (
     SamplingParams,
 )
 from radixserve.tokenizer.errors import ApiError
-from radixserve.tokenizer.tool_grammar import FUNCTION_NAME, validate_tools
+from radixserve.tokenizer.tool_grammar import FUNCTION_NAME
 
 MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one /v1/completions request
@@ -86,6 +86,8 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage so far on every chunk
+    include_obfuscation: Any = None  # ignored (request_fields)
 
 
 # ---------------------------------------------------------------------------- response_format
@@ -139,14 +141,14 @@ def _format_constraint(rf: TextFormat | JsonObjectFormat | JsonSchemaFormat) -> 
     return Constraint("json_object")  # json_object, or a json_schema without a schema: any object
 
 
-def _guided_json(value: JsonObject | str) -> Constraint:
-    if isinstance(value, str):  # vLLM takes the schema as JSON text too
+def _guided_json(value: JsonObject | str, field: str = "guided_json") -> Constraint:
+    if isinstance(value, str):  # vLLM takes the schema as JSON text too (SGLang's json_schema only so)
         try:
             parsed = json.loads(value)
         except (ValueError, RecursionError) as e:
-            raise ApiError(400, f"guided_json is not valid JSON: {e}", param="guided_json") from None
+            raise ApiError(400, f"{field} is not valid JSON: {e}", param=field) from None
         if not isinstance(parsed, dict):
-            raise ApiError(400, "guided_json must be a JSON schema (an object)", param="guided_json")
+            raise ApiError(400, f"{field} must be a JSON schema (an object)", param=field)
         return Constraint("json_schema", value)
     return Constraint("json_schema", json.dumps(value, ensure_ascii=False))
 
@@ -175,29 +177,88 @@ class _Sampling(_Strict):
     # OpenAI's shape: token ids as strings; the vocabulary is checked with the model's (logit_bias_ids).
     logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS_TOKENS)] | None = None
     response_format: ResponseFormat | None = None
-    # vLLM's extensions for structured output.
+    # vLLM's extensions for structured output, and SGLang's names for two of them.
     guided_json: JsonObject | Text | None = None
     guided_regex: Text | None = None
     guided_choice: Choices | None = None
+    json_schema: Text | None = None
+    regex: Text | None = None
+    # vLLM's and SGLang's sampling and text extensions.
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 0
+    include_stop_str_in_output: bool = False
+    no_stop_trim: bool = False
+    spaces_between_special_tokens: bool = True  # ignored: fast tokenizers put no spaces there
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=MAX_TOKENS)] | None = None
+    add_special_tokens: bool | None = None  # None: the endpoint's default
+    # Accepted and ignored, or refused unless neutral: request_fields.FIELDS says which and why.
+    guided_decoding_backend: Any = None
+    priority: Any = None
+    routed_dp_rank: Any = None
+    data_parallel_rank: Any = None
+    disagg_prefill_dp_rank: Any = None
+    extra_key: Any = None
+    custom_labels: Any = None
+    guided_grammar: Any = None
+    guided_whitespace_pattern: Any = None
+    ebnf: Any = None
+    structured_outputs: Any = None
+    request_id: Any = None
+    rid: Any = None
+    cache_salt: Any = None
+    prompt_logprobs: Any = None
+    return_tokens_as_token_ids: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    kv_transfer_params: Any = None
+    vllm_xargs: Any = None
+    mm_processor_kwargs: Any = None
+    lora_path: Any = None
+    session_id: Any = None
+    session_params: Any = None
+    custom_logit_processor: Any = None
+    custom_params: Any = None
+    stop_regex: Any = None
+    return_hidden_states: Any = None
+    return_routed_experts: Any = None
+    routed_experts_start_len: Any = None
+    return_cached_tokens_details: Any = None
+    return_token_ids: Any = None
+    images_config: Any = None
+    ngram_corpus_id: Any = None
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's continuous_usage_stats: every chunk carries the usage so far."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    def truncated(self, ids: list[int], context: int | None) -> list[int]:
+        """``ids`` cut to their last ``truncate_prompt_tokens`` (-1: the context length), vLLM's rule."""
+        k = self.truncate_prompt_tokens
+        if k is None:
+            return ids
+        if k == -1:
+            if context is None:
+                return ids
+            k = context
+        if k == 0:
+            raise ApiError(
+                400, "truncate_prompt_tokens must be -1 or at least 1", param="truncate_prompt_tokens"
+            )
+        return ids[-k:]
+
     def check_stream_options(self) -> None:
         """vLLM's rule: stream_options only with stream (a non-streamed body has its usage anyway)."""
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream: true", param="stream_options")
-
-    def unsupported(self) -> tuple[str, str] | None:
-        """The first field set to something this server does not do: (field, message)."""
-        for name, value, neutral in self._optional_features():
-            if value not in neutral:
-                return name, f"{name}={value!r} is not supported by this server (only {neutral[0]!r})"
-        return None
-
-    def _optional_features(self) -> list[tuple[str, object, tuple[object, ...]]]:
-        return []
 
     def constraint(self) -> Source | None:
         """The structured output asked for and the field that asked; a 400 for more than one."""
@@ -210,6 +271,10 @@ class _Sampling(_Strict):
             found.append(("guided_regex", Constraint("regex", self.guided_regex)))
         if self.guided_choice is not None:
             found.append(("guided_choice", Constraint("choice", json.dumps(self.guided_choice))))
+        if self.json_schema is not None:
+            found.append(("json_schema", _guided_json(self.json_schema, "json_schema")))
+        if self.regex is not None:
+            found.append(("regex", Constraint("regex", self.regex)))
         if len(found) > 1:
             msg = f"{found[0][0]} and {found[1][0]} both constrain the output: give at most one"
             raise ApiError(400, msg, param=found[1][0])
@@ -235,6 +300,8 @@ class _Sampling(_Strict):
             repetition_penalty=self.repetition_penalty,
             logit_bias=logit_bias_ids((self.logit_bias or {}).items(), vocab_size),
             constraint=constraint,
+            min_new_tokens=self.min_tokens,
+            include_stop_str=self.include_stop_str_in_output or self.no_stop_trim,
         )
 
     def _checked(self, sp: SamplingParams, names: Mapping[str, str]) -> SamplingParams:
@@ -260,9 +327,6 @@ class CompletionRequest(_Sampling):
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     suffix: Text | None = None
 
-    def _optional_features(self) -> list[tuple[str, object, tuple[object, ...]]]:
-        return [("best_of", self.best_of, (None, self.n)), ("suffix", self.suffix or None, (None,))]
-
     def sampling_params(self, vocab_size: int, source: Source | None) -> SamplingParams:
         """This request's SamplingParams (raises ApiError naming the field); ``source``: its
         ``constraint()``, computed once by the caller (which also checks it compiles)."""
@@ -276,130 +340,11 @@ class CompletionRequest(_Sampling):
             # The prompt's own scores come with its echo. max_tokens 0 generates nothing, which only
             # prompt scoring asks for: the scores are then computed even if not shown.
             sp.prompt_logprobs = self.logprobs if self.logprobs is not None else 0
-        names = {"max_new_tokens": "max_tokens", "prompt_logprobs": "logprobs"}
-        return self._checked(sp, {**names, "constraint": source[0] if source else "response_format"})
-
-
-# ----------------------------------------------------------------------------------------- chat
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: Text
-
-
-class FunctionCall(_Strict):
-    name: Name
-    arguments: Text  # JSON text, as the model wrote it
-
-
-class MessageToolCall(_Strict):
-    id: Name
-    type: Literal["function"]
-    function: FunctionCall
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Text | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)] | None = None
-    tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOLS)] | None = None  # assistant
-    tool_call_id: Name | None = None  # tool: the call this message answers
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
-
-    def openai_dict(self) -> dict[str, object]:
-        """The message as OpenAI's plain shape (content parts joined; unset fields left out), what
-        tool_calls.template_messages turns into the chat template's."""
-        out = self.model_dump(exclude_none=True, by_alias=True)
-        if self.content is not None:
-            out["content"] = self.text()
-        elif self.tool_calls is None:
-            out["content"] = ""  # templates concatenate content: a bare None would fail there
-        return out
-
-
-class FunctionDefinition(_Strict):
-    name: FunctionName
-    description: Text | None = None
-    parameters: JsonObject | None = None  # a JSON schema of the arguments
-    strict: bool | None = None
-
-
-class ChatTool(_Strict):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class ToolChoiceFunction(_Strict):
-    name: FunctionName
-
-
-class NamedToolChoice(_Strict):
-    type: Literal["function"]
-    function: ToolChoiceFunction
-
-
-class ChatCompletionRequest(_Sampling):
-    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)]
-    max_completion_tokens: Annotated[int, Field(le=MAX_TOKENS)] | None = None
-    logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: Annotated[list[ChatTool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-
-    def check_fields(self) -> None:
-        """What the schema cannot say field by field: a 400 naming the field."""
-        if self.top_logprobs and not self.logprobs:  # 0 asks for nothing: let it pass, as before
-            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        # OpenAI refuses both without tools, whatever their value: they would silently do nothing.
-        for name in ("tool_choice", "parallel_tool_calls"):
-            if self.tools is None and getattr(self, name) is not None:
-                raise ApiError(400, f"{name} is only allowed when tools are given", param=name)
-        if isinstance(self.tool_choice, NamedToolChoice):
-            named = self.tool_choice.function.name
-            if named not in {t.function.name for t in self.tools or ()}:
-                raise ApiError(
-                    400, f"tool_choice names {named!r}, which is not among tools", param="tool_choice"
-                )
-
-    @property
-    def calls_tools(self) -> bool:
-        """Whether the model may call tools (then its output is parsed for calls)."""
-        return bool(self.tools) and self.tool_choice != "none"
-
-    def tool_dicts(self) -> list[dict[str, object]] | None:
-        """``tools`` as OpenAI-shaped dicts (what HF chat templates take); None with tool_choice none:
-        the model is not to call them, so they are left out of its prompt (vLLM renders them; here the
-        output cannot then be a call the client would get as text)."""
-        return tool_dicts(self.tools) if self.calls_tools else None
-
-    def tool_choice_value(self) -> str | dict[str, object]:
-        """``tool_choice`` as OpenAI's plain value (its default: auto when tools are given)."""
-        tc = self.tool_choice or "auto"
-        return tc if isinstance(tc, str) else tc.model_dump()
-
-    def output_constraint(self, tool_constraint: Constraint | None) -> Source | None:
-        """The one constraint on the output and the field that asked: ``constraint()``'s, or
-        ``tool_constraint`` (the grammar a forcing tool_choice imposes), never both."""
-        source = self.constraint()
-        if tool_constraint is None:
-            return source
-        if source is not None:
-            msg = f"{source[0]} cannot be combined with tool_choice {self.tool_choice_value()!r}"
-            raise ApiError(400, msg, param=source[0])
-        return "tool_choice", tool_constraint
-
-    def sampling_params(self, max_new_tokens: int, vocab_size: int, source: Source | None) -> SamplingParams:
-        """This request's SamplingParams (raises ApiError naming the field); ``source``: its
-        ``output_constraint``, computed once by the caller."""
-        sp = self._sampling(max_new_tokens, vocab_size, source[1] if source else None)
-        sp.logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        tokens_field = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
-        names = {"max_new_tokens": tokens_field, "logprobs": "top_logprobs"}
+        names = {
+            "max_new_tokens": "max_tokens",
+            "prompt_logprobs": "logprobs",
+            "min_new_tokens": "min_tokens",
+        }
         return self._checked(sp, {**names, "constraint": source[0] if source else "response_format"})
 
 
@@ -416,37 +361,6 @@ def logit_bias_ids(bias: Iterable[tuple[str | int, float]], vocab_size: int) -> 
     return tuple(out)
 
 
-def tool_dicts(tools: list[ChatTool] | None) -> list[dict[str, object]] | None:
-    """``tools`` as OpenAI-shaped dicts (what HF chat templates take), checked by validate_tools (what
-    the schema cannot say: duplicate names, parameters of type object): once per request, here."""
-    if not tools:
-        return None
-    dicts = [t.model_dump(exclude_none=True, by_alias=True) for t in tools]
-    try:
-        validate_tools(dicts)
-    except ValueError as e:
-        raise ApiError(400, str(e), param="tools") from e
-    return dicts
-
-
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, object]]:
-    """The messages checked (what the schema cannot say per message) and in OpenAI's plain shape: the
-    one conversion /v1/chat/completions and /v1/tokenize share, so a count is the prompt's."""
-    for i, m in enumerate(messages):
-        _check_message(i, m)
-    return [m.openai_dict() for m in messages]
-
-
-def _check_message(i: int, m: ChatMessage) -> None:
-    where = f"messages.{i}"
-    if m.tool_calls is not None and m.role != "assistant":
-        raise ApiError(400, f"{where}: only assistant messages carry tool_calls", param=f"{where}.tool_calls")
-    if m.role == "tool" and m.tool_call_id is None:
-        raise ApiError(400, f"{where}: a tool message needs tool_call_id", param=f"{where}.tool_call_id")
-    if m.tool_call_id is not None and m.role != "tool":
-        raise ApiError(400, f"{where}: only tool messages carry tool_call_id", param=f"{where}.tool_call_id")
-
-
 # --------------------------------------------------------------------------------------- errors
 def validation_message(errors: Sequence[Mapping[str, object]]) -> tuple[str, str | None]:
     """A pydantic error list as one message a client can act on, and the offending field."""
@@ -457,8 +371,11 @@ def validation_message(errors: Sequence[Mapping[str, object]]) -> tuple[str, str
     if extra:  # a field we do not know or do not implement: say so by name, not as a type error
         where = _where(extra[0])
         return f"{where}: this field is not supported by this server", where
-    msgs = "; ".join(f"{_where(e)}: {e.get('msg')}" for e in errors[:3])
-    return msgs, _where(first)
+    # A union's branches each report: the error deepest in the body says the most (``input.0.role``
+    # rather than ``input``, which was not a string either).
+    deepest = sorted(errors, key=lambda e: -len(_where(e).split(".")))
+    msgs = "; ".join(f"{_where(e)}: {e.get('msg')}" for e in deepest[:3])
+    return msgs, _where(deepest[0])
 
 
 def _where(e: Mapping[str, object]) -> str:

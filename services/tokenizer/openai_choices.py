@@ -2,14 +2,16 @@
 
 One state object per choice turns each delivery (session.Output) into what a chunk, or the final
 body, shows of it: completions prepend the echoed prompt to the first, and score its tokens; chats
-pass text through the model's tool-call parser, so calls come out as ``tool_calls`` and only the rest
-as content. A non-streamed response is the same steps folded (``CompletionFold``), except that a
-chat's whole text is parsed at once (``chat_result``).
+split off the reasoning (reasoning.py) and pass the answer through the model's tool-call parser, so
+calls come out as ``tool_calls`` and only the rest as content. A non-streamed response is the same
+steps folded (``CompletionFold``), except that a chat's whole text is parsed at once (``chat_answer``).
 
 Finish reason ``tool_calls``: when a call came out and the model stopped by itself (EOS, a stop
 string); a choice cut by max_tokens keeps ``length``, its last call may be the cut one.
 ``parallel_tool_calls: false``: only the first call is kept (the grammar of a forcing tool_choice
 still allows several in the hermes format; later ones are dropped, not shown as text).
+Reasoning: in ``reasoning_content`` (message and deltas), as vLLM and SGLang do (OpenAI itself shows
+none).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from radixserve.tokenizer.openai_responses import (
     no_completion_logprobs,
     scored,
 )
+from radixserve.tokenizer.reasoning import ReasoningParser, Split, Start, StreamingReasoning
 from radixserve.tokenizer.session import Output
 from radixserve.tokenizer.tool_calls import StreamingToolParser, ToolCall, ToolCallDelta, ToolParser
 
@@ -103,7 +106,20 @@ class CompletionFold:
 
 # ----------------------------------------------------------------------------------------- chat
 @dataclass(frozen=True, slots=True)
+class ChatParsing:
+    """How a chat's output is read: reasoning first (``reasoning``: the server's --reasoning-parser,
+    None when off or the request asked ``separate_reasoning: false``), then the answer through the
+    tool-call parser (``tools``: when the model may call tools)."""
+
+    tools: ToolParser | None = None
+    one_call: bool = False  # parallel_tool_calls: false
+    reasoning: ReasoningParser | None = None
+    reasoning_start: Start = Start.MAYBE  # where the output begins (ReasoningParser.mode of the prompt)
+
+
+@dataclass(frozen=True, slots=True)
 class ChatStep:
+    reasoning: str
     content: str
     tool_calls: list[ToolCallDeltaBody]
     logprobs: list[ContentLogprob] | None
@@ -111,21 +127,31 @@ class ChatStep:
 
 
 class ChatChoiceState:
-    """A streamed chat choice. ``parser``: the tool-call format when the model may call tools."""
+    """A streamed chat choice, read as ``parsing`` says."""
 
-    def __init__(self, pieces: Pieces, logprobs: bool, parser: ToolParser | None, one_call: bool) -> None:
+    def __init__(self, pieces: Pieces, logprobs: bool, parsing: ChatParsing) -> None:
         self._pieces = pieces
         self._logprobs = logprobs
-        self._stream: StreamingToolParser | None = parser.stream() if parser is not None else None
-        self._one_call = one_call
+        self._one_call = parsing.one_call
+        self._tools: StreamingToolParser | None = parsing.tools.stream() if parsing.tools else None
+        self._reasoning: StreamingReasoning | None = (
+            parsing.reasoning.stream(parsing.reasoning_start) if parsing.reasoning else None
+        )
         self._called = False
 
     def step(self, o: Output) -> ChatStep:
-        content, deltas = o.text, list[ToolCallDelta]()
-        if self._stream is not None:
-            content, deltas = self._stream.feed(o.text)
+        reasoning, content = "", o.text
+        if self._reasoning is not None:
+            split = self._reasoning.feed(o.text)
             if o.finish_reason is not None:
-                rest, more = self._stream.finish()
+                last = self._reasoning.finish()
+                split = Split(split.reasoning + last.reasoning, split.content + last.content)
+            reasoning, content = split.reasoning, split.content
+        deltas: list[ToolCallDelta] = []
+        if self._tools is not None:
+            content, deltas = self._tools.feed(content)
+            if o.finish_reason is not None:
+                rest, more = self._tools.finish()
                 content, deltas = content + rest, deltas + more
             deltas = [d for d in deltas if not (self._one_call and d.index > 0)]
             self._called |= bool(deltas)
@@ -133,7 +159,7 @@ class ChatChoiceState:
         if self._logprobs and o.logprobs is not None and o.token_ids:
             lp = chat_logprobs(scored(o.token_ids, o.logprobs), self._pieces)
         reason = finish_reason(o.finish_reason, self._called)
-        return ChatStep(content, [delta_body(d) for d in deltas], lp, reason)
+        return ChatStep(reasoning, content, [delta_body(d) for d in deltas], lp, reason)
 
 
 def finish_reason(reason: str | None, called: bool) -> str | None:
@@ -154,13 +180,23 @@ def call_body(c: ToolCall) -> ToolCallBody:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
-def chat_content(
-    text: str, parser: ToolParser | None, one_call: bool
-) -> tuple[str | None, list[ToolCallBody]]:
-    """A whole chat output as (content, tool calls): content None when the calls are all there is."""
-    if parser is None:
-        return text, []
-    content, calls = parser.parse(text)
+@dataclass(frozen=True, slots=True)
+class ChatAnswer:
+    """A whole chat output read as ``ChatParsing`` says."""
+
+    reasoning: str | None
+    content: str | None  # None when there is none (the calls are all there is)
+    tool_calls: list[ToolCallBody]
+
+
+def chat_answer(text: str, parsing: ChatParsing) -> ChatAnswer:
+    reasoning, content = None, text
+    if parsing.reasoning is not None:
+        reasoning, answer = parsing.reasoning.parse(text, parsing.reasoning_start)
+        content = answer or ""
+    if parsing.tools is None:
+        return ChatAnswer(reasoning, content if content or reasoning is None else None, [])
+    rest, calls = parsing.tools.parse(content)
     if not calls:
-        return text, []
-    return content, [call_body(c) for c in calls[: 1 if one_call else None]]
+        return ChatAnswer(reasoning, content if content or reasoning is None else None, [])
+    return ChatAnswer(reasoning, rest, [call_body(c) for c in calls[: 1 if parsing.one_call else None]])

@@ -191,12 +191,14 @@ class CompletionChoice(TypedDict):
 class AssistantMessage(TypedDict, total=False):
     role: str
     content: str | None
+    reasoning_content: str | None  # with --reasoning-parser (vLLM's and SGLang's field)
     tool_calls: list[ToolCallBody]
 
 
 class ChatDelta(TypedDict, total=False):
     role: str
     content: str
+    reasoning_content: str
     tool_calls: list[ToolCallDeltaBody]
 
 
@@ -247,6 +249,7 @@ class ChatResult:
     finish_reason: str | None
     tool_calls: list[ToolCallBody] = field(default_factory=list)
     logprobs: list[ContentLogprob] | None = None
+    reasoning: str | None = None  # with --reasoning-parser
 
 
 def response_id(rid: str, chat: bool) -> str:
@@ -299,6 +302,8 @@ def completion_body(rid: str, model: str, choices: Sequence[CompletionResult], u
 
 def _message(c: ChatResult) -> AssistantMessage:
     message: AssistantMessage = {"role": "assistant", "content": c.content}
+    if c.reasoning is not None:
+        message["reasoning_content"] = c.reasoning
     if c.tool_calls:
         message["tool_calls"] = c.tool_calls
     return message

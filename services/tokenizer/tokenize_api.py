@@ -20,19 +20,17 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from radixserve.tokenizer.errors import ApiError
-from radixserve.tokenizer.gateway import Gateway
-from radixserve.tokenizer.openai_api import (
-    MAX_MESSAGES,
-    MAX_TOOLS,
+from radixserve.tokenizer.chat_request import (
     ChatMessage,
     ChatTool,
-    Text,
-    TokenId,
-    _Strict,
+    opens_a_turn,
     template_messages,
     tool_dicts,
 )
+from radixserve.tokenizer.errors import ApiError
+from radixserve.tokenizer.gateway import Gateway
+from radixserve.tokenizer.model_text import ChatRender
+from radixserve.tokenizer.openai_api import MAX_MESSAGES, MAX_TOOLS, JsonObject, Text, TokenId, _Strict
 
 TOKENIZE_PATH = "/v1/tokenize"
 DETOKENIZE_PATH = "/v1/detokenize"
@@ -40,8 +38,13 @@ DETOKENIZE_PATH = "/v1/detokenize"
 # and each made-up one would otherwise be a time series of its own.
 MODEL_PATH = "/v1/models/{model_id}"
 
-_PROMPT_ONLY = ("add_special_tokens",)
-_CHAT_ONLY = ("add_generation_prompt", "tools")
+_PROMPT_ONLY: tuple[str, ...] = ("add_special_tokens",)
+_CHAT_ONLY: tuple[str, ...] = (
+    "add_generation_prompt",
+    "tools",
+    "chat_template_kwargs",
+    "continue_final_message",
+)
 
 
 # openai_api's strict base and field types: these endpoints refuse what the completion endpoints do.
@@ -58,6 +61,8 @@ class TokenizeRequest(_Strict):
     messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
     add_generation_prompt: bool = True
     tools: Annotated[list[ChatTool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    chat_template_kwargs: JsonObject | None = None
+    continue_final_message: bool = False
 
     def shape_error(self) -> ApiError | None:
         """The 400 for a body that is neither shape, or both, naming the field that does not belong."""
@@ -124,7 +129,11 @@ class TokenizeRoutes:
         if body.messages is not None:
             # The chat endpoint's own steps (checks, conversion, template): the count is its prompt_tokens.
             messages, tools = template_messages(body.messages), tool_dicts(body.tools)
-            ids = self.gw.text.encode_chat(messages, tools, body.add_generation_prompt)
+            opens = opens_a_turn(
+                body.add_generation_prompt, body.continue_final_message, body.model_fields_set
+            )
+            render = ChatRender(opens, body.continue_final_message, dict(body.chat_template_kwargs or {}))
+            ids = self.gw.text.encode_chat(messages, tools, render)
         elif body.add_special_tokens:
             ids = self.gw.encode(body.prompt or "")  # /v1/completions' call: the same ids
         else:

@@ -1,25 +1,30 @@
-"""OpenAI tool calls for ``/v1/chat/completions``: validate ``tools``, shape messages for the chat
-template, constrain decoding for ``tool_choice``, and parse the model's text back into ``tool_calls``.
+"""OpenAI tool calls for ``/v1/chat/completions``: parse the model's text back into ``tool_calls``,
+as a whole or streamed, and shape messages for the chat template.
 
 The model never sees OpenAI's JSON: the model folder's chat template renders ``tools`` (and past calls
 and tool results) in the model's own format, and the model answers in that format. Two formats are
 understood, picked from the template text (``parser_for_template``):
 
-* ``hermes`` (Qwen2.5, Hermes, the demo model's ChatML template): each call is a block
+* ``hermes`` (Qwen2.5/3, Hermes, the demo model's ChatML template): each call is a block
   ``<tool_call>\\n{"name": "N", "arguments": {...}}\\n</tool_call>`` anywhere in the output;
 * ``llama3_json`` (Llama 3.1/3.2 with JSON tool calling): the output *is* the call,
   ``{"name": "N", "parameters": {...}}`` (several may follow each other, ``;``-separated), optionally
   after a ``<|python_tag|>`` marker, which may also follow some prose.
 
-Parsing never loses model output: text that looks like a call but is not one (bad JSON, no name)
-stays content. Whitespace touching a recognised call is part of the format's markup (the newline
-before ``<tool_call>``, the ``;`` between Llama calls) and is dropped; all other text is content
-verbatim, so an output with no calls parses to itself.
+Streaming: a call's id and name go out as soon as the name is known (hermes: its ``"name"`` string
+has closed inside a block; llama3_json: the ``"parameters"`` key follows it, since a bare JSON answer
+may also have a name), then its arguments as the model writes them, character for character. From
+that point it is a call, whatever follows: a call cut by max_tokens ends with the arguments written
+so far, and malformed arguments are kept as written (OpenAI documents that arguments may not be
+valid JSON). Before it, text that turns out not to be a call (no name, bad JSON, a JSON answer)
+stays content verbatim; a hermes block cut before its name is dropped (it was never a call, and its
+markup is not an answer). Call forms that cannot stream (arguments before the name, arguments
+double-encoded as a JSON string) come out whole when the call is complete.
 
-Streaming and whole-output parsing share one scanner (``_scan``): the stream rescans only what it has
-not yet decided, so any chunking of an output yields the same content and calls as ``parse``. A call
-is emitted as one delta (id, name and the complete arguments) once its text is complete and has
-parsed: emitting a name earlier could not be taken back if the call then turned out malformed.
+Whitespace touching a call is the format's markup (the newline before ``<tool_call>``, the ``;``
+between Llama calls) and is dropped; all other text is content verbatim, so an output with no calls
+parses to itself. ``parse`` is the stream fed at once: any chunking of an output gives the same
+content and calls.
 
 ``tool_choice`` is enforced by a grammar that only these formats' calls match (tool_grammar.py).
 """
@@ -27,20 +32,32 @@ parsed: emitting a name earlier could not be taken back if the call then turned 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-_WS = " \t\r\n"
+from radixserve.tokenizer.tool_call_text import (
+    WS,
+    CallArgs,
+    CallBody,
+    CallHead,
+    CallOpen,
+    Event,
+    ScanState,
+    held_len,
+    merged,
+    object_end,
+    skip_ws,
+    whole_call,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     id: str  # "call_<24 hex>"
     name: str
-    arguments: str  # JSON text of the arguments object
+    arguments: str  # JSON text of the arguments object, as the model wrote it
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,152 +74,50 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """A call found by the scanner, before it is given an id."""
-
-    name: str
-    arguments: str
-
-
-_Event = str | _Call  # scanner output: content text, or a call
-
-
-@dataclass(slots=True)
-class _ScanState:
-    """What the scanner must remember between two scans of a stream (at a decided position)."""
-
-    after_call: bool = False  # the last thing scanned was a call: whitespace (and ';') here is markup
-    at_start: bool = True  # llama3_json: a bare '{' here may open a call (start of output / after a call)
-    # When the undecided text is an open call (no end marker / closing brace yet), the one character
-    # that must arrive before rescanning can decide anything; None: rescan on every feed.
-    wait: str | None = None
-    # llama3_json: how far the open object's brace matching got (_object_end's resume point), so the
-    # next scan resumes there instead of walking the whole object again.
-    open_object: tuple[int, int, bool] | None = None
-
-
-def _decode_call(body: str, args_keys: tuple[str, ...], args_required: bool) -> _Call | None:
-    """A call from its JSON text, or None when it is not one (bad JSON, no name, arguments that are
-    not an object). ``args_keys``: where the format keeps the arguments, preferred key first."""
-    obj = _json_object(body)
-    if obj is None:
-        return None
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        return None
-    key = next((k for k in args_keys if k in obj), None)
-    if key is None:
-        if args_required:
-            return None
-        args: object = {}
-    else:
-        args = obj[key]
-    if isinstance(args, str):  # some models double-encode the arguments
-        args = _json_object(args)
-    if not isinstance(args, dict):
-        return None
-    return _Call(name, json.dumps(args, ensure_ascii=False))
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    """``text`` parsed as a JSON object, or None (not JSON, or JSON of another type)."""
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def _decided_len(seg: str, marker: str) -> int:
-    """How much of ``seg`` (content at the end of the text so far) is content for sure: not a partial
-    ``marker`` at its end, nor the whitespace before one (it is markup if a call follows)."""
-    end = len(seg)
-    for k in range(min(len(marker) - 1, len(seg)), 0, -1):
-        if seg.endswith(marker[:k]):
-            end -= k
-            break
-    return len(seg[:end].rstrip(_WS))
-
-
-_STRUCT_RE = re.compile(r'["{}]')
-_STRING_BODY_RE = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)  # up to the closing quote
-
-
-def _object_end(
-    s: str, start: int, resume: tuple[int, int, bool] | None = None
-) -> tuple[int | None, tuple[int, int, bool]]:
-    """Index just past the ``}`` that closes the ``{`` at ``s[start]`` (strings and escapes
-    respected), or None when ``s`` ends first; with where to resume once ``s`` has grown (offset
-    from ``start``, depth, inside a string). Only braces are matched: whether the text is valid JSON
-    is ``json.loads``'s call. Depends only on ``s[start:end]``, so a prefix never disagrees."""
-    offset, depth, in_string = resume if resume is not None else (0, 0, False)
-    i = start + offset
-    while True:
-        if in_string:
-            m = _STRING_BODY_RE.match(s, i)
-            assert m is not None  # it matches the empty string
-            i = m.end()
-            if i == len(s) or s[i] != '"':  # the text ends in the string (maybe on a lone backslash)
-                return None, (i - start, depth, True)
-            i += 1
-            in_string = False
-            continue
-        m = _STRUCT_RE.search(s, i)
-        if m is None:
-            return None, (len(s) - start, depth, False)
-        i = m.end()
-        c = m.group()
-        if c == '"':
-            in_string = True
-        elif c == "{":
-            depth += 1
-        else:
-            depth -= 1
-            if depth == 0:
-                return i, (i - start, 0, False)
-
-
 class StreamingToolParser:
-    """Incremental parsing of one output: ``feed`` each new piece of text, then ``finish``.
-
-    Holds back only what is undecided: a possible start of a call marker at the end of the text (e.g.
-    ``"<tool_"``), the whitespace before it, and an open call until it is complete. A call comes out
-    as a single delta (id, name, complete arguments) when its text is complete and parses."""
+    """Incremental parsing of one output: ``feed`` each new piece of text, then ``finish``."""
 
     def __init__(self, parser: ToolParser) -> None:
         self._parser = parser
-        self._state = _ScanState()
-        self._buf = ""
+        self._text = ""
+        self._state = ScanState()
         self._n_calls = 0
         self._done = False
 
     def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
         if self._done:
             raise RuntimeError("feed() after finish()")
-        self._buf += delta
-        # An open call can only complete when its closing character arrives: skip the rescan (keeps a
-        # long call linear instead of quadratic in its length).
-        if self._state.wait is not None and self._state.wait not in delta:
-            return "", []
-        return self._run(final=False)
+        self._text += delta
+        return self._deltas(self._parser._scan(self._text, self._state, final=False))
 
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         if self._done:
             return "", []
         self._done = True
-        return self._run(final=True)
+        return self._deltas(self._parser._scan(self._text, self._state, final=True))
 
-    def _run(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
-        self._state.wait = None
-        events, used = self._parser._scan(self._buf, self._state, final)
-        self._buf = self._buf[used:]
+    def _rebase(self) -> None:
+        """Drop the decided text (kept while a call body is open: offsets into it are absolute), so a
+        long output is not copied whole at every feed."""
+        st = self._state
+        if st.body is None and st.pos:
+            self._text = self._text[st.pos :]
+            st.pos = 0
+
+    def _deltas(self, events: list[Event]) -> tuple[str, list[ToolCallDelta]]:
+        self._rebase()
         content: list[str] = []
         deltas: list[ToolCallDelta] = []
         for ev in events:
-            if isinstance(ev, _Call):
-                deltas.append(ToolCallDelta(self._n_calls, new_call_id(), ev.name, ev.arguments))
+            if isinstance(ev, CallOpen):
+                deltas.append(ToolCallDelta(self._n_calls, new_call_id(), ev.name, ""))
                 self._n_calls += 1
+            elif isinstance(ev, CallArgs):
+                if deltas and deltas[-1].index == self._n_calls - 1:  # one delta per call per feed
+                    last = deltas[-1]
+                    deltas[-1] = ToolCallDelta(last.index, last.id, last.name, last.arguments + ev.text)
+                else:
+                    deltas.append(ToolCallDelta(self._n_calls - 1, None, None, ev.text))
             else:
                 content.append(ev)
         return "".join(content), deltas
@@ -212,68 +127,202 @@ class ToolParser:
     """A model's tool-call format. Subclasses implement ``_scan``."""
 
     name: ClassVar[str]
+    ARGS_KEYS: ClassVar[tuple[str, ...]]
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """Whole output -> (content outside the calls, None when empty; the calls)."""
-        events, _ = self._scan(text, _ScanState(), final=True)
-        content = "".join(e for e in events if isinstance(e, str))
-        calls = [ToolCall(new_call_id(), e.name, e.arguments) for e in events if isinstance(e, _Call)]
-        return content or None, calls
+        s = self.stream()
+        content, deltas = s.feed(text)
+        more, last = s.finish()
+        calls: list[list[str]] = []
+        for d in [*deltas, *last]:
+            if d.id is not None:
+                calls.append([d.id, d.name or "", d.arguments])
+            else:
+                calls[d.index][2] += d.arguments
+        return (content + more) or None, [ToolCall(i, n, a) for i, n, a in calls]
 
     def stream(self) -> StreamingToolParser:
         return StreamingToolParser(self)
 
-    def _scan(self, buf: str, st: _ScanState, final: bool) -> tuple[list[_Event], int]:
-        """Scan ``buf`` (text from a decided position, scanned in state ``st``): the events it
-        decides and how many characters they used; ``st`` is updated to that position. With
-        ``final`` the text is complete and everything is decided."""
+    def _scan(self, text: str, st: ScanState, final: bool) -> list[Event]:
+        """Decide what can be decided of ``text`` (everything, with ``final``) from ``st.pos`` on;
+        returns the new events. Only ever looks at ``text[:len(text)]`` as it is: a decision made
+        on a prefix is never taken back."""
+        raise NotImplementedError
+
+    def _content_to_marker(self, text: str, st: ScanState, marker: str, final: bool) -> int | None:
+        """Emit the content before the next ``marker`` and return where the marker starts, the
+        whitespace before it held back (markup if a call follows); None when there is none: the
+        content is emitted up to what may still become one."""
+        k = text.find(marker, st.pos)
+        if k == -1:
+            keep = len(text) if final else len(text) - held_len(text[st.pos :], marker)
+            if keep > st.pos:
+                st.events.append(text[st.pos : keep])
+                st.pos = keep
+            return None
+        kept = len(text[st.pos : k].rstrip(WS))
+        if kept:
+            st.events.append(text[st.pos : st.pos + kept])
+        st.pos += kept
+        return k
+
+    # ------------------------------------------------------------------ call bodies (shared)
+    def _body(self, text: str, st: ScanState, final: bool, commit_on_name: bool) -> str:
+        """Advance ``st.body``: "open" (needs more text), "call" (a call ended at ``st.pos``),
+        "content" (not a call: ``text[st.marker_at:st.pos]`` is content), "drop" (cut before it
+        could be told: ``st.pos`` at the end, nothing emitted)."""
+        b = st.body
+        assert b is not None
+        if b.phase == "head":
+            got, name, at = CallHead.read(text, b.start, self.ARGS_KEYS)
+            if name is not None and commit_on_name and not b.opened:
+                st.events.append(CallOpen(name))
+                b.opened = True
+            if got == CallHead.ARGS:
+                if not b.opened:
+                    st.events.append(CallOpen(name or ""))
+                    b.opened = True
+                b.phase, b.args_start, b.sent = "args", at, at
+            elif got in (CallHead.MORE, CallHead.NAME_MORE):
+                if not final:
+                    return "open"
+                b.phase = "whole"  # cut here: judged as it stands
+            else:
+                b.phase = "whole"
+        if b.phase == "args":
+            return self._args(text, st, final)
+        if b.phase == "tail":
+            return self._tail(text, st, final)
+        return self._whole(text, st, final)
+
+    def _args(self, text: str, st: ScanState, final: bool) -> str:
+        b = st.body
+        assert b is not None
+        if b.sent == b.args_start:  # nothing of the value out yet: whitespace before it is markup
+            b.args_start = b.sent = skip_ws(text, b.args_start)
+        if b.args_start >= len(text):
+            if final:
+                st.pos = len(text)
+                return "call"
+            return "open"
+        if text[b.args_start] != "{":  # a double-encoded string, or no object: read whole
+            b.phase = "whole"
+            return self._whole(text, st, final)
+        end, b.resume = object_end(text, b.args_start, b.resume)
+        upto = len(text) if end is None else end
+        if upto > b.sent:
+            st.events.append(CallArgs(text[b.sent : upto]))
+            b.sent = upto
+        if end is None:
+            if final:
+                st.pos = len(text)
+                return "call"
+            return "open"
+        b.phase, b.args_end, b.resume = "tail", end, None
+        return self._tail(text, st, final)
+
+    def _tail(self, text: str, st: ScanState, final: bool) -> str:
+        """After the arguments object: up to the call's end (the format's), all markup."""
+        b = st.body
+        assert b is not None
+        end = self._call_end(text, b.args_end)
+        if end is None:
+            if final:
+                st.pos = len(text)
+                return "call"
+            return "open"
+        st.pos = end
+        return "call"
+
+    def _whole(self, text: str, st: ScanState, final: bool) -> str:
+        """A body that cannot stream: read to its end, then judge it."""
+        b = st.body
+        assert b is not None
+        end = self._whole_end(text, b)
+        if end is None and not final:
+            return "open"
+        stop = len(text) if end is None else end
+        body = self._whole_body(text, b, stop)
+        events = whole_call(body, self.ARGS_KEYS, args_required=not self.COMMITS_ON_NAME)
+        if b.opened:  # its name went out already: a call, whatever its arguments
+            args = [e for e in events or [] if isinstance(e, CallArgs)]
+            st.events += args or ([] if end is None else [CallArgs("{}")])
+            st.pos = stop
+            return "call"
+        if events is None:
+            if end is None and self._drops_cut_bodies(st):
+                st.pos = len(text)
+                return "drop"
+            st.pos = stop
+            return "content"
+        st.events += events
+        st.pos = stop
+        return "call"
+
+    COMMITS_ON_NAME: ClassVar[bool]
+
+    def _call_end(self, text: str, args_end: int) -> int | None:
+        raise NotImplementedError
+
+    def _whole_end(self, text: str, b: CallBody) -> int | None:
+        raise NotImplementedError
+
+    def _whole_body(self, text: str, b: CallBody, stop: int) -> str:
+        raise NotImplementedError
+
+    def _drops_cut_bodies(self, st: ScanState) -> bool:
         raise NotImplementedError
 
 
 class HermesToolParser(ToolParser):
-    """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks (Qwen2.5, Hermes)."""
+    """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks (Qwen2.5/3, Hermes)."""
 
     name = "hermes"
+    ARGS_KEYS = ("arguments", "parameters")
+    COMMITS_ON_NAME = True
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
-    def _scan(self, buf: str, st: _ScanState, final: bool) -> tuple[list[_Event], int]:
-        out: list[_Event] = []
-        i, n = 0, len(buf)
-        while i < n:
-            if st.after_call:  # the newline(s) between or after blocks
-                j = i
-                while j < n and buf[j] in _WS:
-                    j += 1
-                i = j
-                if i == n:
+    def _scan(self, text: str, st: ScanState, final: bool) -> list[Event]:
+        st.events = []
+        n = len(text)
+        while True:
+            if st.body is not None:
+                verdict = self._body(text, st, final, commit_on_name=True)
+                if verdict == "open":
                     break
-                st.after_call = False
-            k = buf.find(self.OPEN, i)
-            if k == -1:
-                keep = n - i if final else _decided_len(buf[i:], self.OPEN)
-                out.append(buf[i : i + keep])
-                return _nonempty(out), i + keep
-            pre = buf[i:k]
-            body_start = k + len(self.OPEN)
-            e = buf.find(self.CLOSE, body_start)
-            if e == -1:
-                if not final:  # an open block: wait for its end (the whitespace before it waits too)
-                    keep = len(pre.rstrip(_WS))
-                    out.append(pre[:keep])
-                    st.wait = self.CLOSE[-1]
-                    return _nonempty(out), i + keep
-                # the output ended inside the block (a stop string, max tokens): a call if it parses
-                body, end = buf[body_start:], n
-            else:
-                body, end = buf[body_start:e], e + len(self.CLOSE)
-            call = _decode_call(body, ("arguments", "parameters"), args_required=False)
-            if call is None:
-                out.append(buf[i:end])  # not a call: all of it is content
-            else:
-                out += [pre.rstrip(_WS), call]
-                st.after_call = True
-            i = end
-        return _nonempty(out), n
+                if verdict == "content":  # the block and the whitespace before it
+                    st.events.append(text[st.marker_at : st.pos])
+                st.body, st.after_call = None, verdict == "call"
+                continue
+            if st.after_call:  # the newline(s) between or after blocks
+                i = skip_ws(text, st.pos)
+                if i == n and not final:
+                    break
+                st.pos, st.after_call = i, False
+            k = self._content_to_marker(text, st, self.OPEN, final)
+            if k is None:
+                break
+            st.marker_at = st.pos  # from here: content again if the block is not a call
+            st.pos = k + len(self.OPEN)
+            st.body = CallBody(start=st.pos)
+        return merged(st.events)
+
+    def _call_end(self, text: str, args_end: int) -> int | None:
+        e = text.find(self.CLOSE, args_end)
+        return None if e == -1 else e + len(self.CLOSE)
+
+    def _whole_end(self, text: str, b: CallBody) -> int | None:
+        return self._call_end(text, b.start)
+
+    def _whole_body(self, text: str, b: CallBody, stop: int) -> str:
+        body = text[b.start : stop]
+        return body[: -len(self.CLOSE)] if body.endswith(self.CLOSE) else body
+
+    def _drops_cut_bodies(self, st: ScanState) -> bool:
+        assert st.body is not None
+        return True  # a block cut before it could be read: markup, not an answer
 
 
 class Llama3JsonToolParser(ToolParser):
@@ -281,90 +330,89 @@ class Llama3JsonToolParser(ToolParser):
     (``;``-separated for several), or after ``<|python_tag|>``, which may follow prose."""
 
     name = "llama3_json"
+    ARGS_KEYS = ("parameters", "arguments")
+    COMMITS_ON_NAME = False
     TAG = "<|python_tag|>"
 
-    def _candidate(self, buf: str, j: int, st: _ScanState, final: bool) -> tuple[str, int, _Call | None]:
-        """Judge a possible call starting at ``buf[j]`` (a ``{`` or the python tag): ("hold", 0,
-        None) when more text is needed, ("open", 0, None) when that text is the rest of an open
-        object; ("call", end, call); ("content", end, None) when ``buf[j:end]`` is content; ("none",
-        j, None) when nothing starts here."""
-        n = len(buf)
-        p = j
-        if buf.startswith(self.TAG, j):
-            p = j + len(self.TAG)
-            while p < n and buf[p] in _WS:
-                p += 1
-            if p == n:
-                return ("content", n, None) if final else ("hold", 0, None)
-            if buf[p] != "{":
-                return "content", j + len(self.TAG), None
-        elif buf[j] != "{":
-            if not final and self.TAG.startswith(buf[j:]):
-                return "hold", 0, None
-            return "none", j, None
-        # Only the first candidate of a scan can be the object left open by the last one.
-        end, st.open_object = _object_end(buf, p, st.open_object)
-        if end is None:
-            return ("content", n, None) if final else ("open", 0, None)
-        st.open_object = None
-        call = _decode_call(buf[p:end], ("parameters", "arguments"), args_required=True)
-        return ("call", end, call) if call is not None else ("content", end, None)
-
-    def _scan(self, buf: str, st: _ScanState, final: bool) -> tuple[list[_Event], int]:
-        out: list[_Event] = []
-        i, n = 0, len(buf)
-        while i < n:
-            if st.at_start:  # a bare '{' may open a call here
-                seps = _WS + ";" if st.after_call else _WS
-                j = i
-                while j < n and buf[j] in seps:
+    def _scan(self, text: str, st: ScanState, final: bool) -> list[Event]:
+        st.events = []
+        n = len(text)
+        while True:
+            if st.body is not None:
+                verdict = self._body(text, st, final, commit_on_name=False)
+                if verdict == "open":
+                    break
+                if verdict == "content":
+                    st.events.append(text[st.marker_at : st.pos])
+                    st.at_start = st.after_call = False
+                else:
+                    st.at_start = st.after_call = verdict == "call"
+                st.body = None
+                continue
+            if st.at_start:  # a bare '{' or the tag may open a call here
+                seps = WS + ";" if st.after_call else WS
+                j = st.pos
+                while j < n and text[j] in seps:
                     j += 1
                 if st.after_call:  # separators after a call are markup, whatever follows
-                    i = j
+                    st.pos = j
                 if j == n:
-                    if not final:
-                        return _nonempty(out), i
-                    out.append(buf[i:])
-                    return _nonempty(out), n
-                verdict, end, call = self._candidate(buf, j, st, final)
-                if verdict in ("hold", "open"):
-                    st.wait = "}" if verdict == "open" else None
-                    return _nonempty(out), i
-                if verdict == "call":
-                    assert call is not None
-                    out.append(call)
-                    st.after_call = True
-                    i = end
+                    if final and j > st.pos:
+                        st.events.append(text[st.pos :])
+                        st.pos = n
+                    break
+                if text[j] == "{":
+                    st.marker_at, st.tagged = st.pos, False
+                    st.body = CallBody(start=j)
+                    continue
+                if text.startswith(self.TAG, j) or (not final and self.TAG.startswith(text[j:])):
+                    if not self._open_tagged(text, st, j, final):
+                        break
                     continue
                 st.at_start = st.after_call = False
-                if verdict == "content":
-                    out.append(buf[i:end])
-                    i = end
                 continue
-            k = buf.find(self.TAG, i)
-            if k == -1:
-                keep = n - i if final else _decided_len(buf[i:], self.TAG)
-                out.append(buf[i : i + keep])
-                return _nonempty(out), i + keep
-            pre = buf[i:k]
-            verdict, end, call = self._candidate(buf, k, st, final)
-            if verdict in ("hold", "open"):
-                st.wait = "}" if verdict == "open" else None
-                keep = len(pre.rstrip(_WS))
-                out.append(pre[:keep])
-                return _nonempty(out), i + keep
-            if verdict == "call":
-                assert call is not None
-                out += [pre.rstrip(_WS), call]
-                st.at_start = st.after_call = True
-            else:
-                out.append(buf[i:end])
-            i = end
-        return _nonempty(out), n
+            k = self._content_to_marker(text, st, self.TAG, final)
+            if k is None or not self._open_tagged(text, st, k, final):
+                break
+        return merged(st.events)
 
+    def _open_tagged(self, text: str, st: ScanState, j: int, final: bool) -> bool:
+        """At ``j`` the tag starts (or may): open a body after it, or decide the tag is content.
+        False: more text is needed."""
+        if not text.startswith(self.TAG, j):
+            if final:  # a partial tag at the very end: content
+                st.events.append(text[st.pos :])
+                st.pos = len(text)
+                return False
+            return False
+        p = skip_ws(text, j + len(self.TAG))
+        if p == len(text):
+            if final:
+                st.events.append(text[st.pos :])
+                st.pos = len(text)
+            return False
+        if text[p] != "{":  # the tag without a call: content, and the scan goes on after it
+            st.events.append(text[st.pos : j + len(self.TAG)])
+            st.pos = j + len(self.TAG)
+            st.at_start = st.after_call = False
+            return True
+        st.marker_at, st.tagged = st.pos, True
+        st.body = CallBody(start=p)
+        return True
 
-def _nonempty(events: list[_Event]) -> list[_Event]:
-    return [e for e in events if not isinstance(e, str) or e]
+    def _call_end(self, text: str, args_end: int) -> int | None:
+        e = text.find("}", args_end)
+        return None if e == -1 else e + 1
+
+    def _whole_end(self, text: str, b: CallBody) -> int | None:
+        end, b.resume = object_end(text, b.start, b.resume)
+        return end
+
+    def _whole_body(self, text: str, b: CallBody, stop: int) -> str:
+        return text[b.start : stop]
+
+    def _drops_cut_bodies(self, st: ScanState) -> bool:
+        return st.tagged  # after the tag, a cut object was meant as a call; a bare one may be an answer
 
 
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesToolParser, Llama3JsonToolParser)}

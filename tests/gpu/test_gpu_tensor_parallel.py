@@ -16,7 +16,7 @@ from radixserve.common.demo_model import make_demo_model
 if torch.cuda.device_count() < 2:
     pytest.skip("needs two CUDA devices", allow_module_level=True)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.gpu  # per-test time limits: pyproject's default, or scripts/gpu-check's
 
 PROMPTS = [f"{i} The quick brown fox jumps over the lazy dog. " * (1 + i % 5) for i in range(24)]
 

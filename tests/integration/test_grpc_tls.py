@@ -13,6 +13,7 @@ import grpc
 import httpx
 import pytest
 
+from radixserve.common.ports import free_ports
 from radixserve.common.rpc import TLS, channel, pb, pb_grpc
 from radixserve.launcher import Cluster
 from tests.certs import CertFiles, make_certs
@@ -80,14 +81,15 @@ def test_ports_refuse_plaintext_and_clients_without_a_certificate(tls_cluster, c
 REQUIRED_FLAGS = {
     "scheduler": ["--detokenizer", "127.0.0.1:1", "--metrics-port", "0"],
     "detokenizer": ["--metrics-port", "0"],
-    "tokenizer": ["--schedulers", "127.0.0.1:1", "--grpc-port", "0"],
+    "tokenizer": ["--schedulers", "127.0.0.1:1", "--grpc-port"],  # + a free port
 }
 
 
 @pytest.mark.parametrize("service", sorted(REQUIRED_FLAGS))
 def test_a_service_with_half_the_tls_settings_does_not_start(service, model_dir, certs):
-    argv = [sys.executable, "-m", f"radixserve.{service}", "--model", str(model_dir), "--port", "0"]
-    argv += REQUIRED_FLAGS[service]
+    port, grpc_port = free_ports(2)  # ports are 1-65535; these are free, though none gets that far
+    argv = [sys.executable, "-m", f"radixserve.{service}", "--model", str(model_dir), "--port", str(port)]
+    argv += REQUIRED_FLAGS[service] + ([str(grpc_port)] if service == "tokenizer" else [])
     env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXSERVE_TLS_")}
     env["RADIXSERVE_TLS_CERT"] = certs.server_cert  # no key, no CA
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)

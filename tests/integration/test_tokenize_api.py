@@ -17,12 +17,14 @@ from tokenizers.processors import TemplateProcessing
 
 from radixserve.common.rpc import pb
 from radixserve.common.service_config import GatewayConfig
+from radixserve.tokenizer.chat_request import ChatCompletionRequest
 from radixserve.tokenizer.gateway import Gateway
 from radixserve.tokenizer.http_app import build_app
-from radixserve.tokenizer.openai_api import ChatCompletionRequest, CompletionRequest
+from radixserve.tokenizer.openai_api import CompletionRequest
+from radixserve.tokenizer.responses_api import ResponseRequest
 from radixserve.tokenizer.tokenize_api import DetokenizeRequest, TokenizeRequest
+from tests.gateway_harness import CALL_TEXT, WEATHER, ScriptedSchedulers
 from tests.integration.conftest import MODEL_NAME
-from tests.unit.test_openai_fields import CALL_TEXT, WEATHER, Engine
 
 TEXTS = ["def add(a, b):", "import os\nimport sys\n", "# héllo wörld ✓", "  two  spaces , and . ", ""]
 MESSAGES = [
@@ -38,6 +40,7 @@ VALID_BODIES: dict[type, dict[str, Any]] = {
     ChatCompletionRequest: {"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}]},
     TokenizeRequest: {"model": MODEL_NAME, "prompt": "x"},
     DetokenizeRequest: {"model": MODEL_NAME, "tokens": [1]},
+    ResponseRequest: {"model": MODEL_NAME, "input": "x"},
 }
 
 
@@ -157,9 +160,9 @@ TOOL_TURN = [
 
 
 @pytest.fixture
-def engine(gw, monkeypatch) -> Engine:
+def engine(gw, monkeypatch) -> ScriptedSchedulers:
     """The schedulers replaced by test_openai_fields' script: what the chat endpoint submits is seen."""
-    e = Engine()
+    e = ScriptedSchedulers()
     monkeypatch.setattr(gw, "submit", e.submit)
     return e
 
@@ -230,7 +233,7 @@ def test_max_model_len_is_the_schedulers_context(make_gateway, monkeypatch):
 # ---------------------------------------------------------------------------------- bad input
 M = {"model": MODEL_NAME}
 USER = [{"role": "user", "content": "hi"}]
-NAMED = [{"role": "user", "content": "x", "name": "b"}]  # OpenAI's ``name``: not taken by this server
+NAMED = [{"role": "user", "content": "x", "name": 5}]  # OpenAI's ``name`` is text
 
 
 @pytest.mark.parametrize(

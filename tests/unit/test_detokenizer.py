@@ -260,3 +260,14 @@ def test_same_rid_twice_in_one_call_is_taken_in_order_as_if_in_two_calls(tok):
     assert deltas[-1].ended_early  # stopped here before the scheduler ended it: the gateway aborts it
     assert detok.process([more("o", [], "length")])[0].finish_reason == "length" and detok.states == {}
     assert detok.process([first("s", enc(tok, "new"), finish="length")])[0].text == "new"
+
+
+def test_include_stop_keeps_the_stop_string_and_min_tokens_delays_stop_strings(tok):
+    ids = enc(tok, "one. two. three. four.")
+    kept = IncrementalDetokenizer(tok).process([first("r", ids, stop=(".",), include_stop=True)])
+    assert kept[0].text == "one." and kept[0].finish_reason == "stop" and kept[0].matched_stop == "."
+    # stop strings are looked for only once the output has more tokens than min_tokens (vLLM's rule)
+    d = IncrementalDetokenizer(tok)
+    n = len(enc(tok, "one. two"))
+    out = [*d.process([first("r", ids[:n], stop=(".",), min_tokens=n)]), *d.process([more("r", ids[n:])])]
+    assert text(out) == "one. two" and out[-1].finish_reason == "stop"  # the first "." let through

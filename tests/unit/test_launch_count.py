@@ -16,8 +16,10 @@ lean engines launch about 12; the unfused torch path launched 59 per layer).
 
 from __future__ import annotations
 
+import contextlib
 import types
 from collections import Counter
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -113,7 +115,10 @@ class FakeCudaStaging(Staging):
         return list(flat.split([len(a) for a in arrays]))
 
 
-def decode_step_launches(batch_size: int, context: int) -> tuple[Counter[str], int]:
+@contextlib.contextmanager
+def fake_cuda_runner() -> Iterator[tuple[StandInFlashInfer, BatchScheduler, ModelRunner]]:
+    """The real scheduler and runner of a Qwen3-0.6B-shaped model on fake CUDA tensors, flashinfer's
+    kernels stood in for; the runner is used inside the fake mode only."""
     fi = StandInFlashInfer()
     cuda = torch.device("cuda", 0)
     profile = DeviceProfile(cuda, torch.bfloat16, "flashinfer", "flashinfer", 0, False)
@@ -130,10 +135,19 @@ def decode_step_launches(batch_size: int, context: int) -> tuple[Counter[str], i
             model, sched.kv.req_to_token, sched.kv.allocator.pool_slots, 64, profile, page, flashinfer=fi
         )
         runner.staging = FakeCudaStaging(cuda)
-        rng = np.random.default_rng(0)
-        for i in range(batch_size):
-            ids = rng.integers(5, 1000, context).tolist()
-            sched.add(Req(f"r{i}", ids, SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)))
+        yield fi, sched, runner
+
+
+def add_requests(sched: BatchScheduler, batch_size: int, context: int) -> None:
+    rng = np.random.default_rng(0)
+    for i in range(batch_size):
+        ids = rng.integers(5, 1000, context).tolist()
+        sched.add(Req(f"r{i}", ids, SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)))
+
+
+def decode_step_launches(batch_size: int, context: int) -> tuple[Counter[str], int]:
+    with fake_cuda_runner() as (fi, sched, runner):
+        add_requests(sched, batch_size, context)
         counts: Counter[str] = Counter()
         while True:
             batch = sched.schedule()
@@ -148,6 +162,30 @@ def decode_step_launches(batch_size: int, context: int) -> tuple[Counter[str], i
                 return counts, QWEN3_06B.num_layers
             runner.forward(fb)
             sched.process(batch, [7] * batch.size)
+
+
+def test_serving_stages_every_step_so_prepare_never_takes_its_fallback():
+    """The flashinfer backend's ``prepare`` has a fallback for batches nobody staged (kernel tests,
+    benchmarks): it replaces the table's device mirror whole, with blocking copies. What serving
+    calls, ``ModelRunner.prepare``, stages every step (the page offsets and the table's pending
+    writes in its one copy), so the fallback never runs there: the mirror stays the same tensor,
+    updated in place, through prefill and decode."""
+    with fake_cuda_runner() as (_, sched, runner):
+        mirror = runner.req_to_token.device_table
+        assert mirror.device.type == "cuda"
+        add_requests(sched, 3, context=40)
+        modes = []
+        while not sched.idle:
+            batch = sched.schedule()
+            assert batch is not None
+            fb = runner.prepare(batch)
+            assert {"rows", "kv_indptr"} <= set(fb.staged)
+            assert runner.req_to_token.device_table is mirror
+            modes.append(batch.mode)
+            runner.forward(fb)
+            sched.process(batch, [7] * batch.size)
+        assert set(modes) == {ForwardMode.EXTEND, ForwardMode.DECODE}
+        assert runner.staging.copies == len(modes)  # one host->device copy a step
 
 
 @pytest.mark.parametrize("batch_size", [1, 8])

@@ -1,7 +1,7 @@
 """Logprobs bodies at the gateway: OpenAI's legacy completions object (echo included) and the chat
 object (bytes, alternatives), streamed and not, and gRPC Generate's pass-through; token texts and
-bytes from the vocabulary. Hand-made deliveries through the real app (test_openai_fields' scripted
-engine), and the pure pieces directly. Also the work done once per request (tool validation, the
+bytes from the vocabulary. Hand-made deliveries through the real app (tests/gateway_harness.py's
+scripted schedulers), and the pure pieces directly. Also the work done once per request (tool validation, the
 constraint, its compilation through the grammar cache) and gRPC's checks before a compile."""
 
 from __future__ import annotations
@@ -17,21 +17,16 @@ from radixserve.common.rpc import pb
 from radixserve.common.sampling import SamplingParams
 from radixserve.tokenizer import openai_responses as resp
 from radixserve.tokenizer.token_pieces import TokenPieces, shown
-from tests.unit.test_openai_fields import (
+from tests.gateway_harness import (
     WEATHER,
-    app,
     chat,
     complete,
-    engine,
     events,
-    gw,
     logprobs,
     refused,
     strict_json,
     text,
 )
-
-__all__ = ["app", "engine", "gw"]  # fixtures, shared with test_openai_fields
 
 
 # ---------------------------------------------------------------------------- logprobs bodies
@@ -178,7 +173,7 @@ def test_grpc_generate_passes_logprobs_through():
 
 # ----------------------------------------------------------------------- once per request
 def test_validation_and_the_constraint_run_once_per_request(app, engine, monkeypatch):
-    from radixserve.tokenizer import http_app, openai_api, tool_grammar
+    from radixserve.tokenizer import chat_request, http_app, openai_api, tool_grammar
 
     calls = {"validate_tools": 0, "constraint": 0}
     real_validate, real_constraint = tool_grammar.validate_tools, openai_api._Sampling.constraint
@@ -191,7 +186,7 @@ def test_validation_and_the_constraint_run_once_per_request(app, engine, monkeyp
         calls["constraint"] += 1
         return real_constraint(self)
 
-    for module in (http_app, openai_api, tool_grammar):
+    for module in (http_app, openai_api, chat_request, tool_grammar):
         monkeypatch.setattr(module, "validate_tools", validate, raising=False)
     monkeypatch.setattr(openai_api._Sampling, "constraint", constraint)
     assert chat(app, tools=[WEATHER], tool_choice="required").status_code == 200

@@ -16,7 +16,7 @@ class Services:
 
 
 def crashing(name: str) -> Service:
-    # a module that exits at once with code 2 (argparse: the required argument is missing)
+    # a module that exits at once with code 1 (its one line: the required --model is missing)
     return Service(name, ["radixserve.detokenizer"])
 
 
@@ -45,10 +45,11 @@ def test_a_fast_crash_is_restarted_after_a_growing_backoff_then_supervision_give
         assert sup.poll(svc.restart_at) is None and svc.proc.pid != pid  # started again
     assert delays == [1.0, 2.0, 3.0]  # doubling, capped
     assert svc.restarts == 3
-    assert "scheduler-0 exited with code 2 after 5.0 s; restarting it in 1.0 s" in said[0]
+    assert "scheduler-0 exited with code 1 after 5.0 s; restarting it in 1.0 s" in said[0]
     wait_exit(svc)
     why = sup.poll(svc.started_at + 5.0)  # the fourth fast crash in a row
     assert why is not None and "scheduler-0" in why and "4 times in a row" in why and "giving up" in why
+    assert "(its last error: the following arguments are required: --model)" in why  # its own words
 
 
 def test_a_crash_after_a_long_run_restarts_at_once_and_resets_the_count() -> None:

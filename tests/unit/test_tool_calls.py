@@ -54,58 +54,65 @@ DOUBLE_ENCODED = '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": 
 BAD_JSON = '{"name": "get_weather", "parameters": {"city" "Paris"}}'  # a missing colon
 TRICKY = '{"city": "Zürich }{ \\"quoted\\" \\\\", "days": 2}'  # braces, escapes, non-ASCII in a string
 
-# (output text, expected content, expected calls as (name, arguments object))
-HERMES_CASES: list[tuple[str, str | None, list[tuple[str, dict[str, Any]]]]] = [
+# (output text, expected content, expected calls as (name, arguments text as the model wrote it))
+HERMES_CASES: list[tuple[str, str | None, list[tuple[str, str]]]] = [
     ("The capital of France is Paris.\n", "The capital of France is Paris.\n", []),
-    (hermes("get_weather", PARIS), None, [("get_weather", {"city": "Paris"})]),
+    (hermes("get_weather", PARIS), None, [("get_weather", PARIS)]),
     (
         hermes("get_weather", PARIS) + "\n" + hermes("get_time", "{}"),
         None,
-        [("get_weather", {"city": "Paris"}), ("get_time", {})],
+        [("get_weather", PARIS), ("get_time", "{}")],
     ),
     (
         "Let me look that up.\n" + hermes("get_weather", TRICKY) + "\nDone.",
         "Let me look that up.Done.",
-        [("get_weather", json.loads(TRICKY))],
+        [("get_weather", TRICKY)],
     ),
-    # malformed JSON / no name: the block stays content, nothing is lost
-    ("Try: " + hermes("get_weather", '{"city": }'), "Try: " + hermes("get_weather", '{"city": }'), []),
+    # once the name is known it is a call: malformed arguments are kept as the model wrote them
+    ("Try: " + hermes("get_weather", '{"city": }'), "Try:", [("get_weather", '{"city": }')]),
+    # no name: the block stays content, nothing is lost
     ('<tool_call>\n{"arguments": {}}\n</tool_call>', '<tool_call>\n{"arguments": {}}\n</tool_call>', []),
     (
         hermes("get_time", "{}") + "\n<tool_call>\n[1, 2]\n</tool_call>",
         "<tool_call>\n[1, 2]\n</tool_call>",
-        [("get_time", {})],
+        [("get_time", "{}")],
     ),
-    # arguments double-encoded as a JSON string; no arguments at all
-    (DOUBLE_ENCODED, None, [("get_weather", {"city": "Oslo"})]),
-    ('<tool_call>\n{"name": "get_time"}\n</tool_call>', None, [("get_time", {})]),
-    # the output ended inside a block (stop string / max tokens): a call only if it parses
-    ('<tool_call>\n{"name": "get_time", "arguments": {}}', None, [("get_time", {})]),
-    ('Sure <tool_call>\n{"name": "get_ti', 'Sure <tool_call>\n{"name": "get_ti', []),
+    # arguments double-encoded as a JSON string (decoded, so not streamed); no arguments at all
+    (DOUBLE_ENCODED, None, [("get_weather", '{"city": "Oslo"}')]),
+    ('<tool_call>\n{"name": "get_time"}\n</tool_call>', None, [("get_time", "{}")]),
+    # the output ended inside a block (stop string / max tokens): a partial call once the name is
+    # known; before that the block is dropped (markup, never a call), not shown as content
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}', None, [("get_time", "{}")]),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "P', None, [("get_weather", '{"city": "P')]),
+    ('<tool_call>\n{"name": "get_weather", "argu', None, [("get_weather", "")]),
+    ('Sure <tool_call>\n{"name": "get_ti', "Sure", []),
     ("a <tool> b < tool_call> </tool_call> <tool_", "a <tool> b < tool_call> </tool_call> <tool_", []),
     ("", None, []),
 ]
 
-LLAMA_CASES: list[tuple[str, str | None, list[tuple[str, dict[str, Any]]]]] = [
+LLAMA_CASES: list[tuple[str, str | None, list[tuple[str, str]]]] = [
     ("The capital of France is Paris.", "The capital of France is Paris.", []),
-    (llama("get_weather", PARIS), None, [("get_weather", {"city": "Paris"})]),
+    (llama("get_weather", PARIS), None, [("get_weather", PARIS)]),
     (
         llama("get_weather", TRICKY) + "; " + llama("get_time", "{}") + ";",
         None,
-        [("get_weather", json.loads(TRICKY)), ("get_time", {})],
+        [("get_weather", TRICKY), ("get_time", "{}")],
     ),
-    ("<|python_tag|>" + llama("get_time", "{}"), None, [("get_time", {})]),
+    ("<|python_tag|>" + llama("get_time", "{}"), None, [("get_time", "{}")]),
     (
         "Checking the weather. <|python_tag|>" + llama("get_weather", PARIS) + "\nDone.",
         "Checking the weather.Done.",
-        [("get_weather", {"city": "Paris"})],
+        [("get_weather", PARIS)],
     ),
-    # JSON that is not a call, malformed JSON, a bare object after prose: content
+    # JSON that is not a call (no "parameters" after the name), a bare object after prose: content
     ('{"answer": 42}', '{"answer": 42}', []),
     ('{"name": "Bob", "age": 3}', '{"name": "Bob", "age": 3}', []),
-    (BAD_JSON, BAD_JSON, []),
     ("Use " + llama("get_time", "{}") + " to tell", "Use " + llama("get_time", "{}") + " to tell", []),
-    ('  {"name": "get_time", "parameters": {', '  {"name": "get_time", "parameters": {', []),
+    # name and "parameters" make it a call: malformed or cut arguments are kept as written
+    (BAD_JSON, None, [("get_weather", '{"city" "Paris"}')]),
+    ('  {"name": "get_time", "parameters": {', None, [("get_time", "{")]),
+    ('{"name": "get_ti', '{"name": "get_ti', []),  # a bare object cut early may be an answer
+    ('<|python_tag|>{"name": "get_ti', None, []),  # after the tag it was a call: dropped
     ("x <|python_tag|> no json", "x <|python_tag|> no json", []),
     ("", None, []),
 ]
@@ -114,7 +121,11 @@ CASES = [("hermes", *c) for c in HERMES_CASES] + [("llama3_json", *c) for c in L
 CASE_IDS = [f"hermes-{i}" for i in range(len(HERMES_CASES))] + [f"llama-{i}" for i in range(len(LLAMA_CASES))]
 
 
-def _calls(calls: list[ToolCall]) -> list[tuple[str, dict[str, Any]]]:
+def _calls(calls: list[ToolCall]) -> list[tuple[str, str]]:
+    return [(c.name, c.arguments) for c in calls]
+
+
+def _decoded(calls: list[ToolCall]) -> list[tuple[str, dict[str, Any]]]:
     return [(c.name, json.loads(c.arguments)) for c in calls]
 
 
@@ -174,28 +185,39 @@ def test_stream_holds_back_only_a_possible_marker():
     assert s.feed("Hello") == ("Hello", [])  # plain text goes out at once
     assert s.feed(" there <tool_") == (" there", [])  # " <tool_" may open a call
     assert s.feed("s are fun\n") == (" <tool_s are fun", [])  # it did not; the newline still waits
-    assert s.feed("<tool_call>\n{") == ("", [])  # a call: the newline before it was markup
-    assert s.feed('"name": "get_time", "arguments": {}}\n</tool_') == ("", [])
-    content, deltas = s.feed("call>")
-    assert content == "" and len(deltas) == 1
-    assert (deltas[0].index, deltas[0].name, deltas[0].arguments) == (0, "get_time", "{}")
+    assert s.feed("<tool_call>\n{") == ("", [])  # a block: the newline before it was markup
+    content, deltas = s.feed('"name": "get_weather"')  # the name is known: the call starts
+    assert content == "" and [(d.index, d.name, d.arguments) for d in deltas] == [(0, "get_weather", "")]
+    assert deltas[0].id is not None and CALL_ID.fullmatch(deltas[0].id)
+    assert s.feed(', "arguments": ') == ("", [])
+    content, deltas = s.feed('{"city": "Pa')  # arguments go out as the model writes them
+    assert [(d.index, d.id, d.arguments) for d in deltas] == [(0, None, '{"city": "Pa')]
+    content, deltas = s.feed('ris"}}\n</tool_')
+    assert [d.arguments for d in deltas] == ['ris"}']  # the call's own closing brace is markup
+    assert s.feed("call>") == ("", [])
     assert s.finish() == ("", [])
 
     s = PARSERS["llama3_json"]().stream()
     assert s.feed("  ") == ("", [])  # leading whitespace: a call may follow
-    assert s.feed('{"name": "get_time", "parameters": {}') == ("", [])
+    assert s.feed('{"name": "get_time"') == ("", [])  # a bare JSON answer may have a name too
+    content, deltas = s.feed(', "parameters": {')
+    assert content == "" and [(d.name, d.arguments) for d in deltas] == [("get_time", "{")]
     content, deltas = s.feed("}")
-    assert content == "" and [d.name for d in deltas] == ["get_time"]
-    assert s.feed("; All done") == ("All done", [])
+    assert content == "" and [d.arguments for d in deltas] == ["}"]
+    assert s.feed("}; All done") == ("All done", [])
     assert s.finish() == ("", [])
 
 
-def test_stream_flushes_an_unterminated_call_as_content():
+def test_stream_ends_a_cut_call_as_a_partial_call():
     s = PARSERS["hermes"]().stream()
     assert s.feed("ok\n<tool_call>\n{") == ("ok", [])
-    assert s.finish() == ("\n<tool_call>\n{", [])
+    assert s.finish() == ("", [])  # cut before its name: never a call, and not an answer either
     with pytest.raises(RuntimeError):
         s.feed("more")
+    s = PARSERS["hermes"]().stream()
+    _, deltas = s.feed('<tool_call>\n{"name": "get_weather", "arguments": {"ci')
+    assert [(d.name, d.arguments) for d in deltas] == [("get_weather", '{"ci')]
+    assert s.finish() == ("", [])  # what came of the arguments is the call's
 
 
 # ---------------------------------------------------------------------------------- templates
@@ -251,7 +273,7 @@ def test_chatml_renders_tools_calls_and_results(tokenizer):
     # the past calls render in the format the hermes parser reads back
     turn = out.split("<|im_start|>assistant\n", 1)[1].split("<|im_end|>", 1)[0]
     content, calls = PARSERS["hermes"]().parse(turn)
-    assert content is None and _calls(calls) == WANT_CALLS
+    assert content is None and _decoded(calls) == WANT_CALLS
     assert out.endswith(
         "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrain\n"
         "</tool_response><|im_end|>\n<|im_start|>assistant\n"
@@ -286,7 +308,7 @@ def test_llama3_template_renders_tools_calls_and_results(tokenizer):
         assert json.dumps(tool, indent=4) in system
     turn = out.split("<|start_header_id|>assistant<|end_header_id|>\n\n", 1)[1].split("<|eot_id|>", 1)[0]
     content, calls = PARSERS["llama3_json"]().parse(turn)
-    assert content is None and _calls(calls) == WANT_CALLS
+    assert content is None and _decoded(calls) == WANT_CALLS
     assert out.endswith(
         "<|start_header_id|>ipython<|end_header_id|>\n\nsunny<|eot_id|>"
         "<|start_header_id|>ipython<|end_header_id|>\n\nrain<|eot_id|>"
@@ -400,7 +422,7 @@ def test_named_tool_grammar(tokenizer, ll_tokenizer, parser):
     good = call("get_weather", TRICKY)
     assert accepts(good)
     assert accepts(call("get_weather", PARIS))
-    assert _calls(PARSERS[parser]().parse(good)[1]) == [("get_weather", json.loads(TRICKY))]
+    assert _decoded(PARSERS[parser]().parse(good)[1]) == [("get_weather", json.loads(TRICKY))]
     assert not accepts(call("get_time", PARIS))  # another tool
     assert not accepts(call("get_weather", '{"city": 3}'))  # wrong type
     assert not accepts(call("get_weather", "{}"))  # a required property missing

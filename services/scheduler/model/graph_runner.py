@@ -25,6 +25,7 @@ tests prove that padding, bucketing and the static buffers give the same tokens 
 from __future__ import annotations
 
 import bisect
+import gc
 import logging
 import time
 from typing import TYPE_CHECKING, cast
@@ -119,6 +120,25 @@ class DecodeGraphRunner:
         if not self.capture_graphs:
             return 0.0
         t0 = time.perf_counter()
+        # Every object alive now (the model, the tokenizer, the libraries' modules) is moved out of
+        # the collector's generations for the capture: ``torch.cuda.graph`` may collect on entry
+        # (torch's force_cudagraph_gc), and the capture's own allocations start automatic
+        # collections, each of which would otherwise scan all of them again (SGLang freezes too).
+        frozen_before = gc.get_freeze_count()
+        gc.freeze()
+        try:
+            self._capture_all()
+        finally:
+            if not frozen_before:  # a freeze made before ours (by a server that forks) stays
+                gc.unfreeze()
+        took = time.perf_counter() - t0
+        log.info(
+            "captured %d decode graphs (batch sizes %s) in %.1f s, collector frozen",
+            len(self.graphs), self.buckets, took,
+        )  # fmt: skip
+        return took
+
+    def _capture_all(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(self.device)
         # Every graph writes its logits into this one buffer (graphs replay one at a time, and each
@@ -139,9 +159,6 @@ class DecodeGraphRunner:
                     self.logits[:bucket].copy_(self._forward(bucket, attn))
                 self.graphs[key] = graph
         torch.cuda.synchronize(self.device)
-        took = time.perf_counter() - t0
-        log.info("captured %d decode graphs (batch sizes %s) in %.1f s", len(self.graphs), self.buckets, took)
-        return took
 
 
 def pad_rows(arrays: dict[str, np.ndarray], bucket: int, pad_values: dict[str, int]) -> dict[str, np.ndarray]:

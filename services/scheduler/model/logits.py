@@ -6,7 +6,8 @@ In this order, on the device:
    request asked (``SamplingParams.logprobs``); the prompt positions of requests scoring their prompt
    (``prompt_logprobs``, ``ScoreLayout.prompt_index``) the model scores itself, in slices
    (``CausalLM._score_prompt``), and they are collected here;
-2. ``logit_bias``: added to the named tokens' logits;
+2. ``logit_bias``: added to the named tokens' logits; before ``min_new_tokens`` the EOS and stop
+   tokens get ``-inf`` the same way;
 3. penalties (penalties.py);
 4. the structured-output mask (grammar.py): disallowed tokens get ``-inf``;
 5. the sampler, then the sampled tokens are added to the penalty counts.
@@ -21,11 +22,13 @@ model's distribution, not one reshaped by its own sampling settings. vLLM does t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
+from radixserve.common.sampling import SamplingParams
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, ScoreLayout
 from radixserve.scheduler.grammar import GrammarMatcher, allocate_bitmask, apply_bitmask, fill_masks
 from radixserve.scheduler.model.penalties import PenaltyState, PenaltyStep
@@ -62,10 +65,14 @@ class StepScores:
 
 
 class LogitsProcessor:
-    def __init__(self, num_slots: int, vocab_size: int, device: torch.device) -> None:
-        """``num_slots``: rows of the ReqToTokenPool (a request's row keys its penalty counts)."""
+    def __init__(
+        self, num_slots: int, vocab_size: int, device: torch.device, eos_token_ids: Sequence[int] = ()
+    ) -> None:
+        """``num_slots``: rows of the ReqToTokenPool (a request's row keys its penalty counts);
+        ``eos_token_ids``: what min_new_tokens holds back besides a request's stop tokens."""
         self.device = device
         self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
         self.penalties = PenaltyState(num_slots, vocab_size, device)
 
     # --------------------------------------------------------------------- host (scheduler thread)
@@ -81,12 +88,17 @@ class LogitsProcessor:
         constrained: list[tuple[int, GrammarMatcher]] = []
         for i, r in enumerate(batch.reqs):
             sp = r.sampling
-            if not sampled[i] or (not sp.penalized and r.grammar is None):
+            early = sp.min_new_tokens > batch.token_index[i]  # its token comes before min_new_tokens
+            if not sampled[i] or (not sp.penalized and r.grammar is None and not early):
                 continue
             if r.grammar is not None:
                 constrained.append((i, r.grammar))
             if r.logit_bias is not None:  # (ids checked against the vocabulary at admission)
                 bias.append((i, *r.logit_bias))
+            if early:
+                banned = self._early_stops(sp)
+                if len(banned):
+                    bias.append((i, banned, np.full(len(banned), -np.inf, dtype=np.float32)))
             if sp.has_penalties:
                 assert r.req_pool_idx is not None
                 pen_rows.append(i)
@@ -113,6 +125,11 @@ class LogitsProcessor:
             else None,
             bitmask=bitmask,
         )
+
+    def _early_stops(self, sp: SamplingParams) -> np.ndarray:
+        """The tokens that would end a request: what min_new_tokens masks."""
+        stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_token_ids))
+        return np.array(sorted(t for t in stops if t < self.vocab_size), dtype=np.int64)
 
     def _bias(
         self, bias: list[tuple[int, np.ndarray, np.ndarray]]

@@ -17,7 +17,7 @@ it and runs ``forward``. Rank 0 samples and broadcasts the tokens, so all ranks 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -93,11 +93,13 @@ class ModelRunner:
         page_size: int = 1,
         flashinfer: ModuleType | None = None,
         step_sink: Callable[[StepPlan], None] | None = None,
+        eos_token_ids: Sequence[int] = (),
     ) -> None:
         """``model``: loaded on ``profile.device`` (model/loader.py), the whole model or one rank's
         shard (``model.tp``). ``flashinfer``: the module the fused ops, attention and sampling call
         (None: imported when the profile needs it); the CPU tests pass a stand-in to count the CUDA
-        path's launches. ``step_sink``: rank 0 of a tensor-parallel group: gets every step's plan."""
+        path's launches. ``step_sink``: rank 0 of a tensor-parallel group: gets every step's plan.
+        ``eos_token_ids``: the model's end tokens (the sampler holds them back before min_new_tokens)."""
         self.profile = profile
         self.device = profile.device
         self.config = model.config
@@ -118,7 +120,9 @@ class ModelRunner:
             req_to_token.log_writes()  # the other ranks replay rank 0's table writes
         fi_sampling = getattr(flashinfer, "sampling", None)
         self.sampler = Sampler(flashinfer_module=fi_sampling) if fi_sampling is not None else Sampler()
-        self.logits = LogitsProcessor(req_to_token.scratch_row + 1, model.config.vocab_size, self.device)
+        self.logits = LogitsProcessor(
+            req_to_token.scratch_row + 1, model.config.vocab_size, self.device, eos_token_ids
+        )
         self.futures = FutureMap(4 * max_batch + 8, self.device)
         self.staging = Staging(self.device)
         self.graphs = DecodeGraphRunner(

@@ -209,8 +209,13 @@ class FlashInferAttention:
         seq = np.asarray(fb.prefix_lens, dtype=np.int64) + np.asarray(fb.extend_lens, dtype=np.int64)
         if self.check_layout:
             self._check_rows(rows, seq)
-        if "kv_indptr" not in fb.staged:  # a caller that did not stage (tests, benchmarks): it may
-            # have written the host table directly, so the mirror is refreshed whole (slow, exact)
+        if "kv_indptr" not in fb.staged:
+            # A caller that did not stage: kernel tests and benchmarks that build a ForwardBatch by
+            # hand and may have written the host table directly, so the mirror is refreshed whole
+            # (slow, exact). Serving never comes here: ModelRunner.load stages every step's arrays
+            # with the table's pending writes in its one pinned non-blocking copy (a CPU test holds
+            # that). So these copies stay plain blocking ones, and the GPU test that prepare never
+            # waits for the device stages its batch first, as serving does, instead of timing this.
             table = self.req_to_token
             table.device_table = torch.from_numpy(table.host).to(self.device)
             fb.staged_host = self.host_arrays(rows, seq)

@@ -1,0 +1,37 @@
+"""Small pieces every HTTP route of the gateway shares."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from typing import TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+T = TypeVar("T")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy may buffer a stream
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client has gone away (a non-streamed request's wait is cut short by it)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(request: Request, work: Coroutine[object, object, T]) -> T | None:
+    """``work``'s result, or None when the client went away first (``work`` is cancelled then: the
+    session it reads ends, which frees the scheduler's slots at once)."""
+    done_task = asyncio.create_task(work)
+    gone = asyncio.create_task(disconnected(request))
+    done, _ = await asyncio.wait({done_task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if done_task not in done:
+        done_task.cancel()
+        return None
+    gone.cancel()
+    return done_task.result()
+
+
+def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
