@@ -1,6 +1,6 @@
 """radixserve: serve LLMs on Kubernetes with an SGLang-style engine.
 
-Subpackages, one per component (see ARCHITECTURE.md):
+Subpackages, one per component (docs/architecture.md draws how they fit):
     radixserve.common       what every service shares
     radixserve.tokenizer    the front door (OpenAI HTTP + gRPC, routing)
     radixserve.scheduler    the GPU pod: memory, policy, model, event loops

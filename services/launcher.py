@@ -29,10 +29,11 @@ from pathlib import Path
 import httpx
 
 from radixserve.common.config import ConfigError, RaisingParser, load, parse_args, service_parser
+from radixserve.common.health import is_serving
 from radixserve.common.ports import check_listen, free_ports
 from radixserve.common.ports import free_port as free_port  # re-exported: tests and benchmarks
-from radixserve.common.rpc import TLS, is_serving, tls_from_env
 from radixserve.common.service_config import DetokenizerConfig, GatewayConfig, SchedulerPodConfig
+from radixserve.common.tls import TLS, tls_from_env
 
 ServiceConfig = SchedulerPodConfig | GatewayConfig | DetokenizerConfig
 # Each service module's config, and whether it takes --served-model-name: a service's command line

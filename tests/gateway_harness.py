@@ -21,8 +21,8 @@ from radixserve.common.demo_model import make_demo_model
 from radixserve.common.rpc import pb
 from radixserve.common.sampling import SamplingParams
 from radixserve.common.service_config import GatewayConfig
-from radixserve.tokenizer.gateway import Choice, Gateway
-from radixserve.tokenizer.http_app import build_app
+from radixserve.tokenizer.gateway import Gateway, SchedulerRequest
+from radixserve.tokenizer.openai_api.app import build_app
 
 MODEL = "tiny-llama"
 USER = [{"role": "user", "content": "hello"}]
@@ -58,14 +58,16 @@ class ScriptedSchedulers:
         self.sent: list[tuple[list[int], SamplingParams]] = []
         self.script: Script = lambda k, ids, sp: [text("ok", [7], "stop")]
 
-    async def submit(self, rid, input_ids, sp, n, skip, trace, queue, prompt_index=0) -> list[Choice]:
+    async def submit(
+        self, rid, input_ids, sp, n, skip, trace, queue, prompt_index=0
+    ) -> list[SchedulerRequest]:
         sp.validate()
         choices = []
         for i in range(n):
             k = prompt_index * n + i
             self.sent.append((list(input_ids), sp))
             choices.append(
-                Choice(
+                SchedulerRequest(
                     f"{rid}-{k}", k, None, queue, len(input_ids), prompt_index, pb.TokenizedRequest(), trace
                 )  # type: ignore[arg-type]
             )

@@ -11,8 +11,8 @@ model's vocab stays 151936). The stages, in the order they run (``--stages`` pic
 * ``decode_graphs`` / ``decode_eager``: ``decode_ms_bs{1,8,64}`` (CUDA graphs on) and ``..._eager``
   (``disable_cuda_graph=True``): B requests with ``--prompt-len`` token prompts decode
   ``--decode-steps`` tokens together on the normal loop (``disable_overlap=True``), so a step is
-  schedule + prepare + forward + sync + process; ``engine.loop.on_batch`` times every step (host
-  time) and the median over the steps whose batch is a decode batch of all B requests is reported.
+  schedule + prepare + forward + sync + process; ``Engine.generate``'s ``on_step`` times every
+  step (host time) and the median over the steps whose batch is a decode batch of all B requests is reported.
   Beside it, from CUDA events around every forward of those steps (the loop's GPU trace),
   ``decode_gpu_ms_bs{B}`` (the GPU's own time per step) and ``decode_gpu_idle_ms_bs{B}`` (the
   GPU's idle gap before a step: host work nothing hid), with ``_eager`` variants; None on CPU.

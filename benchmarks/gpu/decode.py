@@ -30,17 +30,18 @@ def time_decode(
     engine.generate(input_ids=prompts(), sampling_params=offline.greedy(3))
     rows: list[tuple[float, int]] = []
 
-    def on_batch(batch: Any, launched: float, processed: float) -> None:
-        if batch.mode is ForwardMode.DECODE and batch.size == batch_size:
-            rows.append((processed - launched, int((batch.prefix_lens + batch.extend_lens).sum())))
+    def timed(step: Any) -> None:  # the host time of every decode step of all the requests
+        for b in step.batches:
+            batch = b.batch
+            if batch.mode is ForwardMode.DECODE and batch.size == batch_size:
+                rows.append((b.processed - b.launched, int((batch.prefix_lens + batch.extend_lens).sum())))
 
-    engine.loop.on_batch = on_batch
     engine.loop.enable_gpu_trace()  # CUDA events around every forward (a no-op on CPU)
     try:
-        engine.generate(input_ids=prompts(), sampling_params=offline.greedy(args.decode_steps))
+        params = offline.greedy(args.decode_steps)
+        engine.generate(input_ids=prompts(), sampling_params=params, on_step=timed)
         traced = engine.loop.gpu_trace()
     finally:
-        engine.loop.on_batch = None
         engine.loop.trace = None
     ms = [1e3 * s for s, _ in rows]
     return {

@@ -81,23 +81,23 @@ def profile_decode_steps(
         p.validate()
         engine.scheduler.add(Req(f"profile{i}", common.random_token_ids(rng, vocab, args.prompt_len), p))
     modes: list[ForwardMode] = []
-    engine.loop.on_batch = lambda batch, *_: modes.append(batch.mode)
-    try:
-        while sum(m is ForwardMode.DECODE for m in modes) < warm:
-            engine.loop.step()
+
+    def step() -> None:
+        modes.extend(b.batch.mode for b in engine.loop.step().batches)
+
+    while sum(m is ForwardMode.DECODE for m in modes) < warm:
+        step()
+    sync(args.device)
+    first = len(modes)
+    cuda = args.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(args.profile_steps):
+            step()
         sync(args.device)
-        first = len(modes)
-        cuda = args.device.startswith("cuda")
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with profile(activities=activities) as prof:
-            for _ in range(args.profile_steps):
-                engine.loop.step()
-            sync(args.device)
-        window = modes[first:]
-        while engine.loop.busy:  # let the profiled requests finish
-            engine.loop.step()
-    finally:
-        engine.loop.on_batch = None
+    window = modes[first:]
+    while engine.loop.busy:  # let the profiled requests finish
+        step()
     return prof, window
 
 

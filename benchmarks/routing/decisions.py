@@ -25,12 +25,12 @@ def time_decisions(
     import gc
 
     from radixserve.common.rpc import pb
-    from radixserve.tokenizer.router import (
+    from radixserve.tokenizer.routing.router import (
         CacheAwareRouter,
         LeastLoadRouter,
         RoundRobinRouter,
     )
-    from radixserve.tokenizer.scheduler_pool import SchedulerHandle
+    from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle
 
     handles = [SchedulerHandle(a, healthy=True) for a in addresses]
     loads = [[monitor.load_at(a, r["arrival"]) or pb.Load(address=a) for a in addresses] for r in reqs]

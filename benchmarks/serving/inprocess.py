@@ -26,7 +26,7 @@ def _finish_inprocess_recs(recs: list[dict]) -> None:
 def _step_inprocess(engine: Any, live: dict, start: float) -> tuple[list[dict], float]:
     """One engine step; new tokens go to their records at the step's end. Returns the records of
     the requests that finished in it (e2e and finish reason set) and the step's end time."""
-    finished = engine.loop.step()
+    finished = engine.loop.step().finished
     t = time.perf_counter() - start
     for req, rec in live.values():
         known = req.known_len - req.prompt_len

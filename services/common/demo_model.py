@@ -46,7 +46,7 @@ PRETOKENIZE_REGEX = (
 # "<|im_start|>{role}\n{content}<|im_end|>\n". With tools, a system turn (holding the first system
 # message's text, if any) lists them as JSON inside <tools></tools>; past calls render as
 # <tool_call> blocks in the assistant turn (content may be None); consecutive "tool" results render
-# as one user turn of <tool_response> blocks. radixserve.tokenizer.tool_calls parses the answers.
+# as one user turn of <tool_response> blocks. radixserve.tokenizer.text.tool_calls parses the answers.
 # Every tag strips the whitespace before it ("{%-", "{{-"), so only the quoted strings are output.
 CHAT_TEMPLATE = """\
 {%- if tools %}

@@ -1,7 +1,8 @@
-"""``python -m radixserve.common.health HOST:PORT [--timeout S] [--service NAME]``: one gRPC health
-check (grpc.health.v1, service NAME, default "": the server's), exit 0 when it reports SERVING, 1
-otherwise (unreachable, NOT_SERVING, a TLS handshake refused), 2 on bad arguments or TLS settings
-that cannot work.
+"""grpc.health.v1 in every service (``add_health``, what Kubernetes' probes call), the check
+(``is_serving``), and the probe command ``python -m radixserve.common.health HOST:PORT [--timeout S]
+[--service NAME]``: one health check of service NAME (default "": the server's), exit 0 when it
+reports SERVING, 1 otherwise (unreachable, NOT_SERVING, a TLS handshake refused), 2 on bad arguments
+or TLS settings that cannot work.
 
 Kubernetes' built-in gRPC probes speak plaintext only; with TLS between the pods (the
 RADIXSERVE_TLS_* variables, read as the services read them) the operator makes this an exec probe,
@@ -14,7 +15,36 @@ import argparse
 import os
 import sys
 
-from radixserve.common.rpc import TLSError, is_serving, tls_from_env
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from radixserve.common.rpc import channel
+from radixserve.common.tls import TLS, TLSError, tls_from_env
+
+
+def add_health(server: grpc.Server, service_names: list[str]) -> health.HealthServicer:
+    """Serve grpc.health.v1 (what Kubernetes gRPC probes call) for "" and each service name."""
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    for name in ["", *service_names]:
+        servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return servicer
+
+
+def set_not_serving(servicer: health.HealthServicer, service_names: list[str]) -> None:
+    for name in ["", *service_names]:
+        servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+def is_serving(address: str, timeout: float = 1.0, tls: TLS | None = None, service: str = "") -> bool:
+    """Whether the gRPC health service ``service`` at ``address`` reports SERVING ("": the server's)."""
+    try:
+        with channel(address, tls, options=()) as ch:
+            request = health_pb2.HealthCheckRequest(service=service)
+            reply = health_pb2_grpc.HealthStub(ch).Check(request, timeout=timeout)
+            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.RpcError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

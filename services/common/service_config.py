@@ -45,7 +45,7 @@ TORCH_SEED = Bounds(-(2**63), 2**64 - 1)  # what torch.manual_seed takes
 # its own, "rs:<namespace>/<name>:", which its Redis ACL user is limited to).
 INDEX_KEY_PREFIX = "radixserve:"
 ROUTERS = ("cache-aware", "least-load", "round-robin")
-REASONING_PARSERS = ("qwen3", "deepseek_r1")  # tokenizer/reasoning.py's (a test holds them equal)
+REASONING_PARSERS = ("qwen3", "deepseek_r1")  # tokenizer/text/reasoning.py's (a test holds them equal)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         return _failed(str(e))
     from radixserve.common import telemetry
-    from radixserve.common.rpc import TLSError, load_tls
+    from radixserve.common.tls import TLSError, load_tls
     from radixserve.detokenizer.server import serve
 
     try:

@@ -76,8 +76,9 @@ class TextDelta:
 
 
 @dataclass(slots=True)
-class TokenUpdate:
-    """One request's entry of a TokenBatch, in plain Python."""
+class RequestTokens:
+    """One request's entry of a TokenBatch (pb.RequestTokens), in plain Python: what the scheduler's
+    worker.TokenUpdate became on the wire."""
 
     rid: str
     reply_to: str
@@ -105,7 +106,7 @@ class IncrementalDetokenizer:
         self._stopped: OrderedDict[str, None] = OrderedDict()
         self._max_finished = max_finished_memory
 
-    def process(self, updates: list[TokenUpdate]) -> list[TextDelta]:
+    def process(self, updates: list[RequestTokens]) -> list[TextDelta]:
         """One delta per update, in order; none for an update dropped after its request's stop string.
 
         A request named twice in ``updates`` is taken in order, as if the second entry came in a later
@@ -119,8 +120,8 @@ class IncrementalDetokenizer:
             seen.add(u.rid)
         return out + self._process(updates[start:])
 
-    def _process(self, updates: list[TokenUpdate]) -> list[TextDelta]:
-        todo: list[tuple[DecodeState | None, TokenUpdate]] = []  # None: its start was never seen
+    def _process(self, updates: list[RequestTokens]) -> list[TextDelta]:
+        todo: list[tuple[DecodeState | None, RequestTokens]] = []  # None: its start was never seen
         for u in updates:
             if u.rid in self._stopped:
                 if u.finish_reason:
@@ -153,7 +154,7 @@ class IncrementalDetokenizer:
                 self._decode(group, skip)
         return [self._lost(u) if st is None else self._delta(st, u) for st, u in todo]
 
-    def _lost(self, u: TokenUpdate) -> TextDelta:
+    def _lost(self, u: RequestTokens) -> TextDelta:
         early = not u.finish_reason
         if early:
             self._drop_rest(u.rid)
@@ -180,7 +181,7 @@ class IncrementalDetokenizer:
             st.text += new[len(old) :]
             st.read_offset = len(st.ids)
 
-    def _delta(self, st: DecodeState, u: TokenUpdate) -> TextDelta:
+    def _delta(self, st: DecodeState, u: RequestTokens) -> TextDelta:
         finish, matched = u.finish_reason, ""
         if finish:
             self._flush(st)

@@ -16,16 +16,19 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from radixserve.common import telemetry
-from radixserve.common.rpc import SERVER_OPTIONS, TLS, StreamSender, add_health, listen, pb, pb_grpc
-from radixserve.detokenizer.incremental import IncrementalDetokenizer, TextDelta, Tokenizer, TokenUpdate
+from radixserve.common.health import add_health
+from radixserve.common.rpc import SERVER_OPTIONS, listen, pb, pb_grpc
+from radixserve.common.stream_sender import StreamSender
+from radixserve.common.tls import TLS
+from radixserve.detokenizer.incremental import IncrementalDetokenizer, RequestTokens, TextDelta, Tokenizer
 
 log = logging.getLogger(__name__)
 
 
-def updates_from_proto(batch: pb.TokenBatch) -> list[TokenUpdate]:
+def updates_from_proto(batch: pb.TokenBatch) -> list[RequestTokens]:
     out = []
     for e in batch.reqs:
-        u = TokenUpdate(e.rid, e.reply_to, list(e.token_ids), e.finish_reason, e.error)
+        u = RequestTokens(e.rid, e.reply_to, list(e.token_ids), e.finish_reason, e.error)
         if e.HasField("options"):
             o = e.options
             u.stop, u.skip_special_tokens = tuple(o.stop), o.skip_special_tokens

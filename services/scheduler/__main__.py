@@ -43,8 +43,7 @@ from radixserve.common.ports import check_listen
 from radixserve.common.service_config import SchedulerPodConfig
 
 if TYPE_CHECKING:  # imported when the engine starts (torch is slow to import; --help is not)
-    from radixserve.scheduler.kv_events import RedisPublisher
-    from radixserve.scheduler.server import SchedulerService
+    from radixserve.scheduler.server import RedisTarget
 
 
 def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) -> argparse.ArgumentParser:
@@ -62,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from radixserve.common import telemetry
-    from radixserve.common.rpc import TLSError, load_tls
+    from radixserve.common.tls import TLSError, load_tls
     from radixserve.scheduler.engine import Engine
     from radixserve.scheduler.server import fail, serve, shutdown
     from radixserve.scheduler.tensor_parallel import TPFailure
@@ -81,6 +80,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine = Engine(resolve_model(args.model), **dataclasses.asdict(cfg.engine))
     except (ValueError, TPFailure) as e:  # a setting the model or the devices cannot meet
         return _failed(f"cannot start the engine: {e}")
+    failures: list[str] = []
+
+    def on_failure(reason: str) -> None:
+        failures.append(reason)
+        stop.set()
+
     address = cfg.advertise_address or f"localhost:{cfg.port}"
     server, service, health = serve(
         engine,
@@ -91,57 +96,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         block_size=cfg.block_size,
         tls=tls,
         stall_timeout_s=cfg.stall_timeout,
+        on_failure=on_failure,
+        publish_to=redis_target(cfg),
     )
-    publisher = _publish(cfg, address, service) if cfg.prefix_index else None
     if cfg.metrics_port:
         from prometheus_client import start_http_server
 
         start_http_server(cfg.metrics_port, addr=cfg.host, registry=service.metrics.registry)
-    failures: list[str] = []
-
-    def on_failure(reason: str) -> None:
-        failures.append(reason)
-        stop.set()
-
-    service.worker.on_failure = on_failure
     if engine.followers is not None:
         engine.followers.watch(on_failure)
     logging.info("serving on %s:%d (KV %d tokens)", cfg.host, cfg.port, engine.scheduler.kv.capacity)
     stop.wait()
     if failures:
         _failed(f"scheduler failed: {failures[0]}")
-        if publisher is not None:
-            publisher.close()
         fail(server, service, health, failures[0], cfg.engine.tp_timeout + 5)
         telemetry.shutdown()
         return 1
     logging.info("shutting down (drain up to %.0f s)", cfg.drain_timeout)
     # Stop admitting before leaving Redis: deregistering takes a round trip or two, and a request
     # admitted meanwhile would only lengthen the drain (Submit answers UNAVAILABLE: retried elsewhere).
-    service.worker.draining = True
-    if publisher is not None:
-        publisher.close()
+    service.worker.stop_admitting()
+    service.stop_publishing()
     shutdown(server, service, health, cfg.drain_timeout)
     telemetry.shutdown()
     return 0
 
 
-def _publish(cfg: SchedulerPodConfig, address: str, service: SchedulerService) -> RedisPublisher:
-    """Start publishing the pod's block events and heartbeats to the Redis prefix index."""
-    from radixserve.common.prefix_index import RedisPrefixIndex
-    from radixserve.scheduler.kv_events import EventSubscriber, RedisPublisher
+def redis_target(cfg: SchedulerPodConfig) -> RedisTarget | None:
+    """Where the pod publishes its block events and heartbeats, when it does (--prefix-index)."""
+    from radixserve.scheduler.server import RedisTarget
 
-    publisher = RedisPublisher(
-        RedisPrefixIndex(cfg.prefix_index, cfg.index_key_prefix),
-        address,
-        service.worker.events.subscribe(EventSubscriber()),
-        service.load_dict,
-        cfg.heartbeat_interval,
-        cfg.heartbeat_ttl,
-    )
-    publisher.start()
-    service.publisher = publisher
-    return publisher
+    if not cfg.prefix_index:
+        return None
+    return RedisTarget(cfg.prefix_index, cfg.index_key_prefix, cfg.heartbeat_interval, cfg.heartbeat_ttl)
 
 
 def _failed(reason: str) -> int:

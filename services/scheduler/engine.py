@@ -15,7 +15,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,9 +26,9 @@ import torch
 
 from radixserve.common.sampling import SamplingParams, find_stop
 from radixserve.common.service_config import CPU_CHUNKED_PREFILL_SIZE, CUDA_CHUNKED_PREFILL_SIZE, EngineConfig
-from radixserve.scheduler.batch_scheduler import BatchScheduler, QueueFullError
+from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
-from radixserve.scheduler.event_loop import EventLoop
+from radixserve.scheduler.event_loop import EventLoop, Step
 from radixserve.scheduler.memory.allocator import kv_capacity
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.model.config import ModelConfig
@@ -51,6 +52,9 @@ def chunk_size(requested: int | None, device: str) -> int | None:
     if requested is None:
         return CUDA_CHUNKED_PREFILL_SIZE if device.startswith("cuda") else CPU_CHUNKED_PREFILL_SIZE
     return requested if requested > 0 else None
+
+
+PROGRESS_FROM = 256  # Engine.generate shows a progress bar for more prompts than this
 
 
 class Engine:
@@ -274,8 +278,14 @@ class Engine:
         prompt: str | Sequence[str] | None = None,
         input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        progress: bool | None = None,
+        on_step: Callable[[Step], None] | None = None,
     ) -> dict | list[dict]:
-        """Generate for one request (returns a dict) or many (returns a list, in order)."""
+        """Generate for one request (returns a dict) or many (returns a list, in order): any number,
+        fed to the waiting queue as it has room. ``progress``: a progress bar on stderr (default: for
+        more than PROGRESS_FROM prompts). ``on_step``: called with every loop step's Step (what it
+        finished and which batches it processed: benchmarks and tests time and inspect them)."""
         if self._closed:
             raise RuntimeError("the engine was shut down")
         if (prompt is None) == (input_ids is None):
@@ -300,31 +310,48 @@ class Engine:
         for r in reqs:  # validate all before queueing any: a rejected call leaves nothing behind
             self.scheduler.check_admissible(r)
             self.attach_grammar(r)
-        free = self.scheduler.config.max_waiting_requests - len(self.scheduler.waiting)
-        if len(reqs) > free:
-            raise QueueFullError(f"{len(reqs)} requests, room for {free} in the waiting queue")
-        for r in reqs:
-            self.scheduler.add(r)
-        pending = {r.rid for r in reqs}
-        while pending:
-            for r in self.loop.step():
-                pending.discard(r.rid)
-            self._check_stop_strings(reqs, pending)
+        self._run(reqs, on_step, len(reqs) > PROGRESS_FROM if progress is None else progress)
         outs = [self._output(r) for r in reqs]
         return outs[0] if single else outs
 
-    def _check_stop_strings(self, reqs: list[Req], pending: set[str]) -> None:
-        for r in reqs:
-            if r.rid in pending and r.sampling.stop:
-                known = r.output_ids[: r.known_len - r.prompt_len]
-                if len(known) <= r.sampling.min_new_tokens:  # stop strings wait for min_new_tokens
-                    continue
-                tail = str(self.tokenizer.decode(known[-64:], skip_special_tokens=True))
-                if known and find_stop(tail, r.sampling.stop)[0] >= 0:
-                    self.scheduler.abort(r.rid, FinishReason.STOP)
-                    pending.discard(r.rid)
-        if not pending:
-            self.loop.drain()
+    def _run(self, reqs: list[Req], on_step: Callable[[Step], None] | None, progress: bool) -> None:
+        """Step the loop until every request of ``reqs`` has finished, adding them as the waiting
+        queue has room (vLLM's LLM.generate takes any number of prompts too)."""
+        from tqdm import tqdm
+
+        todo = deque(reqs)
+        pending = {r.rid for r in reqs}
+        stopping = {r.rid: r for r in reqs if r.sampling.stop}  # the ones stop strings can end
+        with tqdm(total=len(reqs), disable=not progress, desc="generate", unit="req") as bar:
+            while pending:
+                room = self.scheduler.config.max_waiting_requests - len(self.scheduler.waiting)
+                while todo and room > 0:
+                    self.scheduler.add(todo.popleft())
+                    room -= 1
+                step = self.loop.step()
+                ended = {r.rid for r in step.finished} | self._stopped(stopping, pending)
+                if not pending - ended:
+                    step = step.then(self.loop.drain())
+                if on_step is not None:
+                    on_step(step)
+                bar.update(len(pending & ended))
+                pending -= ended
+
+    def _stopped(self, stopping: dict[str, Req], pending: set[str]) -> set[str]:
+        """The requests a stop string in their text ends now (aborted here: the offline engine has
+        no detokenizer to find them)."""
+        stopped = set()
+        for rid, r in stopping.items():
+            if rid not in pending:
+                continue
+            known = r.output_ids[: r.known_len - r.prompt_len]
+            if len(known) <= r.sampling.min_new_tokens:  # stop strings wait for min_new_tokens
+                continue
+            tail = str(self.tokenizer.decode(known[-64:], skip_special_tokens=True))
+            if known and find_stop(tail, r.sampling.stop)[0] >= 0:
+                self.scheduler.abort(rid, FinishReason.STOP)
+                stopped.add(rid)
+        return stopped
 
     def _output(self, r: Req) -> dict:
         ids = [t for t in r.output_ids if t >= 0]

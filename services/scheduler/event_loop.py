@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -157,6 +156,27 @@ class GpuTrace:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessedBatch:
+    """A batch whose results were processed, with when (``time.perf_counter()``) it was scheduled
+    and when its results were processed: what metrics and tracing record of a step."""
+
+    batch: ScheduleBatch
+    launched: float
+    processed: float
+
+
+@dataclass(slots=True)
+class Step:
+    """What one iteration (or a drain) did: the requests that finished, the batches processed."""
+
+    finished: list[Req] = field(default_factory=list)
+    batches: list[ProcessedBatch] = field(default_factory=list)
+
+    def then(self, later: Step) -> Step:
+        return Step(self.finished + later.finished, self.batches + later.batches)
+
+
 class EventLoop:
     def __init__(
         self, scheduler: BatchScheduler, runner: ModelRunner, overlap: bool, cpu_thread_min_s: float = 0.01
@@ -167,9 +187,6 @@ class EventLoop:
         self.stream = _DeviceStream(runner, cpu_thread_min_s) if overlap else None
         self.in_flight: deque[tuple[ScheduleBatch, object, float]] = deque()  # batch, handle, launched at
         self.stats = LoopStats()
-        # Called with (batch, launched at, results processed at; time.perf_counter()) after each batch,
-        # when set: tracing and metrics, off the loop's path when unset.
-        self.on_batch: Callable[[ScheduleBatch, float, float], None] | None = None
         self.trace: GpuTrace | None = None
 
     def enable_gpu_trace(self) -> None:
@@ -181,19 +198,19 @@ class EventLoop:
         """The traced steps (``GpuTrace.read``); [] on CPU or when tracing is off."""
         return self.trace.read() if self.trace is not None else []
 
-    def step(self) -> list[Req]:
-        """One iteration; returns the requests that finished in it."""
+    def step(self) -> Step:
+        """One iteration: the requests that finished in it and the batches it processed."""
         return self._step_overlap() if self.overlap else self._step_normal()
 
     @property
     def busy(self) -> bool:
         return bool(self.in_flight) or not self.scheduler.idle
 
-    def _step_normal(self) -> list[Req]:
+    def _step_normal(self) -> Step:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch is None:
-            return []
+            return Step()
         fb = self.runner.prepare(batch)
         t1 = time.perf_counter()
         mark = self.trace.start(fb) if self.trace is not None else None
@@ -208,44 +225,40 @@ class EventLoop:
         finished = self.scheduler.process(batch, tokens, scores)
         t3 = time.perf_counter()
         self._account(t1 - t0 + t3 - t2, 0.0)
-        if self.on_batch is not None:
-            self.on_batch(batch, t0, t3)
-        return finished
+        return Step(finished, [ProcessedBatch(batch, t0, t3)])
 
-    def _step_overlap(self) -> list[Req]:
+    def _step_overlap(self) -> Step:
         assert self.stream is not None
         if not self.stream.overlaps or (self.in_flight and self.in_flight[-1][0].constrained):
             # Nothing to hide the host's work behind (short CPU forwards): finish what was launched
             # on the worker, then step as the normal loop does. Also when the last batch launched
             # holds a constrained request: its next mask needs the token that batch samples (the
             # grammar must accept it first), so that request's steps cannot overlap.
-            finished = self.drain()
-            return finished + self._step_normal()
+            return self.drain().then(self._step_normal())
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch is not None:
             fb = self.runner.prepare(batch)
             self.in_flight.append((batch, self.stream.launch(fb, self.trace), t0))
         # Keep one batch running on the device while the host processes the one before it.
-        finished, waited = self._process_in_flight(keep=1 if batch is not None else 0)
+        done, waited = self._process_in_flight(keep=1 if batch is not None else 0)
         self._account(time.perf_counter() - t0 - waited, waited)
-        return finished
+        return done
 
-    def _process_in_flight(self, keep: int) -> tuple[list[Req], float]:
-        """Process launched batches, oldest first, until ``keep`` are left; returns the requests
-        that finished and the time spent waiting for the device."""
+    def _process_in_flight(self, keep: int) -> tuple[Step, float]:
+        """Process launched batches, oldest first, until ``keep`` are left; returns what that did
+        and the time spent waiting for the device."""
         assert self.stream is not None
-        finished: list[Req] = []
+        done = Step()
         waited = 0.0
         while len(self.in_flight) > keep:
             done_batch, handle, launched = self.in_flight.popleft()
             w0 = time.perf_counter()
             tokens, scores = self.stream.result(handle)
             waited += time.perf_counter() - w0
-            finished += self.scheduler.process(done_batch, tokens, scores)
-            if self.on_batch is not None:
-                self.on_batch(done_batch, launched, time.perf_counter())
-        return finished, waited
+            done.finished += self.scheduler.process(done_batch, tokens, scores)
+            done.batches.append(ProcessedBatch(done_batch, launched, time.perf_counter()))
+        return done, waited
 
     def _account(self, host: float, wait: float) -> None:
         self.stats.steps += 1
@@ -253,9 +266,9 @@ class EventLoop:
         self.stats.wait_s += wait
         self.stats.per_step_host_s.append(host)
 
-    def drain(self) -> list[Req]:
-        """Process whatever is still in flight (shutdown)."""
-        return self._process_in_flight(keep=0)[0] if self.in_flight else []
+    def drain(self) -> Step:
+        """Process whatever is still in flight (shutdown, or the end of an offline run)."""
+        return self._process_in_flight(keep=0)[0] if self.in_flight else Step()
 
     def close(self) -> None:
         self.drain()

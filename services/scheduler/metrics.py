@@ -1,8 +1,8 @@
 """The scheduler pod's Prometheus metrics (GET /metrics on --metrics-port).
 
-Gauges are read from the engine at scrape time (no cost per step); per-batch histograms are fed
-once per engine step by the event loop's ``on_batch`` hook. Every series carries ``model_name``,
-the served model's name (as vLLM's metrics do), so dashboards and alerts can tell models apart
+Gauges are read from the engine at scrape time (no cost per step); per-batch histograms are fed by
+the worker with the batches each event-loop step returns. Every series carries ``model_name``, the
+served model's name (as vLLM's metrics do), so dashboards and alerts can tell models apart
 when several InferenceServices share one Prometheus.
 """
 

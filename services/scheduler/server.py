@@ -13,24 +13,18 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1.health import HealthServicer
 
 from radixserve.common import telemetry
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE
-from radixserve.common.rpc import (
-    SERVER_OPTIONS,
-    TLS,
-    StreamSender,
-    add_health,
-    listen,
-    logprobs_to_proto,
-    pb,
-    pb_grpc,
-    sampling_from_proto,
-    set_not_serving,
-)
+from radixserve.common.health import add_health, set_not_serving
+from radixserve.common.rpc import SERVER_OPTIONS, listen, pb, pb_grpc
+from radixserve.common.stream_sender import StreamSender
+from radixserve.common.tls import TLS
+from radixserve.common.wire import logprobs_to_proto, sampling_from_proto
 from radixserve.scheduler.batch_scheduler import QueueFullError
 from radixserve.scheduler.engine import Engine
 from radixserve.scheduler.kv_events import EventSubscriber, RedisPublisher
@@ -56,23 +50,37 @@ _REFUSALS: dict[type[Exception], grpc.StatusCode] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """Where a pod publishes its block events and heartbeats (the Redis prefix index), and how often."""
+
+    url: str
+    key_prefix: str
+    heartbeat_interval_s: float
+    heartbeat_ttl_s: float
+
+
 class SchedulerService(pb_grpc.SchedulerServicer):
     def __init__(
         self,
         engine: Engine,
         address: str,
         detokenizer: str,
+        health: HealthServicer,
         load_interval_s: float = 0.2,
         model_name: str = "",
         block_size: int = DEFAULT_BLOCK_SIZE,
         tls: TLS | None = None,
+        stall_timeout_s: float = 0.0,
+        on_failure: Callable[[str], None] | None = None,
+        publish_to: RedisTarget | None = None,
     ) -> None:
+        """``health``: the server's health servicer (liveness.py sets its "liveness" service);
+        ``on_failure``: the engine failed (EngineWorker's); ``publish_to``: also publish to Redis."""
         self.model_name = model_name
         self.block_size = block_size
         self.address = address
         self.load_interval_s = load_interval_s
-        self.publisher: RedisPublisher | None = None  # when the pod publishes to Redis
-        self.liveness: LivenessWatch | None = None  # set by serve()
         self.out = StreamSender(
             detokenizer,
             lambda ch: pb_grpc.DetokenizerStub(ch).PushTokens,
@@ -83,12 +91,41 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self.metrics = SchedulerMetrics(model_name)
         tracer = SchedulerTracer(address, engine.config.schedule_policy) if telemetry.enabled() else None
         self.worker = EngineWorker(
-            engine, address, self._emit, self.metrics, tracer, block_size=block_size, model_name=model_name
+            engine,
+            address,
+            self._emit,
+            self.metrics,
+            tracer,
+            block_size=block_size,
+            model_name=model_name,
+            on_failure=on_failure,
         )
+        self.liveness = LivenessWatch(self.worker, health, stall_timeout_s)  # adds "liveness"
+        self.publisher = self._publisher(publish_to) if publish_to is not None else None
         self.metrics.collect_from(self)
+
+    def _publisher(self, target: RedisTarget) -> RedisPublisher:
+        from radixserve.common.prefix_index import RedisPrefixIndex
+
+        return RedisPublisher(
+            RedisPrefixIndex(target.url, target.key_prefix),
+            self.address,
+            self.worker.events.subscribe(EventSubscriber()),
+            self.load_dict,
+            target.heartbeat_interval_s,
+            target.heartbeat_ttl_s,
+        )
 
     def start(self) -> None:
         self.worker.start()
+        self.liveness.start()
+        if self.publisher is not None:
+            self.publisher.start()
+
+    def stop_publishing(self) -> None:
+        """Leave the Redis index (shutdown): gateways stop routing here within one sweep."""
+        if self.publisher is not None:
+            self.publisher.close()
 
     # ------------------------------------------------------------------------- handlers
     def Submit(self, request: pb.TokenizedRequest, context: grpc.ServicerContext) -> pb.SubmitReply:
@@ -222,6 +259,8 @@ def serve(
     block_size: int = DEFAULT_BLOCK_SIZE,
     tls: TLS | None = None,
     stall_timeout_s: float = 0.0,
+    on_failure: Callable[[str], None] | None = None,
+    publish_to: RedisTarget | None = None,
 ) -> tuple[grpc.Server, SchedulerService, HealthServicer]:
     """Start the engine thread and the gRPC server on ``address``; others reach it at ``advertise``.
     ``tls``: the port and the stream to the detokenizer use it (rpc.listen, rpc.channel).
@@ -229,16 +268,23 @@ def serve(
     Health: "" and the Scheduler service are readiness (NOT_SERVING once it drains or fails);
     "liveness" is NOT_SERVING while the engine has had work and not stepped for ``stall_timeout_s``
     (liveness.py; 0: never)."""
-    service = SchedulerService(
-        engine, advertise or address, detokenizer, model_name=model_name, block_size=block_size, tls=tls
-    )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=SERVER_OPTIONS)
-    pb_grpc.add_SchedulerServicer_to_server(service, server)
     health = add_health(server, [SERVICE_NAME])
-    service.liveness = LivenessWatch(service.worker, health, stall_timeout_s)  # adds "liveness"
+    service = SchedulerService(
+        engine,
+        advertise or address,
+        detokenizer,
+        health,
+        model_name=model_name,
+        block_size=block_size,
+        tls=tls,
+        stall_timeout_s=stall_timeout_s,
+        on_failure=on_failure,
+        publish_to=publish_to,
+    )
+    pb_grpc.add_SchedulerServicer_to_server(service, server)
     listen(server, address, tls)
     service.start()
-    service.liveness.start()
     server.start()
     return server, service, health
 
@@ -250,7 +296,8 @@ def fail(
     engine thread end its requests with the error (a collective waiting on a dead rank fails, at the
     latest after the group's timeout: ``wait_s``), send those errors, stop. The caller exits non-zero."""
     set_not_serving(health, [SERVICE_NAME])
-    service.worker.draining = True  # refuse new requests: gateways send them elsewhere
+    service.worker.stop_admitting()  # gateways send new requests elsewhere
+    service.stop_publishing()
     if not service.worker.join(wait_s):
         log.error("the engine thread did not end within %.0f s; exiting without it", wait_s)
     service.worker.stopped.set()

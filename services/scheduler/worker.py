@@ -33,9 +33,9 @@ import torch
 
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, root_hash
 from radixserve.common.sampling import SamplingParams
-from radixserve.scheduler.batch import ScheduleBatch
 from radixserve.scheduler.batch_scheduler import QueueFullError
 from radixserve.scheduler.engine import Engine
+from radixserve.scheduler.event_loop import ProcessedBatch
 from radixserve.scheduler.kv_events import EventHub
 from radixserve.scheduler.metrics import SchedulerMetrics
 from radixserve.scheduler.req import FinishReason, Req, TokenLogprob
@@ -148,9 +148,12 @@ class EngineWorker:
         tracer: SchedulerTracer | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
         model_name: str = "",
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         """``block_size`` > 0: the radix cache reports its full blocks (hashed from ``model_name``'s
-        root) as events, published to ``events`` after every iteration."""
+        root) as events, published to ``events`` after every iteration. ``on_failure``: called once,
+        on the engine thread, after a failure has ended every request with its error (the scheduler
+        process then exits non-zero: scheduler/__main__.py)."""
         self.engine = engine
         self.scheduler = engine.scheduler
         self.loop = engine.loop
@@ -162,7 +165,6 @@ class EngineWorker:
         cache = engine.scheduler.kv.cache
         if block_size > 0 and not cache.disabled:
             cache.enable_block_events(block_size, root_hash(model_name))
-        engine.loop.on_batch = self._on_batch
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -181,12 +183,15 @@ class EngineWorker:
         # The engine was built (and warmed up) before this worker: its start counts from now.
         self.beat = time.monotonic()
         self.error: BaseException | None = None
-        # Called once, on the engine thread, after a failure has ended every request with its error
-        # (the scheduler process then exits non-zero: scheduler/__main__.py).
-        self.on_failure: Callable[[str], None] | None = None
+        self.on_failure = on_failure
 
     def start(self) -> None:
         self._thread.start()
+
+    def stop_admitting(self) -> None:
+        """New requests are refused from now on (Submit: UNAVAILABLE, so gateways send them elsewhere);
+        the running ones go on."""
+        self.draining = True
 
     @property
     def stopping(self) -> bool:
@@ -293,9 +298,10 @@ class EngineWorker:
             while not self.stopped.is_set():
                 self._drain_inbox()
                 if self.loop.busy:
-                    finished = self.loop.step()
+                    step = self.loop.step()
                     self.steps += 1
-                    self._emit_step(finished)
+                    self._record(step.batches)
+                    self._emit_step(step.finished)
                 else:
                     self._wake.wait(0.05)
                     self._wake.clear()
@@ -417,10 +423,12 @@ class EngineWorker:
         if updates:
             self._send(updates)
 
-    def _on_batch(self, batch: ScheduleBatch, start: float, end: float) -> None:
-        self.metrics.on_batch(batch, start, end)
-        if self.tracer is not None:
-            self.tracer.on_batch(batch, start, end)
+    def _record(self, batches: list[ProcessedBatch]) -> None:
+        """Metrics and tracing of the batches a step processed (off the step's own path)."""
+        for b in batches:
+            self.metrics.on_batch(b.batch, b.launched, b.processed)
+            if self.tracer is not None:
+                self.tracer.on_batch(b.batch, b.launched, b.processed)
 
     # -------------------------------------------------------------------------- lifecycle
     def drain(self, timeout_s: float) -> int:
@@ -430,7 +438,7 @@ class EngineWorker:
         for the detokenizer too: a gateway that sees this pod's Watch stream end then has, or is
         about to get, every result."""
         t0 = time.monotonic()
-        self.draining = True
+        self.stop_admitting()
         with self._lock:
             held = len(self._rids)
         self._wait_until_empty(t0 + timeout_s, 0.02)

@@ -43,10 +43,12 @@ async def run(args: argparse.Namespace) -> None:
     import grpc
     import uvicorn
 
-    from radixserve.common.rpc import SERVER_OPTIONS, TLSError, add_health, listen, load_tls, pb_grpc
+    from radixserve.common.health import add_health
+    from radixserve.common.rpc import SERVER_OPTIONS, listen, pb_grpc
+    from radixserve.common.tls import TLSError, load_tls
     from radixserve.tokenizer.gateway import Gateway
     from radixserve.tokenizer.grpc_api import GatewayService
-    from radixserve.tokenizer.http_app import build_app
+    from radixserve.tokenizer.openai_api.app import build_app
 
     cfg = from_args(GatewayConfig, args)
     try:

@@ -19,17 +19,25 @@ from pathlib import Path
 import grpc
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
-from radixserve.common.rpc import TLS, pb, sampling_to_proto
+from radixserve.common.rpc import pb
 from radixserve.common.sampling import SamplingError, SamplingParams
 from radixserve.common.service_config import GatewayConfig
+from radixserve.common.tls import TLS
+from radixserve.common.wire import sampling_to_proto
 from radixserve.tokenizer.auth import ApiKeys
-from radixserve.tokenizer.choice import Choice, Delivery, choice_seed, retry_rid, scheduler_rid
 from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
 from radixserve.tokenizer.metrics import GatewayMetrics
-from radixserve.tokenizer.model_text import ModelText
-from radixserve.tokenizer.response_store import ResponseStore, open_store
-from radixserve.tokenizer.router import CacheAwareRouter, LeastLoadRouter, RoundRobinRouter, Router
-from radixserve.tokenizer.scheduler_pool import SchedulerHandle, SchedulerPool, discovers
+from radixserve.tokenizer.openai_api.response_store import ResponseStore, open_store
+from radixserve.tokenizer.routing.router import Router, make_router
+from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle, SchedulerPool, discovers
+from radixserve.tokenizer.routing.scheduler_request import (
+    Delivery,
+    SchedulerRequest,
+    choice_seed,
+    retry_rid,
+    scheduler_rid,
+)
+from radixserve.tokenizer.text.model_text import ModelText
 from radixserve.tokenizer.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -79,36 +87,17 @@ class Gateway:
         self.discover = discovers(config.schedulers, memory is None)
         self.pool = SchedulerPool(
             () if self.discover else config.schedulers,
-            self.scheduler_down,
+            self,  # its PoolListener: scheduler_up / scheduler_down / scheduler_draining
             memory_index=memory,
             stale_s=config.scheduler_stale_after,
-            on_up=self.scheduler_up,
             tls=tls,
             model_name=model_name,  # a pod serving another model is refused, never routed to
             block_size=routing.block_size or None,
-            on_draining=self.scheduler_draining,
         )
-        self.router: Router
-        if routing.router == "cache-aware":
-            self.router = CacheAwareRouter(
-                self.index,
-                model_name,
-                routing.block_size,
-                routing.balance_abs_threshold,
-                routing.balance_rel_threshold,
-                routing.recent_ttl,
-                working_set_s=routing.working_set_window,
-                kv_fill=routing.kv_fill,
-            )
-        elif routing.router == "least-load":
-            self.router = LeastLoadRouter()
-        elif routing.router == "round-robin":
-            self.router = RoundRobinRouter()
-        else:
-            raise ValueError(f"unknown routing policy {routing.router!r}")
+        self.router: Router = make_router(routing, self.index, model_name)
         self.metrics = GatewayMetrics(model_name)
         self.live_in_index: set[str] | None = None  # Redis: pods with a live heartbeat (None: unknown)
-        self.choices: dict[str, Choice] = {}  # live rids of this gateway
+        self.choices: dict[str, SchedulerRequest] = {}  # live rids of this gateway
         self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -158,14 +147,14 @@ class Gateway:
         while True:
             await asyncio.sleep(self.lost_check_s / 2)
             now = time.monotonic()
-            quiet: dict[SchedulerHandle, list[Choice]] = {}
+            quiet: dict[SchedulerHandle, list[SchedulerRequest]] = {}
             for c in self.choices.values():
                 if c.submitted and now - c.heard_at > self.lost_check_s:
                     quiet.setdefault(c.scheduler, []).append(c)
             for h, choices in quiet.items():
                 asked = [(c, c.rid) for c in choices]
 
-                def still(c: Choice, rid: str, h: SchedulerHandle = h) -> bool:
+                def still(c: SchedulerRequest, rid: str, h: SchedulerHandle = h) -> bool:
                     # not ended, and not moved to another pod meanwhile (a re-send changes both)
                     return self.choices.get(rid) is c and c.scheduler is h
 
@@ -187,7 +176,7 @@ class Gateway:
                     elif now - c.missing_since >= self.lost_check_s:
                         self.lost(c)
 
-    def lost(self, c: Choice) -> None:
+    def lost(self, c: SchedulerRequest) -> None:
         self._unregister(c)
         self._abort(c.scheduler, [c.rid], "response lost")  # a no-op unless it is somehow still there
         self.metrics.lost_responses.inc()
@@ -234,7 +223,7 @@ class Gateway:
         trace: RequestTrace,
         queue: asyncio.Queue[Delivery],
         prompt_index: int = 0,
-    ) -> list[Choice]:
+    ) -> list[SchedulerRequest]:
         """Send ``n`` requests for one prompt of request ``rid`` to one scheduler; raises ApiError.
 
         The choices' results go to ``queue`` indexed ``prompt_index * n + i``. A scheduler that
@@ -260,7 +249,9 @@ class Gateway:
             for k, r in enumerate(requests, start=prompt_index * n):
                 # The failed pod may have taken some of them already: the second try's rids are new.
                 wire_rid = scheduler_rid(rid, k) if failed is None else retry_rid(scheduler_rid(rid, k))
-                choices.append(Choice(wire_rid, k, h, queue, len(input_ids), prompt_index, r, trace))
+                choices.append(
+                    SchedulerRequest(wire_rid, k, h, queue, len(input_ids), prompt_index, r, trace)
+                )
             for c in choices:
                 self._register(c, h)
             s0 = time.monotonic()
@@ -305,13 +296,13 @@ class Gateway:
         trace.routed(decision, self.router.name, r0, r1)
         return h
 
-    def _register(self, c: Choice, h: SchedulerHandle) -> None:
+    def _register(self, c: SchedulerRequest, h: SchedulerHandle) -> None:
         c.scheduler = h
         self.choices[c.rid] = c
         h.outstanding.add(c.rid)
         h.sent += 1  # counted in the pod's load until its next report
 
-    def _unregister(self, c: Choice) -> bool:
+    def _unregister(self, c: SchedulerRequest) -> bool:
         """``c`` is no longer this gateway's to wait for; False if it already was not."""
         if self.choices.pop(c.rid, None) is None:
             return False
@@ -319,7 +310,7 @@ class Gateway:
         return True
 
     async def _resend(
-        self, c: Choice, failed: SchedulerHandle, why: str, avoid: bool = True, label: str = "down"
+        self, c: SchedulerRequest, failed: SchedulerHandle, why: str, avoid: bool = True, label: str = "down"
     ) -> None:
         """``c`` was submitted to ``failed`` and lost there before any of its results came (or is
         handed back by a draining one): send it again, to another scheduler if ``avoid`` (under a
@@ -355,7 +346,7 @@ class Gateway:
         attrs = {**_retry_attrs(failed, why), "radixserve.retry.to": h.address}
         c.trace.child("retry", t0, time.monotonic(), attrs)
 
-    def release(self, choices: list[Choice], reason: str) -> None:
+    def release(self, choices: list[SchedulerRequest], reason: str) -> None:
         """The client is done with these choices: abort those still running (no-op for ended ones)."""
         for c in choices:
             c.released = True
@@ -460,14 +451,18 @@ class Gateway:
         else:
             self._fail(h, choices, why)
 
-    async def _fail_later(self, h: SchedulerHandle, choices: list[Choice], why: str, delay_s: float) -> None:
+    async def _fail_later(
+        self, h: SchedulerHandle, choices: list[SchedulerRequest], why: str, delay_s: float
+    ) -> None:
         await asyncio.sleep(delay_s)
         late = [c for c in choices if self.choices.get(c.rid) is c]  # not ended, not moved meanwhile
         if late:
             log.warning("%d requests of drained scheduler %s never ended; failing them", len(late), h.address)
             self._fail(h, late, why)
 
-    def _fail(self, h: SchedulerHandle, choices: list[Choice], why: str, label: str = "down") -> None:
+    def _fail(
+        self, h: SchedulerHandle, choices: list[SchedulerRequest], why: str, label: str = "down"
+    ) -> None:
         """Re-send the submitted choices no result of which came yet, once; fail the others with a
         retryable error. (A choice still being submitted is left to its Submit call.)"""
         moved = []

@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from radixserve.common.rpc import pb, pb_grpc, sampling_from_proto
+from radixserve.common.rpc import pb, pb_grpc
 from radixserve.common.sampling import SamplingParams
+from radixserve.common.wire import sampling_from_proto
 from radixserve.tokenizer.auth import MISSING_GRPC
 from radixserve.tokenizer.errors import ApiError
 from radixserve.tokenizer.gateway import Gateway, validate_sampling
-from radixserve.tokenizer.openai_api import COMPLETIONS_DEFAULT_MAX_TOKENS, logit_bias_ids
+from radixserve.tokenizer.openai_api.requests import COMPLETIONS_DEFAULT_MAX_TOKENS, logit_bias_ids
 from radixserve.tokenizer.session import Output, RequestSession
 from radixserve.tokenizer.tracing import inference_span
 

@@ -31,7 +31,7 @@ from types import TracebackType
 from radixserve.common.rpc import pb
 from radixserve.common.sampling import SamplingParams
 from radixserve.tokenizer.errors import ApiError, internal_error, retryable
-from radixserve.tokenizer.gateway import Choice, Delivery, Gateway
+from radixserve.tokenizer.gateway import Delivery, Gateway, SchedulerRequest
 from radixserve.tokenizer.tracing import Attributes, RequestTrace
 
 
@@ -86,7 +86,7 @@ class RequestSession:
         self.trace = RequestTrace(name, carrier, {**attributes, "radixserve.request_id": self.rid}, start)
         self._gone = gone
         self._queue: asyncio.Queue[Delivery] = asyncio.Queue()  # every choice of every prompt reports here
-        self._choices: list[Choice] = []  # indexed prompt-major (OpenAI's order for n x prompts)
+        self._choices: list[SchedulerRequest] = []  # indexed prompt-major (OpenAI's order for n x prompts)
         self._last: dict[int, pb.RequestText] = {}  # choice index -> its latest delivery
         self._seen_at: dict[int, float] = {}
         self._reasons: list[str] = []

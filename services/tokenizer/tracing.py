@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from opentelemetry.util.types import AttributeValue
 
 from radixserve.common import telemetry
-from radixserve.tokenizer.router import Decision
+from radixserve.tokenizer.routing.router import Decision
 
 if TYPE_CHECKING:
     from radixserve.tokenizer.session import Usage

@@ -1,8 +1,8 @@
 """Kill a scheduler, the detokenizer or Redis in the middle of 32 streams: what clients see, and how
 soon the service is whole again.
 
-Each test prints one ``FAULT {...}`` line of figures (``pytest tests/faults -s``); the README's
-reliability section quotes them.
+Each test prints one ``FAULT {...}`` line of figures (``pytest tests/faults -s``); docs/reliability.md
+quotes them.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def test_grpc_generate_needs_a_right_key(keyed):
 
 
 def test_grpc_health_needs_no_key(keyed):
-    from radixserve.common.rpc import is_serving
+    from radixserve.common.health import is_serving
 
     assert is_serving(keyed.grpc_address)
 

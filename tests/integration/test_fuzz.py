@@ -159,7 +159,7 @@ def test_hostile_http_bodies_never_get_a_5xx_or_hang(cluster, http):
 
 
 def test_a_body_over_the_limit_is_a_413_before_parsing(cluster, http):
-    from radixserve.tokenizer.http_app import MAX_BODY_BYTES
+    from radixserve.tokenizer.openai_api.app import MAX_BODY_BYTES
 
     huge = b'{"model": "x", "prompt": "' + b"a" * (MAX_BODY_BYTES + 1) + b'"}'
     r = http.post("/v1/completions", content=huge, headers={"content-type": "application/json"})

@@ -17,7 +17,8 @@ import grpc
 import httpx
 import pytest
 
-from radixserve.common.rpc import MAX_MESSAGE_BYTES, SERVER_OPTIONS, is_serving, pb, pb_grpc
+from radixserve.common.health import is_serving
+from radixserve.common.rpc import MAX_MESSAGE_BYTES, SERVER_OPTIONS, pb, pb_grpc
 from radixserve.launcher import Cluster
 from tests.integration.conftest import MODEL_NAME, start_cluster
 

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from radixserve.common.ports import free_ports
-from radixserve.common.rpc import TLS, channel, pb, pb_grpc
+from radixserve.common.rpc import channel, pb, pb_grpc
+from radixserve.common.tls import TLS
 from radixserve.launcher import Cluster
 from tests.certs import CertFiles, make_certs
 from tests.integration.conftest import MODEL_NAME, start_cluster

@@ -213,7 +213,7 @@ def test_grpc_generate_errors_have_the_right_status(cluster):
 
 
 def test_services_answer_grpc_health_checks(cluster):
-    from radixserve.common.rpc import is_serving
+    from radixserve.common.health import is_serving
 
     for address in [cluster.grpc_address, cluster.detokenizer.grpc_address] + [
         s.grpc_address for s in cluster.schedulers

@@ -17,12 +17,12 @@ from tokenizers.processors import TemplateProcessing
 
 from radixserve.common.rpc import pb
 from radixserve.common.service_config import GatewayConfig
-from radixserve.tokenizer.chat_request import ChatCompletionRequest
 from radixserve.tokenizer.gateway import Gateway
-from radixserve.tokenizer.http_app import build_app
-from radixserve.tokenizer.openai_api import CompletionRequest
-from radixserve.tokenizer.responses_api import ResponseRequest
-from radixserve.tokenizer.tokenize_api import DetokenizeRequest, TokenizeRequest
+from radixserve.tokenizer.openai_api.app import build_app
+from radixserve.tokenizer.openai_api.chat_request import ChatCompletionRequest
+from radixserve.tokenizer.openai_api.requests import CompletionRequest
+from radixserve.tokenizer.openai_api.responses import ResponseRequest
+from radixserve.tokenizer.openai_api.tokenize import DetokenizeRequest, TokenizeRequest
 from tests.gateway_harness import CALL_TEXT, WEATHER, ScriptedSchedulers
 from tests.integration.conftest import MODEL_NAME
 
@@ -55,7 +55,7 @@ def make_gateway(model_dir) -> Callable[[str], Gateway]:
 
 
 def make_app(gw: Gateway) -> FastAPI:
-    return build_app(gw)  # build_app adds these routes (tokenize_api.add_routes)
+    return build_app(gw)  # build_app adds these routes (tokenize.add_routes)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 for _module in ("kmock", "pytest_asyncio", "kubernetes"):
-    pytest.importorskip(_module, reason=f"the operator client tests need {_module} (see the README)")
+    pytest.importorskip(_module, reason=f"the operator client tests need {_module} (see docs/development.md)")
 
 import kmock  # noqa: E402
 import pytest_asyncio  # noqa: E402

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 for _module in ("kopf", "kmock", "pytest_asyncio", "kubernetes"):
-    pytest.importorskip(_module, reason=f"the operator e2e tests need {_module} (see the README)")
+    pytest.importorskip(_module, reason=f"the operator e2e tests need {_module} (see docs/development.md)")
 
 from radixserve.operator.kube import Kube  # noqa: E402
 from radixserve.operator.scaling import StaticLoadSource  # noqa: E402

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 for _module in ("kopf", "kmock", "pytest_asyncio", "kubernetes"):
-    pytest.importorskip(_module, reason=f"the operator e2e tests need {_module} (see the README)")
+    pytest.importorskip(_module, reason=f"the operator e2e tests need {_module} (see docs/development.md)")
 
 import redis  # noqa: E402
 

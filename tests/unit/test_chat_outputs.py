@@ -19,8 +19,8 @@ from fastapi import FastAPI
 from radixserve.common.demo_model import make_demo_model
 from radixserve.common.service_config import GatewayConfig
 from radixserve.tokenizer.gateway import Gateway
-from radixserve.tokenizer.http_app import build_app
-from radixserve.tokenizer.reasoning import REASONING_PARSERS, Start
+from radixserve.tokenizer.openai_api.app import build_app
+from radixserve.tokenizer.text.reasoning import REASONING_PARSERS, Start
 from tests.gateway_harness import (
     CALL_TEXT,
     MODEL,

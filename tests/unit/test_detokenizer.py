@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from radixserve.common.demo_model import make_demo_model
-from radixserve.detokenizer.incremental import LOST_START, IncrementalDetokenizer, TextDelta, TokenUpdate
+from radixserve.detokenizer.incremental import LOST_START, IncrementalDetokenizer, RequestTokens, TextDelta
 
 FFFD = "\ufffd"
 IM_START, IM_END = 3, 4
@@ -33,13 +33,13 @@ def enc(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def first(rid: str, ids, stop=(), skip=True, finish="", **kw) -> TokenUpdate:
+def first(rid: str, ids, stop=(), skip=True, finish="", **kw) -> RequestTokens:
     """A request's first entry: it carries the options (stop is not None)."""
-    return TokenUpdate(rid, "gw", list(ids), finish, stop=tuple(stop), skip_special_tokens=skip, **kw)
+    return RequestTokens(rid, "gw", list(ids), finish, stop=tuple(stop), skip_special_tokens=skip, **kw)
 
 
-def more(rid: str, ids, finish="", error="") -> TokenUpdate:
-    return TokenUpdate(rid, "gw", list(ids), finish, error)
+def more(rid: str, ids, finish="", error="") -> RequestTokens:
+    return RequestTokens(rid, "gw", list(ids), finish, error)
 
 
 def stream(detok, rid, chunks, stop=(), skip=True, finish="length") -> list[TextDelta]:
@@ -223,7 +223,7 @@ def test_a_request_whose_start_this_detokenizer_never_saw_ends_with_an_error(tok
     assert not d.ended_early  # the scheduler ended it: nothing to abort there
     (d,) = detok.process([first("r", enc(tok, "hi"), finish="abort", error="queue full")])  # a real first
     assert (d.text, d.finish_reason, d.error) == ("hi", "abort", "queue full")
-    u = TokenUpdate(
+    u = RequestTokens(
         "x", "gw", [IM_START, *enc(tok, "x")], "length", skip_special_tokens=False, prompt_tokens=5
     )
     assert detok.process([u])[0].error == LOST_START  # stop is None: not a first entry, whatever else it says
@@ -234,7 +234,7 @@ def test_usage_comes_from_the_first_entry_and_completion_tokens_count_every_toke
     detok = IncrementalDetokenizer(tok)
     ids = [IM_START, *enc(tok, "count me"), IM_END]
     deltas = detok.process([first("r", ids[:2], prompt_tokens=7, cached_tokens=3)])
-    later = TokenUpdate("r", "gw", ids[2:], "length", prompt_tokens=99, cached_tokens=99)  # no options
+    later = RequestTokens("r", "gw", ids[2:], "length", prompt_tokens=99, cached_tokens=99)  # no options
     deltas += detok.process([later])
     assert [(d.prompt_tokens, d.cached_tokens, d.completion_tokens) for d in deltas] == [
         (7, 3, 2),

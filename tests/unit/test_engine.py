@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.batch import ForwardMode
+from radixserve.scheduler.event_loop import Step
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention import TorchAttention
@@ -432,16 +433,16 @@ def test_the_cpu_overlap_stream_keeps_launch_order_on_the_thread_inline_and_mixe
         llama_dir, max_total_tokens=2048, disable_overlap=False, cpu_overlap_thread_min_ms=min_ms
     ) as engine:
         stream = engine.loop.stream
-        if mode == "mixed":  # flip after every batch: an inline launch follows a threaded one in flight
 
-            def flip(*_):
+        def flip(step: Step) -> None:  # mixed: an inline launch follows a threaded one in flight
+            for _ in step.batches:
                 stream.cpu_thread_min_s = math.inf if stream.cpu_thread_min_s == 0 else 0.0
 
-            engine.loop.on_batch = flip
         for _ in range(2):
             outs = engine.generate(
                 prompt=PROMPTS,
                 sampling_params=SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True),
+                on_step=flip if mode == "mixed" else None,
             )
             assert [o["token_ids"] for o in outs] == llama_ref
         assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
@@ -459,9 +460,12 @@ def test_with_short_cpu_forwards_the_overlap_loop_steps_exactly_as_the_normal_lo
     def batches(**loop_args) -> tuple[list, int]:
         with Engine(llama_dir, max_total_tokens=2048, max_running_requests=2, **loop_args) as engine:
             seen: list = []
-            engine.loop.on_batch = lambda b, *_: seen.append((b.mode.name, b.extend_lens.tolist()))
+
+            def see(step: Step) -> None:
+                seen.extend((b.batch.mode.name, b.batch.extend_lens.tolist()) for b in step.batches)
+
             sps = [SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
-            engine.generate(prompt=PROMPTS, sampling_params=sps)
+            engine.generate(prompt=PROMPTS, sampling_params=sps, on_step=see)
             return seen, engine.loop.stats.steps
 
     normal = batches(disable_overlap=True)

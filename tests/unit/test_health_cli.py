@@ -13,9 +13,11 @@ import grpc
 import pytest
 
 from radixserve.common import health
+from radixserve.common.health import add_health, set_not_serving
 from radixserve.common.ports import free_port
-from radixserve.common.rpc import SERVER_OPTIONS, TLS, add_health, listen, load_tls, set_not_serving
+from radixserve.common.rpc import SERVER_OPTIONS, listen
 from radixserve.common.service_config import TLSConfig
+from radixserve.common.tls import TLS, load_tls
 from tests.certs import CertFiles, make_certs
 
 TLS_VARS = ("CERT", "KEY", "CA", "CLIENT_AUTH", "SERVER_NAME")

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex
 from radixserve.common.rpc import pb, pb_grpc
-from radixserve.tokenizer.scheduler_pool import SchedulerPool
+from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle, SchedulerPool
 from tests.unit.test_prefix_index import BS, MODEL, hashes_of, prompt
 
 LOGGER = "radixserve.common.prefix_index"
-POOL = "radixserve.tokenizer.scheduler_pool"
+POOL = "radixserve.tokenizer.routing.scheduler_pool"
 
 
 # -------------------------------------------------------------------------- InMemoryPrefixIndex
@@ -158,6 +158,19 @@ def update(model: str, block_size: int, stored: list[int], cleared: bool = True)
     return pb.PodUpdate(model_name=model, block_size=block_size, stored=stored, cleared=cleared)
 
 
+class _Unheard:
+    """A pool listener for tests that only read the index: pods coming and going change nothing."""
+
+    def scheduler_up(self, h: SchedulerHandle) -> None:
+        pass
+
+    def scheduler_down(self, h: SchedulerHandle, why: str) -> None:
+        pass
+
+    def scheduler_draining(self, h: SchedulerHandle) -> None:
+        pass
+
+
 async def _with_pool(
     updates: Callable[[], list[pb.PodUpdate]], body: Callable[..., Any], **pool_kw: Any
 ) -> None:
@@ -168,7 +181,7 @@ async def _with_pool(
     await server.start()
     index = InMemoryPrefixIndex()
     pool = SchedulerPool(
-        [f"127.0.0.1:{port}"], lambda h, why: None, watch_interval_s=0.02, memory_index=index, **pool_kw
+        [f"127.0.0.1:{port}"], _Unheard(), watch_interval_s=0.02, memory_index=index, **pool_kw
     )
     pool.start()
     try:

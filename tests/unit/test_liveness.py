@@ -20,7 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model
 from radixserve.common.ports import free_port
-from radixserve.common.rpc import pb, pb_grpc, sampling_to_proto
+from radixserve.common.rpc import pb, pb_grpc
+from radixserve.common.wire import sampling_to_proto
 from radixserve.detokenizer.server import serve as serve_detokenizer
 from radixserve.scheduler.__main__ import main as scheduler_main
 from radixserve.scheduler.server import SchedulerService, serve, shutdown

@@ -15,8 +15,8 @@ import pytest
 
 from radixserve.common.rpc import pb
 from radixserve.common.sampling import SamplingParams
-from radixserve.tokenizer import openai_responses as resp
-from radixserve.tokenizer.token_pieces import TokenPieces, shown
+from radixserve.tokenizer.openai_api import bodies as resp
+from radixserve.tokenizer.text.token_pieces import TokenPieces, shown
 from tests.gateway_harness import (
     WEATHER,
     chat,
@@ -173,7 +173,10 @@ def test_grpc_generate_passes_logprobs_through():
 
 # ----------------------------------------------------------------------- once per request
 def test_validation_and_the_constraint_run_once_per_request(app, engine, monkeypatch):
-    from radixserve.tokenizer import chat_request, http_app, openai_api, tool_grammar
+    from radixserve.tokenizer.openai_api import app as http_app
+    from radixserve.tokenizer.openai_api import chat_request
+    from radixserve.tokenizer.openai_api import requests as openai_api
+    from radixserve.tokenizer.text import tool_grammar
 
     calls = {"validate_tools": 0, "constraint": 0}
     real_validate, real_constraint = tool_grammar.validate_tools, openai_api._Sampling.constraint

@@ -16,8 +16,8 @@ import pytest
 from radixserve.common.prefix_index import RedisPrefixIndex, open_index
 from radixserve.common.rpc import pb
 from radixserve.scheduler.kv_events import EventHub, EventSubscriber, RedisPublisher
-from radixserve.tokenizer.router import CacheAwareRouter
-from radixserve.tokenizer.scheduler_pool import SchedulerHandle
+from radixserve.tokenizer.routing.router import CacheAwareRouter
+from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle
 from tests.redis_server import RedisServer, redis_server_fixture  # noqa: F401
 from tests.unit.test_prefix_index import BS, MODEL, hashes_of, prompt, tls_server_fixture, wait_until  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""The field table (radixserve.tokenizer.request_fields) against the request schemas, the OpenAI SDK's own
+"""The field table (radixserve.tokenizer.openai_api.fields) against the request schemas, the OpenAI SDK's own
 request types, and the gateway: every documented field is implemented, ignored by rule (and then
 changes nothing the schedulers are sent), or refused by name unless neutral; nothing else passes."""
 
@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from radixserve.tokenizer.chat_request import ChatCompletionRequest
-from radixserve.tokenizer.openai_api import CompletionRequest
-from radixserve.tokenizer.request_fields import (
+from radixserve.tokenizer.openai_api.chat_request import ChatCompletionRequest
+from radixserve.tokenizer.openai_api.fields import (
     CHAT,
     COMPLETIONS,
     FIELDS,
@@ -23,7 +22,8 @@ from radixserve.tokenizer.request_fields import (
     markdown_table,
     rules,
 )
-from radixserve.tokenizer.responses_api import ResponseRequest
+from radixserve.tokenizer.openai_api.requests import CompletionRequest
+from radixserve.tokenizer.openai_api.responses import ResponseRequest
 from tests.gateway_harness import MODEL, USER, post, refused
 
 ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES)
@@ -291,4 +291,6 @@ def test_the_docs_show_the_table_as_it_is(endpoint):
     from pathlib import Path
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
-    assert markdown_table(endpoint) in docs, "run: python -m radixserve.tokenizer.request_fields docs/api.md"
+    assert markdown_table(endpoint) in docs, (
+        "run: python -m radixserve.tokenizer.openai_api.fields docs/api.md"
+    )

@@ -1,7 +1,7 @@
-"""The Responses API at the gateway (radixserve.tokenizer.responses_route) over scripted schedulers:
-bodies and streamed events validated against the OpenAI SDK's own types, the conversion of input items
-to the chat template's messages, function calls and their outputs, previous_response_id over the
-store (per API key, bounded), and the errors."""
+"""The Responses API at the gateway (radixserve.tokenizer.openai_api.responses_route) over scripted
+schedulers: bodies and streamed events validated against the OpenAI SDK's own types, the conversion of
+input items to the chat template's messages, function calls and their outputs, previous_response_id
+over the store (per API key, bounded), and the errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from radixserve.tokenizer.response_store import MemoryResponseStore, StoredResponse
+from radixserve.tokenizer.openai_api.response_store import MemoryResponseStore, StoredResponse
 from tests.gateway_harness import CALL_TEXT, MODEL, ScriptedSchedulers, post, refused, text
 from tests.redis_server import redis_server_fixture  # noqa: F401  (the redis_server fixture)
 
@@ -221,7 +221,7 @@ async def test_the_redis_store_keeps_responses_under_the_index_prefix_with_a_ttl
     and the index's commands only): what gateways behind one Service share."""
     from radixserve.common.prefix_index import RedisPrefixIndex, acl_rules
     from radixserve.common.service_config import GatewayConfig
-    from radixserve.tokenizer.response_store import RedisResponseStore, open_store
+    from radixserve.tokenizer.openai_api.response_store import RedisResponseStore, open_store
 
     prefix = "rs:ns/svc:"
     redis_server.add_user("gw", "pw", acl_rules(prefix))

@@ -11,13 +11,13 @@ import pytest
 from radixserve.common.block_hash import block_hashes
 from radixserve.common.prefix_index import InMemoryPrefixIndex, RedisPrefixIndex
 from radixserve.common.rpc import pb
-from radixserve.tokenizer.router import (
+from radixserve.tokenizer.routing.router import (
     CacheAwareRouter,
     LeastLoadRouter,
     RecentRoutes,
     RoundRobinRouter,
 )
-from radixserve.tokenizer.scheduler_pool import SchedulerHandle
+from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle
 from tests.redis_server import RedisServer, free_port, redis_server_fixture  # noqa: F401
 
 MODEL = "m"
@@ -292,7 +292,7 @@ def test_the_index_is_used_alongside_recent_routes(index: InMemoryPrefixIndex) -
 def test_index_down_falls_back_to_least_load_and_retries_later(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="radixserve.tokenizer.router")
+    caplog.set_level(logging.WARNING, logger="radixserve.tokenizer.routing.router")
     index = RedisPrefixIndex(redis_server.url)
     a, b = pod("a", running=3), pod("b")
     ids = tokens(1, 5)
@@ -307,12 +307,12 @@ def test_index_down_falls_back_to_least_load_and_retries_later(
     assert time.perf_counter() - t < 0.5  # a refused connection does not stall the gateway
     d = router.decisions[-1]
     assert (d.pod, d.reason, d.matched_blocks) == ("b", "index-down", 0)
-    warnings = [r.message for r in caplog.records if r.name == "radixserve.tokenizer.router"]
+    warnings = [r.message for r in caplog.records if r.name == "radixserve.tokenizer.routing.router"]
     assert len(warnings) == 1 and "prefix index unreachable" in warnings[0]
     for _ in range(3):  # within retry_s the index is not even tried
         assert router.choose(ids, [a, b]) is b
         assert router.decisions[-1].reason == "index-down"
-    assert len([r for r in caplog.records if r.name == "radixserve.tokenizer.router"]) == 1
+    assert len([r for r in caplog.records if r.name == "radixserve.tokenizer.routing.router"]) == 1
 
     redis_server.start()  # empty: the pod republishes (its RedisPublisher does that)
     index.apply("a", hashes_of(ids), [])

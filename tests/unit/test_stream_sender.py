@@ -10,7 +10,8 @@ from concurrent import futures
 
 import grpc
 
-from radixserve.common.rpc import CLOSE_IDLE_S, StreamSender, listen, pb, pb_grpc
+from radixserve.common.rpc import listen, pb, pb_grpc
+from radixserve.common.stream_sender import CLOSE_IDLE_S, StreamSender
 
 
 class Receiver(pb_grpc.GatewayServicer):

@@ -15,19 +15,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixserve.common.config import add_flags, from_args, parse_args
-from radixserve.common.rpc import (
-    SERVER_OPTIONS,
-    TLS,
-    TLSError,
-    add_health,
-    aio_channel,
-    channel,
-    is_serving,
-    listen,
-    load_tls,
-    tls_from_env,
-)
+from radixserve.common.health import add_health, is_serving
+from radixserve.common.rpc import SERVER_OPTIONS, aio_channel, channel, listen
 from radixserve.common.service_config import SchedulerPodConfig, TLSConfig
+from radixserve.common.tls import TLS, TLSError, load_tls, tls_from_env
 from tests.certs import CertFiles, make_certs
 
 

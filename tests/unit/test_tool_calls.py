@@ -1,4 +1,4 @@
-"""OpenAI tool calls (radixserve.tokenizer.tool_calls): parsing both formats whole and streamed in any
+"""OpenAI tool calls (radixserve.tokenizer.text.tool_calls): parsing both formats whole and streamed in any
 chunking, the demo chat templates' tool rendering, tools validation, and the tool_choice grammars
 checked token by token with llguidance."""
 
@@ -15,13 +15,13 @@ import pytest
 from llguidance import LLMatcher
 
 from radixserve.common.demo_model import CHAT_TEMPLATE, LLAMA3_CHAT_TEMPLATE, build_tokenizer
-from radixserve.tokenizer.tool_calls import (
+from radixserve.tokenizer.text.tool_calls import (
     PARSERS,
     ToolCall,
     parser_for_template,
     template_messages,
 )
-from radixserve.tokenizer.tool_grammar import tool_choice_constraint, validate_tools
+from radixserve.tokenizer.text.tool_grammar import tool_choice_constraint, validate_tools
 
 WEATHER = {
     "type": "function",

@@ -1,10 +1,10 @@
 """OpenAI-compatible HTTP: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
 A request's lifecycle (submit, results, abort on disconnect, usage) is its RequestSession's
-(session.py); this module turns OpenAI's bodies (openai_api.py: checked, mapped to SamplingParams)
+(session.py); this module turns OpenAI's bodies (requests.py: checked, mapped to SamplingParams)
 into a session and its outputs into OpenAI's responses: one JSON body, or server-sent events ending in
-``[DONE]``. What each choice shows (echo, logprobs, tool calls) is openai_choices.py's; the bodies
-are openai_responses.py's. With API keys configured, every path but /health (and /metrics, unless
+``[DONE]``. What each choice shows (echo, logprobs, tool calls) is choices.py's; the bodies
+are bodies.py's. With API keys configured, every path but /health (and /metrics, unless
 --protect-metrics) needs one (auth.py).
 """
 
@@ -24,17 +24,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixserve.common.sampling import SamplingParams
-from radixserve.tokenizer import openai_api as api
-from radixserve.tokenizer import openai_responses as resp
 from radixserve.tokenizer.auth import RequireApiKey
-from radixserve.tokenizer.body_limits import BodyLimits
-from radixserve.tokenizer.chat_plan import check_constraint, plan_chat
-from radixserve.tokenizer.chat_request import ChatCompletionRequest
 from radixserve.tokenizer.errors import ApiError, ClientErrorLog, internal_error
 from radixserve.tokenizer.gateway import Gateway
-from radixserve.tokenizer.http_util import event_stream, unless_gone
-from radixserve.tokenizer.model_text import ModelText
-from radixserve.tokenizer.openai_choices import (
+from radixserve.tokenizer.openai_api import bodies as resp
+from radixserve.tokenizer.openai_api import requests as api
+from radixserve.tokenizer.openai_api.bodies import Pieces, chat_logprobs, scored
+from radixserve.tokenizer.openai_api.body_limits import BodyLimits
+from radixserve.tokenizer.openai_api.chat_plan import check_constraint, plan_chat
+from radixserve.tokenizer.openai_api.chat_request import ChatCompletionRequest
+from radixserve.tokenizer.openai_api.choices import (
     ChatChoiceState,
     ChatParsing,
     CompletionChoiceState,
@@ -42,11 +41,12 @@ from radixserve.tokenizer.openai_choices import (
     chat_answer,
     finish_reason,
 )
-from radixserve.tokenizer.openai_responses import Pieces, chat_logprobs, scored
-from radixserve.tokenizer.request_fields import CHAT, COMPLETIONS, refused
-from radixserve.tokenizer.responses_route import add_response_routes
+from radixserve.tokenizer.openai_api.fields import CHAT, COMPLETIONS, refused
+from radixserve.tokenizer.openai_api.http_util import event_stream, unless_gone
+from radixserve.tokenizer.openai_api.responses_route import add_response_routes
+from radixserve.tokenizer.openai_api.tokenize import add_routes, model_card
 from radixserve.tokenizer.session import Output, RequestSession
-from radixserve.tokenizer.tokenize_api import add_routes, model_card
+from radixserve.tokenizer.text.model_text import ModelText
 from radixserve.tokenizer.tracing import inference_span
 
 MAX_BODY_BYTES = 8 * 2**20  # 413 above this, before parsing

@@ -1,4 +1,5 @@
-"""One scheduler request as the gateway tracks it: a ``Choice`` of a client request, and its rid.
+"""One scheduler request as the gateway tracks it (``SchedulerRequest``: one choice of a client request),
+and its rid.
 
 A client request with ``n`` choices (or several prompts) is that many scheduler requests; their
 results share one queue of ``Delivery`` items. The scheduler and the detokenizer keep their state
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from radixserve.common.rpc import pb
 from radixserve.tokenizer.errors import ApiError
-from radixserve.tokenizer.scheduler_pool import SchedulerHandle
+from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle
 from radixserve.tokenizer.tracing import RequestTrace
 
 Delivery = tuple[int, pb.RequestText | ApiError]  # a choice's index, and its next text or its failure
@@ -40,7 +41,7 @@ def retry_rid(rid: str) -> str:
 
 
 @dataclass(eq=False, slots=True)
-class Choice:
+class SchedulerRequest:
     """One scheduler request: a choice of a client request."""
 
     rid: str  # scheduler_rid(the request's id, index), retry_rid'd per re-send

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from radixserve.tokenizer.openai_responses import (
+from radixserve.tokenizer.openai_api.bodies import (
     CompletionLogprobs,
     CompletionResult,
     ContentLogprob,
@@ -33,9 +33,9 @@ from radixserve.tokenizer.openai_responses import (
     no_completion_logprobs,
     scored,
 )
-from radixserve.tokenizer.reasoning import ReasoningParser, Split, Start, StreamingReasoning
 from radixserve.tokenizer.session import Output
-from radixserve.tokenizer.tool_calls import StreamingToolParser, ToolCall, ToolCallDelta, ToolParser
+from radixserve.tokenizer.text.reasoning import ReasoningParser, Split, Start, StreamingReasoning
+from radixserve.tokenizer.text.tool_calls import StreamingToolParser, ToolCall, ToolCallDelta, ToolParser
 
 
 # ---------------------------------------------------------------------------------- completions

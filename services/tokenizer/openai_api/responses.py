@@ -8,7 +8,7 @@ reasoning_content. ``tools`` (function tools), ``tool_choice``, ``text.format`` 
 ``reasoning.effort``, ``max_output_tokens``, ``temperature`` and ``top_p`` map to their chat
 counterparts, so limits and errors are chat's. The output comes back as Responses items: a
 ``reasoning`` item (with --reasoning-parser), a ``message`` with ``output_text``, ``function_call``
-items. What each request field does is request_fields.FIELDS' (endpoint ``responses``).
+items. What each request field does is fields.FIELDS' (endpoint ``responses``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from radixserve.tokenizer.errors import ApiError
-from radixserve.tokenizer.openai_api import (
+from radixserve.tokenizer.openai_api.bodies import ToolCallBody
+from radixserve.tokenizer.openai_api.choices import ChatAnswer
+from radixserve.tokenizer.openai_api.requests import (
     MAX_MESSAGES,
     MAX_TOOLS,
     FunctionName,
@@ -30,8 +32,6 @@ from radixserve.tokenizer.openai_api import (
     Text,
     _Strict,
 )
-from radixserve.tokenizer.openai_choices import ChatAnswer
-from radixserve.tokenizer.openai_responses import ToolCallBody
 
 Json = dict[str, Any]
 
@@ -50,7 +50,7 @@ class InputRefusal(_Strict):
 
 
 class InputMedia(BaseModel):
-    """An image, file or audio part: refused by its type (request_fields), whatever it holds."""
+    """An image, file or audio part: refused by its type (fields.py), whatever it holds."""
 
     model_config = ConfigDict(strict=True, extra="allow")
     type: Literal["input_image", "input_file", "input_audio"]
@@ -161,17 +161,17 @@ class TextFormat(_Strict):
 
 class TextOptions(_Strict):
     format: TextFormat | None = None
-    verbosity: Any = None  # refused unless neutral (request_fields)
+    verbosity: Any = None  # refused unless neutral (fields.py)
 
 
 class ReasoningOptions(_Strict):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
-    summary: Any = None  # ignored (request_fields)
+    summary: Any = None  # ignored (fields.py)
     generate_summary: Any = None
 
 
 class ResponseStreamOptions(_Strict):
-    include_obfuscation: Any = None  # ignored (request_fields)
+    include_obfuscation: Any = None  # ignored (fields.py)
 
 
 def _message(role: str, content: str) -> MessageItem:
@@ -196,7 +196,7 @@ class ResponseRequest(_Strict):
     store: bool = True
     ignore_eos: bool = False  # vLLM's extension (benchmarks send it)
     metadata: Annotated[dict[str, Annotated[Text, Field(max_length=512)]], Field(max_length=16)] | None = None
-    # Accepted and ignored, or refused unless neutral: request_fields.FIELDS says which and why.
+    # Accepted and ignored, or refused unless neutral: fields.FIELDS says which and why.
     user: Any = None
     safety_identifier: Any = None
     prompt_cache_key: Any = None

@@ -7,7 +7,7 @@
   so nothing is hidden from it);
 - ``GET /v1/models/{model_id}``: one entry of ``GET /v1/models``, or a 404 ``model_not_found``.
 
-The request bodies are strict like openai_api's: an unknown field, a wrong type or a value out of
+The request bodies are strict like requests.py's: an unknown field, a wrong type or a value out of
 range is a 400 naming the field (build_app's app-wide RequestValidationError / ApiError handlers
 write OpenAI's error body).
 """
@@ -20,17 +20,24 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from radixserve.tokenizer.chat_request import (
+from radixserve.tokenizer.errors import ApiError
+from radixserve.tokenizer.gateway import Gateway
+from radixserve.tokenizer.openai_api.chat_request import (
     ChatMessage,
     ChatTool,
     opens_a_turn,
     template_messages,
     tool_dicts,
 )
-from radixserve.tokenizer.errors import ApiError
-from radixserve.tokenizer.gateway import Gateway
-from radixserve.tokenizer.model_text import ChatRender
-from radixserve.tokenizer.openai_api import MAX_MESSAGES, MAX_TOOLS, JsonObject, Text, TokenId, _Strict
+from radixserve.tokenizer.openai_api.requests import (
+    MAX_MESSAGES,
+    MAX_TOOLS,
+    JsonObject,
+    Text,
+    TokenId,
+    _Strict,
+)
+from radixserve.tokenizer.text.model_text import ChatRender
 
 TOKENIZE_PATH = "/v1/tokenize"
 DETOKENIZE_PATH = "/v1/detokenize"
@@ -47,7 +54,7 @@ _CHAT_ONLY: tuple[str, ...] = (
 )
 
 
-# openai_api's strict base and field types: these endpoints refuse what the completion endpoints do.
+# requests.py's strict base and field types: these endpoints refuse what the completion endpoints do.
 class TokenizeRequest(_Strict):
     """vLLM's two shapes in one schema, so one route (and one body type) serves both: ``prompt``
     with ``add_special_tokens``, or ``messages`` with ``add_generation_prompt`` and ``tools`` (the chat

@@ -1,5 +1,5 @@
 """OpenAI-compatible request schemas and their SamplingParams (pure: no I/O). The response bodies are
-openai_responses.py's.
+bodies.py's.
 
 One schema per endpoint, strict and bounded, so bad input is a 400 that names the field, never a
 500 further in:
@@ -11,7 +11,7 @@ One schema per endpoint, strict and bounded, so bad input is a 400 that names th
 - structured output comes from one source per request: OpenAI's ``response_format``, vLLM's
   ``guided_json`` / ``guided_regex`` / ``guided_choice``, or a chat's forcing ``tool_choice``;
 - what each field does, or why it is accepted and ignored, or refused at any value but a neutral
-  one, is request_fields.FIELDS' (the one table; request_fields.refused applies it); a field in no
+  one, is fields.FIELDS' (the one table; fields.refused applies it); a field in no
   row is refused as unknown, by name.
 """
 
@@ -34,7 +34,7 @@ from radixserve.common.sampling import (
     SamplingParams,
 )
 from radixserve.tokenizer.errors import ApiError
-from radixserve.tokenizer.tool_grammar import FUNCTION_NAME
+from radixserve.tokenizer.text.tool_grammar import FUNCTION_NAME
 
 MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one /v1/completions request
@@ -87,7 +87,7 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: usage so far on every chunk
-    include_obfuscation: Any = None  # ignored (request_fields)
+    include_obfuscation: Any = None  # ignored (fields.py)
 
 
 # ---------------------------------------------------------------------------- response_format
@@ -190,7 +190,7 @@ class _Sampling(_Strict):
     spaces_between_special_tokens: bool = True  # ignored: fast tokenizers put no spaces there
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=MAX_TOKENS)] | None = None
     add_special_tokens: bool | None = None  # None: the endpoint's default
-    # Accepted and ignored, or refused unless neutral: request_fields.FIELDS says which and why.
+    # Accepted and ignored, or refused unless neutral: fields.FIELDS says which and why.
     guided_decoding_backend: Any = None
     priority: Any = None
     routed_dp_rank: Any = None

@@ -3,36 +3,52 @@
 ``SchedulerPool`` keeps a channel and a Watch stream open to every scheduler: each update
 refreshes the pod's load (and, with the in-memory prefix index, applies its KV block events);
 a broken stream marks the pod down at once (its waiting clients get an error, see
-Gateway.scheduler_down, and its index entries go) until the stream reopens. A pod that sends
+PoolListener.scheduler_down, and its index entries go) until the stream reopens. A pod that sends
 nothing for ``stale_s`` is down too. The routing policies (router.py) choose among the handles.
 
 A pod whose load says ``draining`` (it got SIGTERM: it refuses new work and finishes what it has)
-is never routed to, and ``on_draining`` hears of it once, so the gateway can move what has not
-started streaming yet.
+is never routed to, and the listener's ``scheduler_draining`` hears of it once, so the gateway can
+move what has not started streaming yet.
 
 Discovery (``--schedulers discover``): the pool starts empty and ``discovered`` (called by the
 gateway's Redis sweep, about every second, with the pods whose heartbeat is live) adds a handle
 for each new address and removes those whose heartbeat expired AND whose Watch stream is down
 (a draining pod keeps its stream, so it stays until it has finished; its outstanding requests, if
-any are left, go through ``on_down`` as for any pod that goes down).
+any are left, go through ``scheduler_down`` as for any pod that goes down).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex
-from radixserve.common.rpc import TLS, aio_channel, pb, pb_grpc
+from radixserve.common.rpc import aio_channel, pb, pb_grpc
 from radixserve.common.service_config import GATEWAY_DEFAULTS
+from radixserve.common.tls import TLS
 
 log = logging.getLogger(__name__)
 
 DISCOVER = "discover"  # --schedulers discover: the pods come from the Redis index's heartbeats
+
+
+class PoolListener(Protocol):
+    """What the pool tells its owner (the gateway) of the pods, each when it happens."""
+
+    def scheduler_up(self, h: SchedulerHandle) -> None:
+        """``h``'s Watch stream (re)opened: it may be routed to again."""
+
+    def scheduler_down(self, h: SchedulerHandle, why: str) -> None:
+        """``h`` went away (stream broke, nothing sent for stale_s, heartbeat expired): what it holds
+        must be moved or failed, not left waiting."""
+
+    def scheduler_draining(self, h: SchedulerHandle) -> None:
+        """``h`` said it drains (once): it admits nothing new."""
 
 
 class _Refused(Exception):
@@ -92,15 +108,13 @@ class SchedulerPool:
     def __init__(
         self,
         addresses: Sequence[str],
-        on_down: Callable[[SchedulerHandle, str], None],
+        listener: PoolListener,
         watch_interval_s: float = 0.2,
         memory_index: InMemoryPrefixIndex | None = None,
         stale_s: float = GATEWAY_DEFAULTS.scheduler_stale_after,
-        on_up: Callable[[SchedulerHandle], None] | None = None,
         tls: TLS | None = None,
         model_name: str | None = None,
         block_size: int | None = None,
-        on_draining: Callable[[SchedulerHandle], None] | None = None,
     ) -> None:
         """``model_name`` / ``block_size``: what this gateway serves and hashes with; a pod whose
         Watch updates name another model is refused (down, never routed to), one that hashes with
@@ -110,9 +124,7 @@ class SchedulerPool:
         self.model_name = model_name
         self.block_size = block_size
         self.handles = [SchedulerHandle(a) for a in addresses]
-        self._on_down = on_down
-        self._on_up = on_up
-        self._on_draining = on_draining
+        self.listener = listener
         self._interval = watch_interval_s
         self.stale_s = max(stale_s, 5 * watch_interval_s)
         self.memory_index = memory_index
@@ -154,7 +166,7 @@ class SchedulerPool:
             self.handles.remove(h)
             await self._close(h)
             if h.outstanding:
-                self._on_down(h, "its heartbeat expired and its Watch stream is down")
+                self.listener.scheduler_down(h, "its heartbeat expired and its Watch stream is down")
 
     def healthy(self) -> list[SchedulerHandle]:
         """The pods to route to: reporting, not draining."""
@@ -187,12 +199,10 @@ class SchedulerPool:
                     h.healthy = True
                     if came_up:
                         log.info("scheduler %s is up", h.address)
-                        if self._on_up is not None:
-                            self._on_up(h)
+                        self.listener.scheduler_up(h)
                     if h.draining and not was_draining:
                         log.info("scheduler %s is draining: no new requests go there", h.address)
-                        if self._on_draining is not None:
-                            self._on_draining(h)
+                        self.listener.scheduler_draining(h)
                     if index is not None and mine:
                         index.apply(h.address, update.stored, update.removed, update.cleared)
                         index.heartbeat(h.address, {}, 10 * self._interval + 1)
@@ -217,7 +227,7 @@ class SchedulerPool:
             if index is not None:
                 index.remove_pod(h.address)
             if h.outstanding:
-                self._on_down(h, why)
+                self.listener.scheduler_down(h, why)
             await asyncio.sleep(backoff)
             backoff = min(1.0, backoff * 2)
 

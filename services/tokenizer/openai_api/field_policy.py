@@ -1,4 +1,4 @@
-"""The vocabulary of request_fields' table: a field's policy, a row, and how a body is checked against
+"""The vocabulary of fields.py's table: a field's policy, a row, and how a body is checked against
 rows (a field's values found by path, a value compared with the neutral ones as JSON compares them)."""
 
 from __future__ import annotations

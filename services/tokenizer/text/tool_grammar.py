@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from radixserve.common.sampling import Constraint
-from radixserve.tokenizer.tool_calls import PARSERS
+from radixserve.tokenizer.text.tool_calls import PARSERS
 
-# OpenAI's function names (also openai_api's schema pattern); they go into grammars verbatim.
+# OpenAI's function names (also the request schemas' pattern); they go into grammars verbatim.
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 NAME_RE = re.compile(FUNCTION_NAME)
 

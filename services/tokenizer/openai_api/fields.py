@@ -9,7 +9,7 @@ Every field a client may send is in ``FIELDS``, with one of three policies:
   re-serialise requests with every field at its default: ``return_hidden_states: false``) and
   refused by name at any other value, since ignoring it would change the result.
 
-A field in no row is refused by name too: the request schemas (openai_api.py) forbid unknown fields,
+A field in no row is refused by name too: the request schemas (requests.py) forbid unknown fields,
 and tests/unit/test_request_fields.py holds the schemas and this table to the same set of fields,
 and the table to every field of the OpenAI SDK's own request types. docs/api.md shows the table.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from radixserve.tokenizer.field_policy import (
+from radixserve.tokenizer.openai_api.field_policy import (
     BOTH,
     CHAT,
     COMPLETIONS,
@@ -462,7 +462,7 @@ def markdown_table(endpoint: str) -> str:
 
 def write_docs(path: str) -> None:
     """Rewrite the tables between ``<!-- fields:ENDPOINT -->`` markers of ``path`` (docs/api.md):
-    ``python -m radixserve.tokenizer.request_fields docs/api.md`` after changing a row."""
+    ``python -m radixserve.tokenizer.openai_api.fields docs/api.md`` after changing a row."""
     from pathlib import Path
 
     doc = Path(path)

@@ -1,5 +1,5 @@
 """``POST /v1/responses``, ``GET /v1/responses/{id}``, ``DELETE /v1/responses/{id}``: the Responses API
-over the chat pipeline (chat_plan.py), its bodies and conversion in responses_api.py, its stored
+over the chat pipeline (chat_plan.py), its bodies and conversion in responses.py, its stored
 responses in the gateway's response store (response_store.py).
 
 Streamed, a response is OpenAI's event sequence: ``response.created`` and ``response.in_progress``;
@@ -21,18 +21,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from radixserve.tokenizer import openai_api as api
-from radixserve.tokenizer import responses_api as ra
 from radixserve.tokenizer.auth import presented_key
-from radixserve.tokenizer.chat_plan import ChatPlan, plan_chat
-from radixserve.tokenizer.chat_request import ChatCompletionRequest
 from radixserve.tokenizer.errors import ApiError
 from radixserve.tokenizer.gateway import Gateway
-from radixserve.tokenizer.http_util import event_stream, unless_gone
-from radixserve.tokenizer.openai_choices import ChatAnswer, ChatChoiceState, ChatStep, chat_answer
-from radixserve.tokenizer.openai_responses import ToolCallBody
-from radixserve.tokenizer.request_fields import RESPONSES, refused
-from radixserve.tokenizer.response_store import ResponseStore, StoredResponse, owner_of
+from radixserve.tokenizer.openai_api import requests as api
+from radixserve.tokenizer.openai_api import responses as ra
+from radixserve.tokenizer.openai_api.bodies import ToolCallBody
+from radixserve.tokenizer.openai_api.chat_plan import ChatPlan, plan_chat
+from radixserve.tokenizer.openai_api.chat_request import ChatCompletionRequest
+from radixserve.tokenizer.openai_api.choices import ChatAnswer, ChatChoiceState, ChatStep, chat_answer
+from radixserve.tokenizer.openai_api.fields import RESPONSES, refused
+from radixserve.tokenizer.openai_api.http_util import event_stream, unless_gone
+from radixserve.tokenizer.openai_api.response_store import ResponseStore, StoredResponse, owner_of
 from radixserve.tokenizer.session import RequestSession, Usage
 from radixserve.tokenizer.tracing import inference_span
 

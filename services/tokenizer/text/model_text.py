@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from radixserve.common.sampling import Constraint
 from radixserve.tokenizer.errors import ApiError
-from radixserve.tokenizer.reasoning import REASONING_PARSERS, ReasoningParser
-from radixserve.tokenizer.token_pieces import TokenPieces
-from radixserve.tokenizer.tool_calls import PARSERS, parser_for_template, template_messages
+from radixserve.tokenizer.text.reasoning import REASONING_PARSERS, ReasoningParser
+from radixserve.tokenizer.text.token_pieces import TokenPieces
+from radixserve.tokenizer.text.tool_calls import PARSERS, parser_for_template, template_messages
 
 if TYPE_CHECKING:
     from radixserve.scheduler.grammar import GrammarBackend

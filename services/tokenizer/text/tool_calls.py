@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from radixserve.tokenizer.tool_call_text import (
+from radixserve.tokenizer.text.tool_call_text import (
     WS,
     CallArgs,
     CallBody,

@@ -31,7 +31,8 @@ from typing import Protocol
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
 from radixserve.common.prefix_index import PrefixIndex
 from radixserve.common.service_config import ROUTING_DEFAULTS as ROUTING
-from radixserve.tokenizer.scheduler_pool import SchedulerHandle
+from radixserve.common.service_config import RoutingConfig
+from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle
 
 log = logging.getLogger(__name__)
 
@@ -230,3 +231,23 @@ class CacheAwareRouter(_Recorder):
         self.working_set.remember(hashes[:shared] if shared else hashes, h.address, now)
         self.record(Decision(h.address, reason, matched.get(h.address, 0), time.perf_counter() - t))
         return h
+
+
+def make_router(routing: RoutingConfig, index: PrefixIndex, model_name: str) -> Router:
+    """The gateway's routing policy (--router), over its prefix index."""
+    if routing.router == "cache-aware":
+        return CacheAwareRouter(
+            index,
+            model_name,
+            routing.block_size,
+            routing.balance_abs_threshold,
+            routing.balance_rel_threshold,
+            routing.recent_ttl,
+            working_set_s=routing.working_set_window,
+            kv_fill=routing.kv_fill,
+        )
+    if routing.router == "least-load":
+        return LeastLoadRouter()
+    if routing.router == "round-robin":
+        return RoundRobinRouter()
+    raise ValueError(f"unknown routing policy {routing.router!r}")

@@ -10,15 +10,15 @@ import time
 from dataclasses import dataclass
 
 from radixserve.common.sampling import Constraint, SamplingParams
-from radixserve.tokenizer import openai_api as api
-from radixserve.tokenizer.chat_request import ChatCompletionRequest, template_messages
 from radixserve.tokenizer.errors import ApiError
 from radixserve.tokenizer.gateway import Gateway
-from radixserve.tokenizer.model_text import ChatRender, ModelText
-from radixserve.tokenizer.openai_choices import ChatParsing
-from radixserve.tokenizer.reasoning import Start
-from radixserve.tokenizer.tool_calls import PARSERS, ToolParser
-from radixserve.tokenizer.tool_grammar import tool_choice_constraint
+from radixserve.tokenizer.openai_api import requests as api
+from radixserve.tokenizer.openai_api.chat_request import ChatCompletionRequest, template_messages
+from radixserve.tokenizer.openai_api.choices import ChatParsing
+from radixserve.tokenizer.text.model_text import ChatRender, ModelText
+from radixserve.tokenizer.text.reasoning import Start
+from radixserve.tokenizer.text.tool_calls import PARSERS, ToolParser
+from radixserve.tokenizer.text.tool_grammar import tool_choice_constraint
 
 
 @dataclass(frozen=True, slots=True)

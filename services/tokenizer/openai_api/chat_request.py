@@ -1,6 +1,6 @@
 """The /v1/chat/completions request: messages, tools, the chat template's options, and what the
 schema cannot say per field (pure: no I/O). The fields both endpoints share, and how a request maps to
-SamplingParams, are openai_api's; what each field does is request_fields.FIELDS'."""
+SamplingParams, are requests.py's; what each field does is fields.FIELDS'."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve.common.sampling import MAX_LOGPROBS, MAX_TOKENS, Constraint, SamplingParams
 from radixserve.tokenizer.errors import ApiError
-from radixserve.tokenizer.openai_api import (
+from radixserve.tokenizer.openai_api.requests import (
     MAX_MESSAGES,
     MAX_TOOLS,
     FunctionName,
@@ -21,7 +21,7 @@ from radixserve.tokenizer.openai_api import (
     _Sampling,
     _Strict,
 )
-from radixserve.tokenizer.tool_grammar import validate_tools
+from radixserve.tokenizer.text.tool_grammar import validate_tools
 
 
 class TextPart(_Strict):
@@ -37,7 +37,7 @@ class RefusalPart(_Strict):
 
 
 class MediaPart(BaseModel):
-    """An image, audio, video or file part: refused by its type (request_fields), whatever it holds."""
+    """An image, audio, video or file part: refused by its type (fields.py), whatever it holds."""
 
     model_config = ConfigDict(strict=True, extra="allow")
     type: Literal["image_url", "input_audio", "file", "video_url", "audio_url"]
@@ -65,9 +65,9 @@ class ChatMessage(_Strict):
     tool_call_id: Name | None = None  # tool: the call this message answers
     refusal: Text | None = None  # assistant: its past refusal (OpenAI's own messages carry null)
     reasoning_content: Text | None = None  # assistant: its past reasoning (vLLM, SGLang)
-    audio: Any = None  # refused unless null (request_fields)
+    audio: Any = None  # refused unless null (fields.py)
     function_call: Any = None
-    annotations: Any = None  # ignored (request_fields)
+    annotations: Any = None  # ignored (fields.py)
 
     def text(self) -> str:
         """The content as one text (text and refusal parts joined); an empty one's refusal instead."""
@@ -127,7 +127,7 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     separate_reasoning: bool = True
-    # Accepted and ignored, or refused unless neutral: request_fields.FIELDS says which and why.
+    # Accepted and ignored, or refused unless neutral: fields.FIELDS says which and why.
     metadata: Any = None
     store: Any = None
     service_tier: Any = None
