@@ -25,7 +25,7 @@ import tomllib
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
-# What `python -m radixserve.operator` imports (tests/test_images.py imports every operator module in
+# What `python -m radixserve.operator` imports (tests/repo/test_images.py imports every operator module in
 # a venv holding only these): kopf and the Kubernetes client; redis (the Redis ACL users, the scheduler load
 # that autoscaling reads); numpy and xxhash, because radixserve.common.service_config, which the
 # manifest builders read their defaults from, imports radixserve.common.block_hash.

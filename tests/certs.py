@@ -16,7 +16,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from radixserve.common.rpc import channel
+from radixserve.common.tls import TLS
 
 OPENSSL = "openssl"
 _EC_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -80,3 +85,13 @@ def make_certs(directory: str, openssl: str | None = None) -> CertFiles:
     client_ext = "extendedKeyUsage = clientAuth\n"
     client_cert, client_key = _signed(openssl, d, "client", "radixserve test client", ca, ca_key, client_ext)
     return CertFiles(ca, server_cert, server_key, client_cert, client_key)
+
+
+def check_code(address: str, tls: TLS | None) -> grpc.StatusCode:
+    """The status of one health check (OK when served)."""
+    with channel(address, tls) as ch:
+        try:
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        except grpc.RpcError as e:
+            return e.code()
+    return grpc.StatusCode.OK

@@ -18,6 +18,7 @@ The same ``(arch, size, seed)`` gives byte-identical files on the same machine.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -283,11 +284,11 @@ def _corpus() -> list[str]:
     return texts
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE, thinking: bool = False) -> PreTrainedTokenizerFast:
-    """A byte-level BPE ``PreTrainedTokenizerFast`` with ChatML special tokens and chat template;
-    ``thinking``: plus Qwen3's <think> tokens and thinking template."""
+@functools.cache
+def _trained_bpe(vocab_size: int) -> str:
+    """The BPE trained on the corpus, as tokenizers' JSON: trained once per process (the same
+    corpus and settings give the same tokenizer, and training is most of a demo model's build)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -306,6 +307,16 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE, thinking: bool = False) -> Pre
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
+    return str(tok.to_str())
+
+
+def build_tokenizer(vocab_size: int = VOCAB_SIZE, thinking: bool = False) -> PreTrainedTokenizerFast:
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with ChatML special tokens and chat template;
+    ``thinking``: plus Qwen3's <think> tokens and thinking template."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_str(_trained_bpe(vocab_size))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,

@@ -16,11 +16,8 @@ from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE
 from radixserve.common.config import Bounds, ConfigError, setting
 
 # A prefill step delays every other request's next token (and a new request's first) until it is
-# done, so its size is a latency bound. 2048 tokens take milliseconds on a GPU, but on one CPU core
-# the small demo model needs ~0.9 ms a token: ~1.8 s a chunk. The routing benchmark at 6 req/s
-# (a pod's arrivals waiting behind another tenant's prefix): cache-aware TTFT p90 3.4 s with 2048,
-# 1.7 s with 512, 1.3 s with 256, for the same work (one pod's burst: 6.9-7.1 s of forwards with
-# 256, 7.4 s with 2048).
+# done, so its size is a latency bound: milliseconds for 2048 tokens on a GPU, seconds on a CPU core,
+# where smaller chunks cut TTFT for the same work (measured: docs/benchmarks.md, routing).
 CUDA_CHUNKED_PREFILL_SIZE = 2048
 CPU_CHUNKED_PREFILL_SIZE = 256
 
@@ -96,15 +93,14 @@ class EngineConfig:
     disable_radix_cache: bool = setting(False, "no prefix cache")
     # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
     # the host's Python and the worker's op dispatch share one GIL: the overlap can hide host work
-    # only behind long kernels, which a CPU forward of our models rarely has for long enough to
-    # gain (small demo model: within noise of the normal loop), so it is opt-in there.
+    # only behind long kernels, which a CPU forward of our models rarely has, so it is opt-in there.
     disable_overlap: bool | None = setting(
         None,
         "the normal loop (default on CPU)",
         negation=("--enable-overlap", "the overlap loop (default on CUDA)"),
     )
     # CPU overlap: forwards whose recent average is shorter than this run inline instead of on the
-    # worker thread (tiny demo model, ~1 ms forwards: the thread made the loop 0.63-0.76x). 0: always
+    # worker thread, whose hand-offs cost more than such a forward (docs/benchmarks.md). 0: always
     # the worker thread (the tests, to exercise it).
     cpu_overlap_thread_min_ms: float = setting(
         10.0,

@@ -27,6 +27,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeAlias, TypedDict
 
 import torch
 
@@ -36,6 +37,31 @@ from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.logits import StepScores
 from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.req import Req
+
+StepOutput: TypeAlias = tuple[list[int], "StepScores | None"]  # the step's tokens, its scores
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLaunch:
+    """A forward launched on the CUDA side stream: its tokens (and scores) copying to the host
+    until ``done`` fires."""
+
+    tokens: torch.Tensor
+    scores: StepScores | None
+    done: torch.cuda.Event
+    # Its device tensors were made on the main stream and must not go back to the caching
+    # allocator (and be reused) while the side stream may still read them.
+    batch: ForwardBatch
+
+
+Launch: TypeAlias = "Future[StepOutput] | DeviceLaunch"
+
+
+class TracedStep(TypedDict):
+    mode: str
+    batch_size: int
+    gpu_ms: float
+    idle_before_ms: float | None  # None for the first step traced
 
 
 @dataclass
@@ -54,12 +80,11 @@ class _DeviceStream:
 
     CPU: one ordered worker thread. The main thread's Python (scheduling, processing) runs beside
     the worker only while the worker is inside a kernel that released the GIL; every hand-off costs
-    a thread wake-up (~0.06 ms here) and the GIL changes hands at each op the worker dispatches.
-    With the tiny demo model (forwards ~1 ms, mostly op dispatch) the worker made the overlap loop
-    0.63 to 0.76x the normal loop's throughput (2-vCPU VM), while with the small model (~100 ms
-    forwards) the two loops were within the VM's noise. So on CPU ``overlaps`` is true only while
-    recent forwards lasted at least ``cpu_thread_min_s`` (a moving average); otherwise the loop runs
-    the forward itself (``ran_inline``), after whatever it launched before.
+    a thread wake-up and the GIL changes hands at each op the worker dispatches, which short,
+    dispatch-bound forwards cannot hide (measured: docs/benchmarks.md, the overlap loop on CPU). So
+    on CPU ``overlaps`` is true only while recent forwards lasted at least ``cpu_thread_min_s`` (a
+    moving average); otherwise the loop runs the forward itself (``ran_inline``), after whatever it
+    launched before.
     """
 
     EMA = 0.2  # weight of the newest forward in the moving average
@@ -81,7 +106,7 @@ class _DeviceStream:
         """Whether the next forward should run beside the host's work."""
         return self.cuda or self.forward_s >= self.cpu_thread_min_s
 
-    def launch(self, fb: ForwardBatch, trace: GpuTrace | None = None):
+    def launch(self, fb: ForwardBatch, trace: GpuTrace | None = None) -> Launch:
         if not self.cuda:
             self.threaded += 1
             return self.worker.submit(self._forward_cpu, fb)
@@ -96,13 +121,11 @@ class _DeviceStream:
             scores = fb.scores.to_host(non_blocking=True) if fb.scores is not None else None
             done = torch.cuda.Event()
             done.record(self.stream)
-        # fb rides along: its device tensors were made on the main stream and must not go back
-        # to the caching allocator (and be reused) while this stream may still read them.
-        return host, scores, done, fb
+        return DeviceLaunch(host, scores, done, fb)
 
-    def _forward_cpu(self, fb: ForwardBatch) -> tuple[list[int], StepScores | None]:
+    def _forward_cpu(self, fb: ForwardBatch) -> StepOutput:
         t = time.perf_counter()
-        tokens = self.runner.forward(fb).tolist()
+        tokens: list[int] = self.runner.forward(fb).tolist()
         self._note(time.perf_counter() - t)
         return tokens, fb.scores
 
@@ -115,13 +138,13 @@ class _DeviceStream:
     def _note(self, seconds: float) -> None:
         self.forward_s += self.EMA * (seconds - self.forward_s)
 
-    def result(self, handle) -> tuple[list[int], StepScores | None]:
+    def result(self, launch: Launch) -> StepOutput:
         """The step's tokens, and its log-probabilities when some request asked."""
-        if isinstance(handle, Future):
-            return handle.result()
-        host, scores, done, _fb = handle
-        done.synchronize()
-        return host.tolist(), scores
+        if isinstance(launch, Future):
+            return launch.result()
+        launch.done.synchronize()
+        tokens: list[int] = launch.tokens.tolist()
+        return tokens, launch.scores
 
     def close(self) -> None:
         if not self.cuda:
@@ -142,15 +165,15 @@ class GpuTrace:
         self.steps.append((fb.mode.value, fb.real_size, begin, end))
         return end  # the caller records it after the forward
 
-    def read(self) -> list[dict]:
-        """One dict per traced step: mode, batch_size, gpu_ms, idle_before_ms (None for the first)."""
-        out: list[dict] = []
+    def read(self) -> list[TracedStep]:
+        """The traced steps, oldest first."""
+        out: list[TracedStep] = []
         prev_end = None
         for mode, size, begin, end in self.steps:
             end.synchronize()
             idle = prev_end.elapsed_time(begin) if prev_end is not None else None
             out.append(
-                {"mode": mode, "batch_size": size, "gpu_ms": begin.elapsed_time(end), "idle_before_ms": idle}
+                TracedStep(mode=mode, batch_size=size, gpu_ms=begin.elapsed_time(end), idle_before_ms=idle)
             )
             prev_end = end
         return out
@@ -185,7 +208,7 @@ class EventLoop:
         self.runner = runner
         self.overlap = overlap
         self.stream = _DeviceStream(runner, cpu_thread_min_s) if overlap else None
-        self.in_flight: deque[tuple[ScheduleBatch, object, float]] = deque()  # batch, handle, launched at
+        self.in_flight: deque[tuple[ScheduleBatch, Launch, float]] = deque()  # batch, launch, launched at
         self.stats = LoopStats()
         self.trace: GpuTrace | None = None
 
@@ -194,7 +217,7 @@ class EventLoop:
         if self.runner.device.type == "cuda":
             self.trace = GpuTrace(self.runner.device)
 
-    def gpu_trace(self) -> list[dict]:
+    def gpu_trace(self) -> list[TracedStep]:
         """The traced steps (``GpuTrace.read``); [] on CPU or when tracing is off."""
         return self.trace.read() if self.trace is not None else []
 
@@ -252,9 +275,9 @@ class EventLoop:
         done = Step()
         waited = 0.0
         while len(self.in_flight) > keep:
-            done_batch, handle, launched = self.in_flight.popleft()
+            done_batch, launch, launched = self.in_flight.popleft()
             w0 = time.perf_counter()
-            tokens, scores = self.stream.result(handle)
+            tokens, scores = self.stream.result(launch)
             waited += time.perf_counter() - w0
             done.finished += self.scheduler.process(done_batch, tokens, scores)
             done.batches.append(ProcessedBatch(done_batch, launched, time.perf_counter()))

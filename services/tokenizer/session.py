@@ -31,7 +31,8 @@ from types import TracebackType
 from radixserve.common.rpc import pb
 from radixserve.common.sampling import SamplingParams
 from radixserve.tokenizer.errors import ApiError, internal_error, retryable
-from radixserve.tokenizer.gateway import Delivery, Gateway, SchedulerRequest
+from radixserve.tokenizer.gateway import Gateway
+from radixserve.tokenizer.routing.scheduler_request import Delivery, SchedulerRequest
 from radixserve.tokenizer.tracing import Attributes, RequestTrace
 
 

@@ -1,7 +1,7 @@
 """Tensor parallelism on two GPUs (NCCL, flashinfer, CUDA graphs holding the all-reduces).
 
 Skipped without two CUDA devices. The same code on CPU (gloo), against HF and tp=1, is
-tests/unit/test_tensor_parallel.py; this file checks what only GPUs have: NCCL collectives, captured
+tests/integration/test_tensor_parallel.py; this file checks what only GPUs have: NCCL collectives, captured
 in decode graphs, and the bf16 kernels' agreement between tp=1 and tp=2.
 """
 

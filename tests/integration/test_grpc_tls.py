@@ -17,9 +17,8 @@ from radixserve.common.ports import free_ports
 from radixserve.common.rpc import channel, pb, pb_grpc
 from radixserve.common.tls import TLS
 from radixserve.launcher import Cluster
-from tests.certs import CertFiles, make_certs
+from tests.certs import CertFiles, check_code, make_certs
 from tests.integration.conftest import MODEL_NAME, start_cluster
-from tests.unit.test_tls import check_code
 
 
 @pytest.fixture(scope="module")

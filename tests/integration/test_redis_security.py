@@ -15,8 +15,8 @@ import redis
 
 from radixserve.common.prefix_index import RedisPrefixIndex, acl_rules, open_index
 from radixserve.scheduler.kv_events import EventHub, EventSubscriber, RedisPublisher
+from tests.helpers.prefix_index import hashes_of, prompt, wait_until
 from tests.redis_server import RedisServer
-from tests.unit.test_prefix_index import hashes_of, prompt, wait_until
 
 A, B = "rs:default/alpha:", "rs:team-b/beta:"  # what the operator gives two InferenceServices
 POLICY = "volatile-lru"  # what the chart's Redis runs with

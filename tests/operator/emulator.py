@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -167,6 +168,49 @@ async def serving_emulator(
         yield emulator, config
 
 
+@contextlib.asynccontextmanager
+async def running_operator(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, **options: Any
+) -> AsyncIterator[None]:
+    """kopf's operator in a thread of its own, with its own event loop, until the block ends.
+
+    kopf's stop waits up to 5 s for every task created on its loop after it started, then cancels
+    them: on the tests' loop those are the emulator's connection handlers (and another replica's
+    tasks), so each stop took the full 5 s. On its own loop it stops when its own tasks do."""
+    # An object's worker idles this long for its next event before it exits, and the stop waits
+    # for the workers (kopf's default is 5 s): a shorter idle only starts a new worker more often.
+    settings.queueing.idle_timeout = 0.3
+    stop, ready = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(
+                kopf.operator(settings=settings, memo=memo, stop_flag=stop, ready_flag=ready, **options)
+            )
+        except BaseException as e:
+            failure.append(e)
+            ready.set()
+
+    thread = threading.Thread(target=run, name="kopf-operator", daemon=True)
+    thread.start()
+    assert await asyncio.to_thread(ready.wait, 15), "the operator was not ready in 15 s"
+    try:
+        if failure:
+            raise failure[0]
+        yield
+    finally:
+        stop.set()
+        # The emulator keeps serving on this loop while the operator winds down in its thread.
+        await asyncio.to_thread(thread.join, 20)
+        assert not thread.is_alive(), "the operator did not stop in 20 s"
+        # Sync handlers kopf left running ("orphaned") still talk to the emulator: let them
+        # finish while it serves, rather than fail against a closed port after the test.
+        await asyncio.to_thread(settings.execution.executor.shutdown, True)
+    if failure:
+        raise failure[0]
+
+
 @pytest_asyncio.fixture()
 async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
     import radixserve.operator.handlers  # noqa: F401  (registers with kopf's default registry)
@@ -182,23 +226,8 @@ async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
             return loads
 
         memo = kopf.Memo(kube=Kube(), load_source=load_source)
-        stop = asyncio.Event()
-        ready = asyncio.Event()
-        settings = kopf.OperatorSettings()
-        operator = kopf.operator(
-            clusterwide=True, standalone=True, settings=settings, memo=memo, stop_flag=stop, ready_flag=ready
-        )
-        task = asyncio.create_task(operator)
-        await asyncio.wait_for(ready.wait(), 15)
-        try:
+        async with running_operator(kopf.OperatorSettings(), memo, clusterwide=True, standalone=True):
             yield Harness(emulator, Kube(user_agent="radixserve-tests"), loads, urls, prefixes)
-        finally:
-            stop.set()
-            with contextlib.suppress(asyncio.CancelledError):  # kopf cancels its tasks on the way out
-                await asyncio.wait_for(task, 15)
-            # Sync handlers kopf left running ("orphaned") still talk to the emulator: let them
-            # finish while it serves, rather than fail against a closed port after the test.
-            await asyncio.to_thread(settings.execution.executor.shutdown, True)
         # Every request the operator (kopf and our client) made is one the chart's ClusterRole allows.
         allowed = chart_rbac()
         used = {a for r in emulator._requests if _by_operator(r) and (a := access(r)) is not None}

@@ -1,6 +1,6 @@
 """spec.model.uri and the model cache in the built pods (pure: a spec in, the objects out), and the
 messages an unusable model spec gets. The fetcher the init container runs is tested against a real
-S3 server in tests/unit/test_model_source.py."""
+S3 server in tests/integration/test_model_source.py."""
 
 from __future__ import annotations
 

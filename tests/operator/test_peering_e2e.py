@@ -16,7 +16,7 @@ import pytest
 
 from radixserve.operator.kube import Kube
 from radixserve.operator.scaling import StaticLoadSource
-from tests.operator.emulator import _by_operator, access, chart_rbac, serving_emulator
+from tests.operator.emulator import _by_operator, access, chart_rbac, running_operator, serving_emulator
 from tests.operator.test_operator_e2e import CPU, ISVC, isvc
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(90)]
@@ -32,26 +32,10 @@ async def replica(agent: str, priority: int) -> AsyncIterator[None]:
     settings.peering.lifetime = LIFETIME_S
     settings.peering.mandatory = True
     memo = kopf.Memo(kube=Kube(user_agent=agent), load_source=lambda url, prefix: StaticLoadSource())
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            clusterwide=True,
-            peering_name="radixserve",
-            priority=priority,
-            settings=settings,
-            memo=memo,
-            stop_flag=stop,
-            ready_flag=ready,
-        )
-    )
-    await asyncio.wait_for(ready.wait(), 15)
-    try:
+    async with running_operator(
+        settings, memo, clusterwide=True, peering_name="radixserve", priority=priority
+    ):
         yield
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 20)
-        await asyncio.to_thread(settings.execution.executor.shutdown, True)
 
 
 def children_applied_by(emulator: Any, service: str) -> set[str]:

@@ -13,6 +13,8 @@ from radixserve.operator.redis_acl import ChartRedis
 from tests.operator.redis_admin import chart_like_redis, client
 from tests.redis_server import RedisServer
 
+pytestmark = pytest.mark.slow  # a redis-server per test
+
 POD_A = "a-scheduler-0.a-scheduler.prod.svc:50051"
 
 

@@ -1,3 +1,3 @@
-"""Fixtures shared by tests/unit: the gateway's app over scripted schedulers (tests/gateway_harness.py)."""
+"""Fixtures shared by tests/unit: the gateway's app over scripted schedulers (tests/helpers/gateway.py)."""
 
-from tests.gateway_harness import app, engine, gw  # noqa: F401
+from tests.helpers.gateway import app, engine, gw  # noqa: F401

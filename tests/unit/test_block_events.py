@@ -6,11 +6,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.common.block_hash import block_hashes, chain, root_hash
-from tests.unit.test_radix_cache import make_cache, put
+from tests.helpers.radix import make_cache, put
 
 BS = 4
 
@@ -58,6 +59,7 @@ def test_hash_is_chained_seeded_by_model_and_ignores_a_partial_block():
     assert block_hashes(changed, "model-a", 16)[1] != h[1]  # a block names its whole prefix
 
 
+@pytest.mark.slow
 def test_hash_is_the_same_in_another_process():
     code = "from radixserve.common.block_hash import block_hashes; print(block_hashes(range(64), 'm', 16))"
     out = subprocess.run(

@@ -3,7 +3,7 @@ streamed as the model writes them, usage on every chunk, and the chat template's
 (chat_template_kwargs, reasoning_effort, continue_final_message, add_generation_prompt); plus the
 vLLM sampling extensions as the schedulers are sent them (min_tokens, include_stop_str_in_output,
 truncate_prompt_tokens, add_special_tokens). Pure parsers directly; the rest through the gateway's
-app over scripted schedulers (tests/gateway_harness.py)."""
+app over scripted schedulers (tests/helpers/gateway.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from radixserve.common.service_config import GatewayConfig
 from radixserve.tokenizer.gateway import Gateway
 from radixserve.tokenizer.openai_api.app import build_app
 from radixserve.tokenizer.text.reasoning import REASONING_PARSERS, Start
-from tests.gateway_harness import (
+from tests.helpers.gateway import (
     CALL_TEXT,
     MODEL,
     USER,

@@ -17,7 +17,7 @@ from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.graph_runner import decode_buckets
-from tests.unit.test_engine import PROMPTS, hf_greedy
+from tests.helpers.hf import PROMPTS, hf_greedy
 
 NEW = 12
 

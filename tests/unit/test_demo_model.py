@@ -158,6 +158,7 @@ def test_cli_make_demo_model(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(out)
 
 
+@pytest.mark.slow
 def test_cli_runs_as_module():
     r = subprocess.run(
         [sys.executable, "-m", "radixserve.cli", "make-demo-model", "--help"],

@@ -12,7 +12,7 @@ import torch
 
 from radixserve.scheduler.model import device as device_mod
 from radixserve.scheduler.model.device import resolve_device, resolve_profile
-from tests.unit.test_launch_count import QWEN3_06B
+from tests.helpers.shapes import QWEN3_06B
 
 FP32 = dataclasses.replace(QWEN3_06B, dtype=torch.float32)
 

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model
@@ -22,17 +22,7 @@ from radixserve.scheduler.model.attention import cpu as cpu_attention
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.loader import load_model
-
-SYSTEM = "You are a helpful assistant. Answer briefly and do not repeat the question.\n"
-PROMPTS = [
-    SYSTEM + "def add(a, b):",
-    SYSTEM + "import os\nimport sys",
-    "The quick brown fox",
-    SYSTEM + "class Stack:\n    def push(self, x):",
-    "x = 1",
-    SYSTEM + "for i in range(10):",
-]
-NEW = 12
+from tests.helpers.hf import NEW, PROMPTS, hf_greedy
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
@@ -47,21 +37,6 @@ def llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama")
     make_demo_model(path, arch="llama", size="tiny")
     return path
-
-
-def hf_greedy(path, prompts, new=NEW):
-    """HF generate, greedy, exactly ``new`` tokens: no EOS stop, and no EOS suppression either
-    (``min_new_tokens`` would mask EOS logits, which our ``ignore_eos`` does not)."""
-    tok = AutoTokenizer.from_pretrained(str(path))
-    hf = AutoModelForCausalLM.from_pretrained(str(path)).eval()
-    hf.generation_config.eos_token_id = None
-    out = []
-    for p in prompts:
-        ids = tok.encode(p)
-        gen = hf.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0)
-        assert gen.shape[1] == len(ids) + new
-        out.append(gen[0, len(ids) :].tolist())
-    return out
 
 
 NO_KERNEL = cpu_attention.unavailable_reason(torch.device("cpu"), torch.float32)

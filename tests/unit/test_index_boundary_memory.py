@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from radixserve.common.prefix_index import InMemoryPrefixIndex
 from radixserve.common.rpc import pb, pb_grpc
 from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle, SchedulerPool
-from tests.unit.test_prefix_index import BS, MODEL, hashes_of, prompt
+from tests.helpers.prefix_index import BS, MODEL, hashes_of, prompt
 
 LOGGER = "radixserve.common.prefix_index"
 POOL = "radixserve.tokenizer.routing.scheduler_pool"

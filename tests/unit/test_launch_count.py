@@ -32,19 +32,13 @@ from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.manager import MemoryConfig
-from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.model.staging import Staging
 from radixserve.scheduler.req import Req
+from tests.helpers.shapes import QWEN3_06B
 
-QWEN3_06B = ModelConfig(
-    arch="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
-    num_heads=16, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, rope_scaling=None,
-    qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=True, tie_word_embeddings=True,
-    max_position_embeddings=4096, dtype=torch.bfloat16, eos_token_ids=(0,),
-)  # fmt: skip
 # ops that launch nothing: allocations and metadata queries (views are skipped by their schema)
 NO_KERNEL = {
     "empty", "empty_strided", "empty_like", "lift_fresh", "device",

@@ -16,7 +16,7 @@ import math
 import pytest
 
 from radixserve.common.rpc import pb
-from tests.gateway_harness import (
+from tests.helpers.gateway import (
     CALL_TEXT,
     USER,
     WEATHER,

@@ -1,6 +1,6 @@
 """Logprobs bodies at the gateway: OpenAI's legacy completions object (echo included) and the chat
 object (bytes, alternatives), streamed and not, and gRPC Generate's pass-through; token texts and
-bytes from the vocabulary. Hand-made deliveries through the real app (tests/gateway_harness.py's
+bytes from the vocabulary. Hand-made deliveries through the real app (tests/helpers/gateway.py's
 scripted schedulers), and the pure pieces directly. Also the work done once per request (tool validation, the
 constraint, its compilation through the grammar cache) and gRPC's checks before a compile."""
 
@@ -17,7 +17,7 @@ from radixserve.common.rpc import pb
 from radixserve.common.sampling import SamplingParams
 from radixserve.tokenizer.openai_api import bodies as resp
 from radixserve.tokenizer.text.token_pieces import TokenPieces, shown
-from tests.gateway_harness import (
+from tests.helpers.gateway import (
     WEATHER,
     chat,
     complete,

@@ -17,7 +17,7 @@ from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.memory.radix_cache import RadixCache
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.req import Req
-from tests.conftest import reference_output, run_to_completion, runner_for
+from tests.helpers.scheduler import reference_output, run_to_completion, runner_for
 
 PREFIXES = [list(range(1, 41)), list(range(50, 70)), [3, 1, 4, 1, 5, 9, 2, 6] * 4]
 

@@ -3,25 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.scheduler.memory.allocator import PagedAllocator
-from radixserve.scheduler.memory.radix_cache import NoCache, RadixCache
-from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
-
-
-def make_cache(num_pages=64, page_size=1, cls=RadixCache):
-    alloc = PagedAllocator(num_pages, page_size)
-    return cls(alloc, ReqToTokenPool(4, 256))
-
-
-def put(cache: RadixCache, tokens):
-    """Allocate pages for tokens (page aligned) and insert them; returns the insert result."""
-    tokens = np.asarray(tokens, dtype=np.int32)
-    ps = cache.page_size
-    slots = cache.allocator.pages_to_slots(cache.allocator.alloc_pages(len(tokens) // ps))
-    res = cache.insert(tokens, slots)
-    # Whatever was already present is a duplicate: free it like a request would.
-    cache.allocator.free_slots(slots[: res.present_len])
-    return res
+from radixserve.scheduler.memory.radix_cache import NoCache
+from tests.helpers.radix import make_cache, put
 
 
 def test_match_finds_the_longest_prefix_and_splits_inside_a_node():

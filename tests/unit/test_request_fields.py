@@ -24,7 +24,7 @@ from radixserve.tokenizer.openai_api.fields import (
 )
 from radixserve.tokenizer.openai_api.requests import CompletionRequest
 from radixserve.tokenizer.openai_api.responses import ResponseRequest
-from tests.gateway_harness import MODEL, USER, post, refused
+from tests.helpers.gateway import MODEL, USER, post, refused
 
 ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES)
 SCHEMAS: dict[str, type[BaseModel]] = {

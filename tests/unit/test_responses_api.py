@@ -14,7 +14,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from radixserve.tokenizer.openai_api.response_store import MemoryResponseStore, StoredResponse
-from tests.gateway_harness import CALL_TEXT, MODEL, ScriptedSchedulers, post, refused, text
+from tests.helpers.gateway import CALL_TEXT, MODEL, ScriptedSchedulers, post, refused, text
 from tests.redis_server import redis_server_fixture  # noqa: F401  (the redis_server fixture)
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
@@ -216,6 +216,7 @@ def _call(app: Any, method: str, path: str, key: str | None) -> httpx.Response:
 
 
 @pytest.mark.asyncio
+@pytest.mark.slow
 async def test_the_redis_store_keeps_responses_under_the_index_prefix_with_a_ttl(redis_server):
     """A real redis-server, logged in as the user the operator makes for a service (its key prefix
     and the index's commands only): what gateways behind one Service share."""

@@ -289,6 +289,7 @@ def test_the_index_is_used_alongside_recent_routes(index: InMemoryPrefixIndex) -
     assert router.decisions[-1].matched_blocks == 6
 
 
+@pytest.mark.slow
 def test_index_down_falls_back_to_least_load_and_retries_later(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,7 +6,7 @@ import torch
 
 from radixserve.common.sampling import SamplingParams
 from radixserve.scheduler.model.sampler import Sampler, SamplingInfo
-from tests.unit.test_sampler import sample
+from tests.helpers.sampler import sample
 
 
 # ------------------------------------------------------------------ flashinfer glue (CPU stand-in)

@@ -1,7 +1,8 @@
 """BatchScheduler, SchedulePolicy and PrefillAdder: behaviour the engine relies on.
 
 Fairness is in test_scheduler_fairness.py, admission and retraction in test_scheduler_memory.py;
-both build their schedulers with :func:`sched` and step them with :func:`step` from here.
+all three build their schedulers with tests/helpers/scheduler.py's ``sched`` and step them with its
+``step``.
 """
 
 import numpy as np
@@ -13,30 +14,15 @@ from radixserve.scheduler.batch_scheduler import BatchScheduler, QueueFullError
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.req import FinishReason, Req
-from tests.conftest import KVEchoRunner, make_req, reference_output, run_to_completion, runner_for
-
-
-def sched(clock=None, total=4096, page=1, rows=64, ctx=2048, no_cache=False, **kw) -> BatchScheduler:
-    mem = MemoryConfig(
-        max_total_tokens=total,
-        page_size=page,
-        max_running_requests=rows,
-        max_context_len=ctx,
-        disable_radix_cache=no_cache,
-    )
-    if clock is None:
-        return BatchScheduler(SchedulerConfig(memory=mem, **kw))
-    return BatchScheduler(SchedulerConfig(memory=mem, **kw), clock=clock)
-
-
-def step(s: BatchScheduler, runner: KVEchoRunner):
-    b = s.schedule()
-    assert b is not None
-    s.process(b, runner.forward(b))
-    return b
-
-
-SYS = list(range(1, 201))  # a 200-token shared prefix
+from tests.helpers.scheduler import (
+    SYS,
+    make_req,
+    reference_output,
+    run_to_completion,
+    runner_for,
+    sched,
+    step,
+)
 
 
 @pytest.mark.parametrize("page", [1, 4, 16])

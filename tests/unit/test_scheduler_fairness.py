@@ -4,8 +4,15 @@ of cache order, and the decodes it preempts to make room."""
 import pytest
 
 from radixserve.scheduler.batch_scheduler import BatchScheduler
-from tests.conftest import make_req, reference_output, run_to_completion, runner_for
-from tests.unit.test_scheduler import SYS, sched, step
+from tests.helpers.scheduler import (
+    SYS,
+    make_req,
+    reference_output,
+    run_to_completion,
+    runner_for,
+    sched,
+    step,
+)
 
 
 def fair_sched(clock, fairness: float | None = 5.0, ratio: float = 0.0) -> BatchScheduler:

@@ -7,8 +7,7 @@ import pytest
 from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.req import FinishReason
-from tests.conftest import make_req, reference_output, run_to_completion, runner_for
-from tests.unit.test_scheduler import sched, step
+from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched, step
 
 
 def test_retraction_frees_memory_and_outputs_are_unchanged():

@@ -16,10 +16,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixserve.common.config import add_flags, from_args, parse_args
 from radixserve.common.health import add_health, is_serving
-from radixserve.common.rpc import SERVER_OPTIONS, aio_channel, channel, listen
+from radixserve.common.rpc import SERVER_OPTIONS, aio_channel, listen
 from radixserve.common.service_config import SchedulerPodConfig, TLSConfig
 from radixserve.common.tls import TLS, TLSError, load_tls, tls_from_env
-from tests.certs import CertFiles, make_certs
+from tests.certs import CertFiles, check_code, make_certs
 
 
 @pytest.fixture(scope="module")
@@ -65,16 +65,6 @@ def serve_health() -> Iterator:
     yield start
     for s in servers:
         s.stop(None)
-
-
-def check_code(address: str, tls: TLS | None) -> grpc.StatusCode:
-    """The status of one health check (OK when served)."""
-    with channel(address, tls) as ch:
-        try:
-            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        except grpc.RpcError as e:
-            return e.code()
-    return grpc.StatusCode.OK
 
 
 # ----------------------------------------------------------------------------- server TLS

@@ -174,13 +174,10 @@ class CacheAwareRouter(_Recorder):
         ws = self.working_set.blocks(c.address, now) * self.block_size
         capacity = c.load.kv_capacity_tokens if c.load is not None else 0
         # Room first: a prefix sent where the working set already fills the KV evicts another
-        # tenant's prefix, which is computed again on its next request. In one routing-benchmark
-        # burst a rule that put load first ended with six tenants (4,157 tokens) on one 3,696-token
-        # pod and two on another.
+        # tenant's prefix, which is computed again on its next request (docs/benchmarks.md, routing).
         fits = capacity == 0 or ws + tokens <= capacity * self.kv_fill
-        # Then what the pod is doing now. Ranking by working set before load sent all of 32
-        # concurrent unique prompts (shorter than a block: no working set at all) to one of two
-        # pods; with load second a pod's queue, not its tenants, decides where new work goes.
+        # Then what the pod is doing now: ranked by working set first, prompts too short to leave one
+        # (no blocks) would all go to one pod; with load second a pod's queue decides.
         return (not fits, c.busy, ws, c.footprint)
 
     def choose(self, input_ids: Sequence[int], candidates: Sequence[SchedulerHandle]) -> SchedulerHandle:

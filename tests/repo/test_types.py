@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # mypy reads torch and transformers cold in about 40 s
+
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("radixserve.common", "radixserve.scheduler.memory", "radixserve.scheduler.policy")
 MODULES = (
     "radixserve.scheduler.req",

@@ -48,7 +48,7 @@ def test_policy_sim_quick_has_the_committed_full_runs_key_structure(policy_sim_q
     """Same layout as benchmarks/results/policy_sim.json (the full run): top-level keys, the keys of
     each dict-valued entry, and the kinds of result row (with and without a fairness timeout)."""
     committed = json.loads(
-        (Path(__file__).resolve().parents[1] / "benchmarks/results/policy_sim.json").read_text()
+        (Path(__file__).resolve().parents[2] / "benchmarks/results/policy_sim.json").read_text()
     )
     quick = policy_sim_quick[1]
 

@@ -10,7 +10,7 @@ import pytest
 
 from radixserve.cli import load_benchmark, main
 
-COMMITTED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "offline.json"
+COMMITTED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "offline.json"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # Paths in backticks that start with one of these are checked; relative ones (`model/ops.py`, read
 # against the folder the text is about) and commands (anything with a space) are not.

@@ -134,6 +134,6 @@ def _keys(report: dict) -> dict[str, set[str]]:
 @pytest.mark.timeout(240)
 def test_quick_run_has_the_key_structure_of_the_committed_full_run(quick_run):
     # A quick run lacks none of the full run's keys: fewer rates and concurrencies, the same report.
-    full = json.loads((Path(__file__).parents[1] / "benchmarks/results/serving.json").read_text())
+    full = json.loads((Path(__file__).parents[2] / "benchmarks/results/serving.json").read_text())
     quick = json.loads((quick_run / "serving.json").read_text())
     assert _keys(quick) == _keys(full)

@@ -22,7 +22,7 @@ import tomllib
 
 from radixserve.operator.volumes import CACHE_DIR
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "image_requirements.py"
 SOURCE_PATHS = {"setup.py", "README.md", "proto", "services", "operator"}  # the code, not the deps
 NOT_IN_OPERATOR = {"torch", "transformers", "tokenizers", "safetensors", "flashinfer-python", "fastapi"}
@@ -280,7 +280,7 @@ def test_build_context_is_what_the_dockerfiles_copy_and_nothing_else():
     for left_out in (
         ".venv/bin/python",
         ".git/HEAD",
-        "tests/test_images.py",
+        "tests/repo/test_images.py",
         "helm/radixserve/values.yaml",
         "benchmarks/results/x.json",
         "services/common/pb/radixserve_pb2.py",

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from gpu_check import jit, wheels  # noqa: E402

@@ -18,8 +18,8 @@ from radixserve.common.rpc import pb
 from radixserve.scheduler.kv_events import EventHub, EventSubscriber, RedisPublisher
 from radixserve.tokenizer.routing.router import CacheAwareRouter
 from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle
+from tests.helpers.prefix_index import BS, MODEL, hashes_of, prompt, tls_server_fixture, wait_until  # noqa: F401
 from tests.redis_server import RedisServer, redis_server_fixture  # noqa: F401
-from tests.unit.test_prefix_index import BS, MODEL, hashes_of, prompt, tls_server_fixture, wait_until  # noqa: F401
 
 
 def test_a_subscriber_that_falls_behind_gets_a_snapshot_instead() -> None:

@@ -141,6 +141,6 @@ def _keys(report: dict) -> dict[str, set[str]]:
 def test_quick_run_has_the_key_structure_of_the_committed_full_run(quick_run):
     # A quick run lacks none of the full run's keys: it runs every configuration (redis-server is
     # required) and repeats its one rate too (--saturation-repeats 1 still records ``repeats``).
-    full = json.loads((Path(__file__).parents[1] / "benchmarks/results/routing.json").read_text())
+    full = json.loads((Path(__file__).parents[2] / "benchmarks/results/routing.json").read_text())
     quick = json.loads((quick_run / "routing.json").read_text())
     assert _keys(quick) == _keys(full)

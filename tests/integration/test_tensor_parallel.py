@@ -23,7 +23,7 @@ from radixserve.common.sampling import Constraint
 from radixserve.launcher import free_port
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.parallel import ShardLayout, tp_problem
-from tests.unit.test_engine import NEW, PROMPTS, hf_greedy
+from tests.helpers.hf import NEW, PROMPTS, hf_greedy
 
 REPO = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
@@ -140,7 +140,7 @@ def test_a_model_that_does_not_split_is_refused_before_any_process_starts(tmp_pa
 
 # --------------------------------------------------------------------- logits, by hand
 # tp_rank.py imports little (no transformers): seven interpreters start at once on two cores
-RANK = "import sys; from tests.unit.tp_rank import run_rank; run_rank({}, {}, {}, *sys.argv[1:])"
+RANK = "import sys; from tests.helpers.tp_rank import run_rank; run_rank({}, {}, {}, *sys.argv[1:])"
 
 
 def _run_ranks(path: str, sizes: tuple[int, ...], out: Path) -> dict[int, list[str]]:

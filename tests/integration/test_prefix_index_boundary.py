@@ -20,8 +20,8 @@ from radixserve.common.prefix_index import (
     clean_load,
     open_index,
 )
+from tests.helpers.prefix_index import Backend, backend_fixture, hashes_of, prompt  # noqa: F401
 from tests.redis_server import RedisServer, redis_server_fixture  # noqa: F401
-from tests.unit.test_prefix_index import Backend, backend_fixture, hashes_of, prompt  # noqa: F401
 
 
 # ------------------------------------------------------------------------------ bad input, both

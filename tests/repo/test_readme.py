@@ -4,8 +4,8 @@
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-MAX_README_BYTES = 12_000  # the rest lives in docs/ (tests/test_docs.py builds it)
+ROOT = Path(__file__).resolve().parents[2]
+MAX_README_BYTES = 12_000  # the rest lives in docs/ (tests/repo/test_docs.py builds it)
 
 
 def bash_blocks() -> list[str]:

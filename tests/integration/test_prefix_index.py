@@ -6,58 +6,23 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from radixserve.common.block_hash import block_hashes
-from radixserve.common.prefix_index import InMemoryPrefixIndex, RedisPrefixIndex, open_index, redact_url
+from radixserve.common.prefix_index import RedisPrefixIndex, open_index, redact_url
+from tests.helpers.prefix_index import (  # noqa: F401  (fixtures)
+    BS,
+    MODEL,
+    Backend,
+    backend_fixture,
+    hashes_of,
+    prompt,
+    tls_server_fixture,
+    wait_until,
+)
 from tests.redis_server import RedisServer, make_test_certs, redis_server_fixture  # noqa: F401
-
-MODEL = "m"
-BS = 16
-
-
-def hashes_of(tokens: list[int]) -> list[int]:
-    return block_hashes(tokens, MODEL, BS)
-
-
-def prompt(seed: int, blocks: int) -> list[int]:
-    """``blocks`` full blocks of tokens; different seeds share no block."""
-    return [seed * 100_000 + i for i in range(blocks * BS)]
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> float:
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.01)
-    return time.monotonic() - t0
-
-
-# ------------------------------------------------------------------------- both backends, one suite
-@dataclass
-class Backend:
-    index: Any
-    advance: Callable[[float], None]  # let time pass (a fake clock, or really sleep)
-    ttl_s: float
-
-
-@pytest.fixture(params=["memory", "redis"], name="backend")  # named apart so modules can import it
-def backend_fixture(request: pytest.FixtureRequest, clock: Any) -> Iterator[Backend]:
-    if request.param == "memory":
-
-        def tick(s: float) -> None:
-            clock.t += s
-
-        yield Backend(InMemoryPrefixIndex(clock=clock), tick, ttl_s=5.0)
-    else:
-        server: RedisServer = request.getfixturevalue("redis_server")
-        yield Backend(RedisPrefixIndex(server.url, key_prefix="test:"), time.sleep, ttl_s=0.2)
 
 
 def test_match_counts_the_leading_blocks_each_pod_holds(backend: Backend) -> None:
@@ -201,15 +166,6 @@ def test_redis_url_with_a_password() -> None:
         anonymous = RedisPrefixIndex(f"redis://{s.host}:{s.port}/0")
         with pytest.raises(redis.RedisError, match=r"(?i)auth"):
             anonymous.match(h)
-
-
-# TLS: redis-server with only a TLS port and a throwaway CA (tests/redis_server.py). The URL carries
-# the CA: redis-py's from_url passes query parameters it does not know (ssl_ca_certs, ssl_certfile,
-# ssl_keyfile, ssl_cert_reqs) to the connection as strings, and rediss:// makes it a TLS one.
-@pytest.fixture(name="tls_server")  # named apart so modules can import it (as tests/redis_server.py's)
-def tls_server_fixture() -> Iterator[RedisServer]:
-    with RedisServer(password="s3cret", tls=True) as server:
-        yield server
 
 
 def test_rediss_url_with_a_password_and_the_ca_in_the_url(tls_server: RedisServer) -> None:

@@ -1,0 +1,114 @@
+"""A model-free stand-in for the model that checks KV ownership on every step, and the scheduler setups
+the scheduler tests share."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radixserve.common.sampling import SamplingParams
+from radixserve.scheduler.batch import ScheduleBatch
+from radixserve.scheduler.batch_scheduler import BatchScheduler
+from radixserve.scheduler.config import SchedulerConfig
+from radixserve.scheduler.memory.manager import MemoryConfig
+from radixserve.scheduler.req import Req
+
+VOCAB = 97
+
+
+class KVEchoRunner:
+    """Stands in for the model: writes each fed token into a fake KV pool at its slot.
+
+    Before "sampling", every request's whole context is read back through its
+    ReqToTokenPool row and must equal its tokens: a row that points at a freed and
+    reused page, or at another request's page, fails here. The next token depends
+    only on the sequence, so any engine feature that changes outputs is caught too.
+    """
+
+    def __init__(self, scheduler: BatchScheduler) -> None:
+        self.s = scheduler
+        self.kv = np.full(scheduler.kv.allocator.pool_slots, -1, dtype=np.int64)
+        self.futures: dict[int, int] = {}  # FutureMap: placeholder id -> sampled token
+
+    def resolve(self, ids: np.ndarray) -> np.ndarray:
+        """Placeholders (-1 - future id) become the tokens an earlier forward sampled."""
+        ids = np.asarray(ids, dtype=np.int64).copy()
+        for i in np.flatnonzero(ids < 0):
+            ids[i] = self.futures[int(-1 - ids[i])]
+        return ids
+
+    def forward(self, batch: ScheduleBatch) -> list[int]:
+        self.kv[batch.out_slots] = self.resolve(batch.input_ids)
+        out = []
+        for i, (req, p, n) in enumerate(zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True)):
+            end = int(p + n)
+            row = self.s.kv.req_to_token.host[req.req_pool_idx, :end]
+            expect = self.resolve(req.fill_ids()[:end])
+            np.testing.assert_array_equal(self.kv[row], expect, err_msg=f"KV of {req.rid} is corrupt")
+            tok = next_token(expect)
+            if batch.future_ids[i] >= 0:
+                self.futures[int(batch.future_ids[i])] = tok
+            out.append(tok)
+        return out
+
+
+def next_token(seq: np.ndarray) -> int:
+    """A deterministic 'model': the next token is a function of the sequence."""
+    tail = seq[-4:].astype(np.int64)
+    return int((tail * np.array([3, 5, 7, 11][: len(tail)])).sum() + 13 * len(seq)) % VOCAB
+
+
+def reference_output(prompt: list[int], max_new: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(max_new):
+        seq.append(next_token(np.asarray(seq)))
+    return seq[len(prompt) :]
+
+
+def runner_for(s: BatchScheduler) -> KVEchoRunner:
+    """One fake KV pool per scheduler, for as long as it lives (cached prefixes stay readable)."""
+    if not hasattr(s, "_echo_runner"):
+        s._echo_runner = KVEchoRunner(s)  # type: ignore[attr-defined]
+    return s._echo_runner  # type: ignore[attr-defined]
+
+
+def run_to_completion(s: BatchScheduler, max_steps: int = 100_000, check: bool = True) -> list[Req]:
+    runner = runner_for(s)
+    finished: list[Req] = []
+    for _ in range(max_steps):
+        if s.idle:
+            return finished
+        batch = s.schedule()
+        assert batch is not None, "scheduler stalled with work left"
+        if check:
+            s.kv.check(s.live_requests())
+        finished += s.process(batch, runner.forward(batch))
+        if check:
+            s.kv.check(s.live_requests())
+    raise AssertionError("did not finish")
+
+
+def make_req(rid: str, ids, max_new: int = 8, t: float = 0.0) -> Req:
+    return Req(rid, list(ids), SamplingParams(max_new_tokens=max_new), arrival_time=t)
+
+
+def sched(clock=None, total=4096, page=1, rows=64, ctx=2048, no_cache=False, **kw) -> BatchScheduler:
+    mem = MemoryConfig(
+        max_total_tokens=total,
+        page_size=page,
+        max_running_requests=rows,
+        max_context_len=ctx,
+        disable_radix_cache=no_cache,
+    )
+    if clock is None:
+        return BatchScheduler(SchedulerConfig(memory=mem, **kw))
+    return BatchScheduler(SchedulerConfig(memory=mem, **kw), clock=clock)
+
+
+def step(s: BatchScheduler, runner: KVEchoRunner):
+    b = s.schedule()
+    assert b is not None
+    s.process(b, runner.forward(b))
+    return b
+
+
+SYS = list(range(1, 201))  # a 200-token shared prefix
