@@ -1,7 +1,7 @@
 """``mypy --strict`` is clean on the strict set: ``services/common`` (its generated pb stubs aside),
 the scheduler's ``memory/`` and ``policy/`` packages, the core types they share (``req``, ``batch``,
 ``config``), the ``EngineWorker`` (``worker``), tensor parallelism (``tensor_parallel``,
-``model.parallel``), what runs between the model and the sampler (``model.logits``,
+``model.parallel``), FP8 weights (``model.quant``), what runs between the model and the sampler (``model.logits``,
 ``model.penalties``, ``grammar``), the tool-call parsers, the OpenAI front end (its field table,
 requests, reasoning and tool output, the Responses API) and the detokenizer's incremental decoding.
 pyproject.toml's ``[tool.mypy]`` names the set; the modules they import are read for their types,
@@ -27,7 +27,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("radixserve.common", "radixserve.scheduler.memory", "radixserve.scheduler.policy")
+PACKAGES = (
+    "radixserve.common",
+    "radixserve.scheduler.memory",
+    "radixserve.scheduler.policy",
+    "radixserve.scheduler.model.quant",  # FP8 weights: formats, numbers, the layer, its GEMMs, loading
+)
 MODULES = (
     "radixserve.scheduler.req",
     "radixserve.scheduler.batch",
