@@ -246,8 +246,7 @@ def unserved_vllm_flag(argv: Sequence[str]) -> str | None:
 
 
 def vllm_quantization(raw: str) -> str:
-    """vLLM's ``--quantization``: ``fp8`` (scheduler --quantization fp8); a method radixserve does not
-    serve (awq, gptq, bitsandbytes, ...) is refused, naming what is served."""
+    """vLLM's ``--quantization``: ``fp8``; other methods (awq, gptq, ...) are refused naming ours."""
     if raw.lower() == "fp8":
         return "fp8"
     raise argparse.ArgumentTypeError(
@@ -368,13 +367,9 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--seed", type=flag_type(EngineConfig, "seed"), help="torch's seed (scheduler --seed)")
     g.add_argument(
-        "--quantization",
-        "-q",
-        type=vllm_quantization,
-        metavar="fp8",
-        help="fp8: the linear layers' weights quantized to FP8 at load (scheduler --quantization); FP8"
-        " checkpoints need no flag; other methods are refused",
-    )
+        "--quantization", "-q", type=vllm_quantization, metavar="fp8",
+        help="fp8: weights quantized to FP8 at load (scheduler --quantization); FP8 checkpoints need no flag",
+    )  # fmt: skip
     _add_vllm_gateway_and_inert_flags(g)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from prometheus_client import generate_latest
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -27,6 +28,7 @@ from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.loader import load_model
 from radixserve.scheduler.model.quant.linear import Fp8Linear
+from radixserve.scheduler.server import SchedulerService
 from tests.unit.fp8_models import IGNORED, PROJECTIONS, source_model, write_fp8
 from tests.unit.test_engine import NEW, PROMPTS, hf_greedy
 
@@ -116,14 +118,21 @@ def test_fp8_logits_tokens_and_bytes_match_hf_on_the_dequantized_weights(checkpo
 
 
 def test_quantization_fp8_halves_a_bf16_models_resident_weights(sources):
-    """A bf16-served model with --quantization fp8, by the engine's own report: its projections in FP8,
-    the rest (embeddings, norms) in bf16."""
+    """A bf16-served model with --quantization fp8, by the engine's own report (and the scheduler
+    pod's /metrics, which reads it): its projections in FP8, the rest (embeddings, norms) in bf16."""
     src = sources["qwen3"]
     params = sum(t.numel() for t in load_file(str(src / "model.safetensors")).values())
     args = dict(device="cpu", dtype="bfloat16", max_total_tokens=512, quantization="fp8", warmup=False)
     with Engine(src, **args) as engine:
         report = engine.placement["weight_bytes_per_rank"][0]
+        pod = SchedulerService(engine, "localhost:1", "localhost:2", model_name="m")  # its /metrics
+        scraped = generate_latest(pod.metrics.registry).decode()
+        pod.out.close()
         out = engine.generate(prompt="def add(a, b):", sampling_params=SamplingParams(max_new_tokens=2))
     assert len(out["token_ids"]) == 2
+    (line,) = [
+        x for x in scraped.splitlines() if x.startswith('radixserve_weight_bytes{model_name="m",rank="0"}')
+    ]
+    assert float(line.split()[-1]) == report
     print(f"--quantization fp8, bf16: {report} bytes, {report / (2 * params):.3f} of the bf16 model")
     assert 0.5 < report / (2 * params) < 0.6

@@ -19,7 +19,7 @@ from radixserve.scheduler.model.quant.fp8 import (
     quantize_rows,
     quantize_tokens,
 )
-from radixserve.scheduler.model.quant.gemm import DEQUANT, SCALED_MM, Fp8Gemms, choose_gemms
+from radixserve.scheduler.model.quant.gemm import DEQUANT, SCALED_MM, Fp8Gemms, choose_gemms, probe_scaled_mm
 from radixserve.scheduler.model.quant.linear import Fp8Linear
 from tests.unit.test_launch_count import QWEN3_06B
 
@@ -80,6 +80,14 @@ def test_the_gpu_paths_scaled_mm_code_runs_on_cpus_fp8_kernel():
     err = (got.float() - want.float()).abs().max() / want.float().abs().max()
     print(f"scaled_mm vs dequantize: max error {err:.4f} of the largest output")
     assert err < 0.03
+
+
+def test_the_probe_passes_a_working_gemm_and_names_a_failing_one():
+    """The device profile's probe: the rowwise GEMM runs on CPU's kernel and agrees with the
+    dequantized matmul; torch has no blockwise kernel on CPU, and the probe says so."""
+    assert probe_scaled_mm(torch.device("cpu"), ScaleLayout()) is None
+    failed = probe_scaled_mm(torch.device("cpu"), BLOCK)
+    assert failed is not None and failed.startswith("torch.nn.functional.scaled_mm failed a probe call: ")
 
 
 SHAPES = [(768, 256), (256, 256), (1024, 256), (256, 512)]

@@ -63,9 +63,13 @@ class WeightQuant:
     at_load: bool = False  # --quantization fp8: projections stored in high precision are quantized
 
     def describe(self) -> str:
-        parts = [] if self.stored is None else [self.stored.describe()]
+        if self.stored is None:
+            return "quantized at load per output channel, --quantization fp8"
+        parts = [self.stored.describe()]
+        if self.stored.static_input_scales:
+            parts.append("its static input scales unused: activations are scaled per token")
         if self.at_load:
-            parts.append("--quantization fp8: the rest quantized at load per output channel")
+            parts.append("any high-precision projection quantized at load per output channel")
         return "; ".join(parts)
 
 

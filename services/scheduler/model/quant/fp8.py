@@ -90,7 +90,7 @@ def quantize_token_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, to
     ``[M, K / group]``): one scale per token and ``group`` columns, column-major as the blockwise
     GEMM reads them (reduced from the groups taken group-major, so no copy lays them out)."""
     m, k = x.shape
-    groups = x.view(m, k // group, group)
+    groups = x.reshape(m, k // group, group)
     amax = torch.linalg.vector_norm(groups.transpose(0, 1), ord=float("inf"), dim=-1, dtype=torch.float32)
     scale = (amax / FP8_MAX).clamp_min(MIN_SCALE).t()  # [K / group, M] contiguous -> [M, K / group]
     return (groups / scale.unsqueeze(-1)).to(FP8).view(m, k), scale

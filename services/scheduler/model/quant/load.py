@@ -93,6 +93,8 @@ def plan(model: nn.Module, files: Iterable[Path], cfg: ModelConfig, place: Place
         for name, _ in model.named_modules():
             if name.rpartition(".")[2] in PROJECTIONS and name not in layouts:
                 layouts[name] = ScaleLayout()
+    if not layouts:  # a quantization_config over high-precision weights: nothing is FP8
+        return None
     quantize_modules(model, layouts, cfg.dtype)
     return Fp8Plan(layouts, stored, quant, headers)
 
