@@ -1,9 +1,10 @@
 """``mypy --strict`` is clean on the strict set: ``services/common`` (its generated pb stubs aside),
 the scheduler's ``memory/`` and ``policy/`` packages, the core types they share (``req``, ``batch``,
 ``config``), the ``EngineWorker`` (``worker``), tensor parallelism (``tensor_parallel``,
-``model.parallel``), FP8 weights (``model.quant``), what runs between the model and the sampler (``model.logits``,
-``model.penalties``, ``grammar``), the tool-call parsers, the OpenAI front end (its field table,
-requests, reasoning and tool output, the Responses API) and the detokenizer's incremental decoding.
+``model.parallel``), FP8 weights (``model.quant``), what runs between the model and the sampler
+(``model.logits``, ``model.penalties``, ``grammar``), the tool-call parsers, the OpenAI front end
+(its field table, requests, reasoning and tool output, the Responses API) and the detokenizer's
+incremental decoding.
 pyproject.toml's ``[tool.mypy]`` names the set; the modules they import are read for their types,
 their own errors not reported.
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from radixserve import Engine, SamplingParams
 from radixserve.scheduler.model.config import ModelConfig
@@ -132,6 +133,18 @@ def test_a_bad_fp8_checkpoint_is_refused_at_load_naming_the_tensor(block, tmp_pa
     with pytest.raises(ValueError, match=error) as err:
         load_model(path, ModelConfig.from_pretrained(path), "cpu")
     assert len(str(err.value).splitlines()) == 1
+
+
+def test_with_the_flag_a_high_precision_part_of_an_fp8_projection_is_quantized_into_its_blocks(
+    block, tmp_path
+):
+    up = "model.layers.0.mlp.up_proj.weight"
+    original = load_file(str(block[1] / "model.safetensors"))[up]  # the reference: dequantized float32
+    path = edit_checkpoint(block[0], tmp_path / "mixed", lambda t: t.update({up: original}))
+    model = load_model(path, ModelConfig.from_pretrained(path, quantization="fp8"), "cpu")
+    merged = model.model.layers[0].mlp.gate_up_proj  # gate rows from the checkpoint, up rows quantized here
+    got = merged.dequantize(torch.float32)[512:]
+    assert ((got - original).abs() <= original.abs() / 16 + 1e-3).all()
 
 
 def test_a_tensor_parallel_split_that_cuts_a_block_is_refused_before_any_process_starts(block, tmp_path):

@@ -205,6 +205,8 @@ class Fp8Loading:
         weight = name.removesuffix(self.scale_suffix) + "weight"
         if weight not in self.plan.headers:
             raise ValueError(f"unexpected tensor {name!r}: no weight {weight} beside it")
+        if self.plan.headers[weight].dtype != E4M3:
+            return  # a scale beside a high-precision weight: the weight is quantized here, scales and all
         shape, part = self.plan.headers[weight].shape, self.part_of(weight)
         raw = f.get_tensor(name)
         if layout.block is None:
