@@ -1,5 +1,6 @@
 """The service settings every pod of an InferenceService reads: the ConfigMap's RADIXSERVE_* variables
-(and OpenTelemetry's), from the spec's model, engine, routing, Redis and tracing fields."""
+(and OpenTelemetry's), from the spec's model (its path, served name and quantization), engine,
+routing, Redis and tracing fields."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def settings(spec: Obj, namespace: str, name: str) -> dict[str, str]:
         data[env_var(SchedulerPodConfig, "index_key_prefix")] = key_prefix(namespace, name)
     if spec["model"].get("servedModelName"):
         data[env_name("served_model_name")] = spec["model"]["servedModelName"]
+    if spec["model"].get("quantization"):  # the schedulers' --quantization (model/quant/)
+        data[env_var(SchedulerPodConfig, "quantization")] = spec["model"]["quantization"]
     engine = spec["scheduler"]["engine"]
     for setting in _ENGINE_SETTINGS:
         if engine.get(_camel(setting)) is not None:

@@ -25,6 +25,7 @@ from radixserve.common.model_source import (
     parse_model_uri,
     parse_quantity,
 )
+from radixserve.common.service_config import QUANTIZATIONS
 from radixserve.operator.pods import CONTAINER_SECURITY, Obj
 from radixserve.operator.schema import SECRET_KEY, Schema, obj, string
 
@@ -74,6 +75,12 @@ MODEL_SCHEMA: Schema = obj(
         ),
         "path": string(description='folder inside the pod, or "demo" for the built-in tiny model'),
         "servedModelName": string(),
+        "quantization": string(
+            enum=list(QUANTIZATIONS),
+            description="fp8: the schedulers quantize the linear layers' weights to FP8 at load"
+            " (--quantization fp8; for a bf16/fp32 checkpoint). FP8 checkpoints (fp8, compressed-tensors"
+            " FP8, fbgemm_fp8) are served in FP8 without it. Default: none",
+        ),
         "source": obj(
             {
                 "pvc": obj(

@@ -34,6 +34,7 @@ from radixserve.common.service_config import (
     GatewayConfig,
     SchedulerPodConfig,
 )
+from radixserve.scheduler.model.quant.formats import SERVED
 
 if TYPE_CHECKING:
     from radixserve.launcher import Cluster
@@ -198,6 +199,7 @@ VLLM_SCHEDULER_FLAGS = {
     "gpu_memory_utilization": "--mem-fraction",
     "max_num_seqs": "--max-running-requests",
     "seed": "--seed",
+    "quantization": "--quantization",
 }
 VLLM_DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16"}
 VLLM_DTYPES |= {"float": "float32", "float32": "float32"}
@@ -206,8 +208,6 @@ VLLM_DTYPES |= {"float": "float32", "float32": "float32"}
 # serve something other than what was asked (another precision, layout, tokenizer, API, model).
 # The text after the name says what to use instead, where there is something.
 VLLM_UNSERVED = {
-    "--quantization": "serve an unquantized checkpoint; --dtype picks the precision",
-    "-q": "serve an unquantized checkpoint; --dtype picks the precision",
     "--kv-cache-dtype": "the KV cache is kept in the model's --dtype",
     "--pipeline-parallel-size": "--tensor-parallel-size splits the model instead",
     "-pp": "--tensor-parallel-size splits the model instead",
@@ -243,6 +243,16 @@ def unserved_vllm_flag(argv: Sequence[str]) -> str | None:
             hint = VLLM_UNSERVED[name]
             return f"vLLM's {name} is not supported by radixserve" + (f" ({hint})" if hint else "")
     return None
+
+
+def vllm_quantization(raw: str) -> str:
+    """vLLM's ``--quantization``: ``fp8``; other methods (awq, gptq, ...) are refused naming ours."""
+    if raw.lower() == "fp8":
+        return "fp8"
+    raise argparse.ArgumentTypeError(
+        f"{raw!r} is not served: --quantization fp8 quantizes a bf16/fp32 checkpoint at load, and FP8"
+        f" checkpoints load as they are ({', '.join(SERVED)})"
+    )
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)([kmgKMG]?)")
@@ -296,7 +306,7 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "vLLM's flags",
         "vllm serve's spelling, each passed to the service it concerns; vLLM's flags radixserve does"
-        " not serve (--quantization, --pipeline-parallel-size, --enable-lora, ...) are refused by name",
+        " not serve (--pipeline-parallel-size, --enable-lora, --kv-cache-dtype, ...) are refused by name",
     )
     g.add_argument("model_tag", nargs="?", metavar="MODEL", help="as --model (vllm serve MODEL)")
     g.add_argument(
@@ -356,6 +366,10 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
         "--enforce-eager", action="store_true", help="no CUDA graphs (scheduler --disable-cuda-graph)"
     )
     g.add_argument("--seed", type=flag_type(EngineConfig, "seed"), help="torch's seed (scheduler --seed)")
+    g.add_argument(
+        "--quantization", "-q", type=vllm_quantization, metavar="fp8",
+        help="fp8: weights quantized to FP8 at load (scheduler --quantization); FP8 checkpoints need no flag",
+    )  # fmt: skip
     _add_vllm_gateway_and_inert_flags(g)
 
 

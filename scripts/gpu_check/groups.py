@@ -47,6 +47,7 @@ GROUPS = (
                 "test_device_mirror_and_page_indices_on_cuda",
             ),
             GPU + "test_gpu_logits.py": ("test_bitmask_and_penalties_equal_the_cpu_results",),
+            GPU + "test_gpu_fp8.py": ("test_fp8_gemm_agrees_with_the_dequantized_matmul",),
         },
         per_test_s=120,
         limit_s=180,
@@ -86,6 +87,10 @@ GROUPS = (
             ),
             GPU + "test_gpu_logits.py": ("test_logprobs_penalties_and_json_schema_on_cuda",),
             GPU + "test_gpu_tensor_parallel.py": ("test_tp2_on_two_gpus_agrees_with_tp1",),
+            GPU + "test_gpu_fp8.py": (
+                "test_block_fp8_checkpoint_agrees_with_its_dequantized_weights",
+                "test_quantization_fp8_on_cuda_graphs_agrees_with_bf16_and_leaves_no_cache",
+            ),
         },
         per_test_s=150,
         limit_s=300,

@@ -26,6 +26,7 @@ CPU_CHUNKED_PREFILL_SIZE = 256
 DRAIN_TIMEOUT_S = 30.0
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+QUANTIZATIONS = ("none", "fp8")  # --quantization (scheduler/model/quant/)
 
 # The ranges settings admit (config.Bounds): a value outside is refused when the flag or variable
 # is parsed, naming it, before the service starts anything.
@@ -113,6 +114,13 @@ class EngineConfig:
     dtype: str = setting(
         "auto",
         "auto (the checkpoint's, but float32 serves in bfloat16 on CUDA) | float32 | bfloat16 | float16",
+    )
+    # model/quant/: an FP8 checkpoint's weights stay FP8 whatever this says; device.py picks the GEMM.
+    quantization: str = setting(
+        "none",
+        "fp8: quantize the linear layers' weights to FP8 at load, per output channel (a bf16/fp32"
+        " checkpoint; FP8 checkpoints load as FP8 without it)",
+        choices=QUANTIZATIONS,
     )
     seed: int = setting(0, "torch's seed (requests with their own seed keep it)", bounds=TORCH_SEED)
     # CUDA: decode batches of up to cuda_graph_max_bs requests replay a graph captured at start

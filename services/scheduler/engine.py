@@ -67,7 +67,7 @@ class Engine:
         torch.manual_seed(cfg.seed)
         self.model_path = Path(model_path)
         self.config = cfg
-        checkpoint = ModelConfig.from_pretrained(model_path, "auto")
+        checkpoint = ModelConfig.from_pretrained(model_path, "auto", cfg.quantization)
         problem = tp_problem(checkpoint, cfg.tp_size)
         if problem is not None:
             raise ValueError(f"tensor parallelism: {problem}")

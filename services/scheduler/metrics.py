@@ -92,7 +92,9 @@ class _EngineCollector(Collector):
         f.gauge("radixserve_kv_pool_bytes_per_rank", "KV pool bytes on each rank", place["kv_bytes_per_rank"])
         f.labelled(
             GaugeMetricFamily(
-                "radixserve_weight_bytes", "Model weight bytes per rank", labels=[MODEL_LABEL, "rank"]
+                "radixserve_weight_bytes",
+                "Model weight bytes resident per rank (FP8 weights at one byte, with their scales)",
+                labels=[MODEL_LABEL, "rank"],
             ),
             [([str(rank)], size) for rank, size in enumerate(place["weight_bytes_per_rank"])],
         )

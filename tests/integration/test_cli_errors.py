@@ -96,7 +96,7 @@ CASES = {
     # vLLM's spellings: refused by name where we do not serve them, checked where we do
     "vllm quantization": (
         [*RADIXSERVE, "serve", "--quantization", "awq"],
-        ["vLLM's --quantization is not supported by radixserve"],
+        ["--quantization/-q: 'awq' is not served", "--quantization fp8 quantizes", "compressed-tensors"],
     ),
     "vllm pipeline parallel": (
         [*RADIXSERVE, "serve", "--pipeline-parallel-size=2"],
@@ -223,13 +223,14 @@ def test_vllm_flags_reach_the_service_they_concern() -> None:
         "hermes",
     ]
     argv += ["--served-model-name", "m", "--trust-remote-code", "--enable-auto-tool-choice"]
-    argv += ["--disable-log-requests", "--disable-log-stats"]
+    argv += ["--disable-log-requests", "--disable-log-stats", "-q", "fp8"]
     cluster = serve_cluster(build_parser().parse_args(argv))
     assert len(cluster.schedulers) == 2
     for s in cluster.schedulers:
         engine = s.checked_config().engine
         assert (engine.dtype, engine.max_context_len, engine.tp_size) == ("float16", 4096, 2)
         assert (engine.mem_fraction, engine.max_running_requests, engine.seed) == (0.5, 8, 7)
+        assert engine.quantization == "fp8"
         assert engine.disable_radix_cache and engine.chunked_prefill_size == 0 and engine.disable_cuda_graph
         assert s.argv[s.argv.index("--served-model-name") + 1] == "m"
     gw = cluster.gateway.checked_config()

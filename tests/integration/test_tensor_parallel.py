@@ -23,6 +23,7 @@ from radixserve.common.sampling import Constraint
 from radixserve.launcher import free_port
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.parallel import ShardLayout, tp_problem
+from tests.helpers.fp8_models import expected_bytes, source_model, write_fp8
 from tests.helpers.hf import NEW, PROMPTS, hf_greedy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,3 +187,15 @@ def test_a_vocabulary_that_does_not_divide_is_padded_and_cut_off(tmp_path):
     for size in (2, 4):
         for out in outs[size]:
             torch.testing.assert_close(torch.from_numpy(np.load(out)), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_tp2_block_fp8_serves_hf_greedy_tokens_with_half_the_weights_per_rank(tmp_path):
+    fp8, ref = write_fp8(source_model(tmp_path / "src", "qwen3"), tmp_path / "block", "block")
+    prompts, new = PROMPTS[:3], 8  # short: every step is a round of gloo collectives per layer
+    greedy = SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True)
+    with Engine(fp8, tp_size=2, device="cpu", max_total_tokens=1024, warmup=False) as engine:
+        outs = engine.generate(prompt=prompts, sampling_params=greedy)
+        per_rank = engine.placement["weight_bytes_per_rank"]
+    assert [o["token_ids"] for o in outs] == hf_greedy(ref, prompts, new)
+    whole, _ = expected_bytes(ref, "block", dtype_bytes=4)  # the model on one rank
+    assert len(per_rank) == 2 and all(0.49 < b / whole < 0.52 for b in per_rank), per_rank

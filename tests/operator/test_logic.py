@@ -29,7 +29,7 @@ def test_chart_crds_are_rendered_from_the_python_source() -> None:
 
 
 # crds.CRD_REVISION -> the digest of the CRDs at that revision (their metadata aside).
-CRD_DIGESTS = {2: "b16cfa46702b2dac"}
+CRD_DIGESTS = {2: "b16cfa46702b2dac", 3: "8479ea4da371a389"}
 
 
 def test_a_schema_change_bumps_the_crd_revision() -> None:
@@ -309,6 +309,7 @@ def test_static_load_source_filters_by_service_domain() -> None:
         ({"model": {"path": "demo"}, "scheduler": {"replicas": -1}}, "spec.scheduler.replicas"),
         ({"model": {"path": "demo"}, "scheduler": {"replicas": "2"}}, "spec.scheduler.replicas"),
         ({"model": {"path": "demo"}, "scheduler": {"device": "tpu"}}, "spec.scheduler.device"),
+        ({"model": {"path": "demo", "quantization": "awq"}}, "spec.model.quantization"),
         ({"model": {"source": {"hub": {"id": 3}}}}, "spec.model.source.hub.id"),
         (
             {"model": {"path": "demo"}, "routing": {"balanceRelThreshold": 0.5}},

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from radixserve.common.config import env_var
+from radixserve.common.service_config import SchedulerPodConfig
 from radixserve.operator.crds import GPU_NODE_POOL_SPEC, INFERENCE_SERVICE_SPEC
 from radixserve.operator.manifests import BuildContext, build_all, config_map, scheduler_statefulset
 from radixserve.operator.schema import apply_defaults
@@ -117,6 +119,15 @@ def test_config_map_holds_the_engine_settings_as_radixserve_variables() -> None:
             "RADIXSERVE_ROUTER": "cache-aware",
         },
     }
+
+
+def test_model_quantization_is_the_schedulers_quantization_setting() -> None:
+    """spec.model.quantization fp8: every pod reads RADIXSERVE_QUANTIZATION (the schedulers act on it,
+    the others ignore it); unset, the variable is not there (the scheduler's default: none)."""
+    fp8 = {**SPEC, "model": {**SPEC["model"], "quantization": "fp8"}}
+    assert config_map(ctx(fp8))["data"]["RADIXSERVE_QUANTIZATION"] == "fp8"
+    assert "RADIXSERVE_QUANTIZATION" not in config_map(ctx())["data"]
+    assert env_var(SchedulerPodConfig, "quantization") == "RADIXSERVE_QUANTIZATION"
 
 
 def test_services_gateway_two_ports_scheduler_headless_detokenizer_and_named_metrics_ports() -> None:

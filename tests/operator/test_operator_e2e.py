@@ -127,7 +127,13 @@ async def test_spec_change_rolls_out_to_the_children(harness: Harness) -> None:
     await harness.call(harness.kube.apply, isvc("roll", scheduler=CPU))
     # The gateway is applied last: once it is there, the first rollout is complete.
     gw0 = await harness.until(lambda: harness.obj(DEPLOY, "default", "roll-gateway"), what="the gateway")
-    patch = {"spec": {"tokenizer": {"replicas": 3}, "scheduler": {"replicas": 2, "engine": {"pageSize": 16}}}}
+    patch = {
+        "spec": {
+            "tokenizer": {"replicas": 3},
+            "scheduler": {"replicas": 2, "engine": {"pageSize": 16}},
+            "model": {"quantization": "fp8"},  # the schedulers quantize the weights to FP8 at load
+        }
+    }
     await harness.call(harness.kube.merge_patch, "InferenceService", "default", "roll", patch)
     await harness.until(
         lambda: harness.obj(DEPLOY, "default", "roll-gateway")["spec"]["replicas"] == 3, what="3 gateways"
@@ -137,7 +143,8 @@ async def test_spec_change_rolls_out_to_the_children(harness: Harness) -> None:
     )
     gw1 = harness.obj(DEPLOY, "default", "roll-gateway")
     assert env(gw1)["RADIXSERVE_SCHEDULERS"] == "discover"
-    assert harness.obj("v1/configmaps", "default", "roll-engine")["data"]["RADIXSERVE_PAGE_SIZE"] == "16"
+    engine = harness.obj("v1/configmaps", "default", "roll-engine")["data"]
+    assert (engine["RADIXSERVE_PAGE_SIZE"], engine["RADIXSERVE_QUANTIZATION"]) == ("16", "fp8")
     # A settings change is a new pod template (config hash), so the pods roll.
     key = "radixserve.io/config-hash"
     assert (
@@ -173,6 +180,10 @@ async def test_invalid_specs_get_a_degraded_condition_and_no_children(harness: H
             "spec.model.source.s4: unknown field",
         ),
         "device": ({"scheduler": {**CPU, "device": "tpu"}}, "spec.scheduler.device: must be one of"),
+        "quantization": (
+            {"model": {"path": "demo", "quantization": "awq"}, "scheduler": CPU},
+            "spec.model.quantization: must be one of",
+        ),
         "notadict": ({"scheduler": ["cpu"]}, "spec.scheduler: must be an object"),
     }
     for name, (fields, _) in broken.items():

@@ -1,9 +1,10 @@
 """``mypy --strict`` is clean on the strict set: ``services/common`` (its generated pb stubs aside),
 the scheduler's ``memory/`` and ``policy/`` packages, the core types they share (``req``, ``batch``,
 ``config``), the ``EngineWorker`` (``worker``), tensor parallelism (``tensor_parallel``,
-``model.parallel``), what runs between the model and the sampler (``model.logits``,
-``model.penalties``, ``grammar``), the tool-call parsers, the OpenAI front end (its field table,
-requests, reasoning and tool output, the Responses API) and the detokenizer's incremental decoding.
+``model.parallel``), FP8 weights (``model.quant``), what runs between the model and the sampler
+(``model.logits``, ``model.penalties``, ``grammar``), the tool-call parsers, the OpenAI front end
+(its field table, requests, reasoning and tool output, the Responses API) and the detokenizer's
+incremental decoding.
 pyproject.toml's ``[tool.mypy]`` names the set; the modules they import are read for their types,
 their own errors not reported.
 
@@ -29,7 +30,12 @@ import pytest
 pytestmark = pytest.mark.slow  # mypy reads torch and transformers cold in about 40 s
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("radixserve.common", "radixserve.scheduler.memory", "radixserve.scheduler.policy")
+PACKAGES = (
+    "radixserve.common",
+    "radixserve.scheduler.memory",
+    "radixserve.scheduler.policy",
+    "radixserve.scheduler.model.quant",  # FP8 weights: formats, numbers, the layer, its GEMMs, loading
+)
 MODULES = (
     "radixserve.scheduler.req",
     "radixserve.scheduler.batch",

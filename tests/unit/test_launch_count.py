@@ -34,6 +34,9 @@ from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.llama import CausalLM
+from radixserve.scheduler.model.quant.fp8 import ScaleLayout
+from radixserve.scheduler.model.quant.gemm import SCALED_MM, Fp8Gemms
+from radixserve.scheduler.model.quant.linear import quantize_modules
 from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.model.staging import Staging
 from radixserve.scheduler.req import Req
@@ -110,17 +113,25 @@ class FakeCudaStaging(Staging):
 
 
 @contextlib.contextmanager
-def fake_cuda_runner() -> Iterator[tuple[StandInFlashInfer, BatchScheduler, ModelRunner]]:
+def fake_cuda_runner(
+    fp8: ScaleLayout | None = None,
+) -> Iterator[tuple[StandInFlashInfer, BatchScheduler, ModelRunner]]:
     """The real scheduler and runner of a Qwen3-0.6B-shaped model on fake CUDA tensors, flashinfer's
-    kernels stood in for; the runner is used inside the fake mode only."""
+    kernels stood in for; the runner is used inside the fake mode only. ``fp8``: its projections
+    FP8 with this scale layout, on the FP8 tensor-core GEMM (model/quant/gemm.py)."""
     fi = StandInFlashInfer()
     cuda = torch.device("cuda", 0)
-    profile = DeviceProfile(cuda, torch.bfloat16, "flashinfer", "flashinfer", 0, False)
+    gemms = None if fp8 is None else Fp8Gemms(SCALED_MM, SCALED_MM)
+    profile = DeviceProfile(cuda, torch.bfloat16, "flashinfer", "flashinfer", 0, False, fp8_gemms=gemms)
     page = 16
     mem = MemoryConfig(max_total_tokens=8192, page_size=page, max_running_requests=64, max_context_len=2048)
     sched = BatchScheduler(SchedulerConfig(memory=mem, chunked_prefill_size=None), eos_token_ids=[0])
     with torch.device("meta"):
-        model = CausalLM(QWEN3_06B)
+        model = CausalLM(QWEN3_06B).to(torch.bfloat16)
+    if fp8 is not None:
+        projections = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+        names = [n for n, _ in model.named_modules() if n.rpartition(".")[2] in projections]
+        quantize_modules(model, dict.fromkeys(names, fp8), torch.bfloat16)
     model.requires_grad_(False)
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device=cuda)
@@ -139,8 +150,10 @@ def add_requests(sched: BatchScheduler, batch_size: int, context: int) -> None:
         sched.add(Req(f"r{i}", ids, SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)))
 
 
-def decode_step_launches(batch_size: int, context: int) -> tuple[Counter[str], int]:
-    with fake_cuda_runner() as (fi, sched, runner):
+def decode_step_launches(
+    batch_size: int, context: int, fp8: ScaleLayout | None = None
+) -> tuple[Counter[str], int]:
+    with fake_cuda_runner(fp8) as (fi, sched, runner):
         add_requests(sched, batch_size, context)
         counts: Counter[str] = Counter()
         while True:
@@ -197,3 +210,23 @@ def test_a_decode_step_launches_at_most_15_kernels_per_layer(batch_size):
     matmuls = sum(v for k, v in counts.items() if k in ("aten.linear", "aten.mm", "aten.addmm"))
     assert matmuls == 4 * layers + 1  # qkv, o, gate_up, down (merged weights); the LM head
     assert counts["aten.index_put_"] == 2 * layers + 1  # K and V into the pool; the FutureMap
+
+
+@pytest.mark.parametrize(
+    "fp8", [ScaleLayout(), ScaleLayout((128, 128))], ids=["per-channel", "128x128-blocks"]
+)
+def test_an_fp8_decode_step_quantizes_activations_around_each_fp8_gemm(fp8):
+    """FP8 projections on the tensor-core path: each is one scaled_mm plus the per-token activation
+    quantization before it: the rows' (or their 128-column groups') largest magnitude, the scale
+    (divide, clamp) and the divide. The cast of the quotient to FP8 is a launch too, which
+    this counter does not see (under inference_mode a cast reaches no TorchDispatchMode; nor do the
+    model's other casts, e.g. the logits' to float32): one more per projection on the device."""
+    counts, layers = decode_step_launches(8, context=40, fp8=fp8)
+    bf16, _ = decode_step_launches(8, context=40)
+    total, base = sum(counts.values()), sum(bf16.values())
+    detail = ", ".join(f"{k} {v}" for k, v in (counts - bf16).most_common())
+    print(f"FP8 {fp8}: {total} launches per decode step, {total / layers:.2f} per layer ({detail})")
+    assert counts["aten._scaled_mm_v2"] == 4 * layers
+    assert sum(v for k, v in counts.items() if k in ("aten.linear", "aten.mm", "aten.addmm")) == 1  # LM head
+    per_gemm = (total - base) / (4 * layers) + 1  # the launches of one FP8 projection
+    assert per_gemm == 5, detail

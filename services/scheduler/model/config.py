@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from radixserve.scheduler.model.quant.formats import WeightQuant, checkpoint_format, requested
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 ARCHITECTURES = {
@@ -38,9 +40,13 @@ class ModelConfig:
     max_position_embeddings: int
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...]
+    quantization: WeightQuant | None = None  # FP8 weights (model/quant/); None: none
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: str | torch.dtype | None = None) -> ModelConfig:
+    def from_pretrained(
+        cls, path: str | Path, dtype: str | torch.dtype | None = None, quantization: str = "none"
+    ) -> ModelConfig:
+        """``quantization``: --quantization (fp8: quantize what the checkpoint holds in high precision)."""
         from transformers import AutoConfig, GenerationConfig
 
         hf = AutoConfig.from_pretrained(str(path))
@@ -83,6 +89,7 @@ class ModelConfig:
             max_position_embeddings=getattr(hf, "max_position_embeddings", 4096),
             dtype=_resolve_dtype(dtype, hf),
             eos_token_ids=eos_ids,
+            quantization=requested(checkpoint_format(getattr(hf, "quantization_config", None)), quantization),
         )
 
     def kv_bytes_per_token(self) -> int:

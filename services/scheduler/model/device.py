@@ -11,7 +11,9 @@ From the engine's arguments and what the device and checkpoint are, ``resolve_pr
 * the fused ops (model/ops.py): flashinfer's on CUDA in fp16/bf16 when it imports, else torch;
 * the decode path: CUDA graphs over padded static buffers (CUDA with the flashinfer backend, unless
   ``disable_cuda_graph``), the same padded path run eagerly (CPU with ``cpu_static_decode``: tests),
-  or plain eager decode.
+  or plain eager decode;
+* FP8 weights' GEMMs (model/quant/gemm.py): FP8 tensor cores where the GPU and torch have them,
+  the weights dequantized per matmul elsewhere (always a note: what runs, and why).
 
 Every choice that differs from what was asked, or that a user may not expect, is a line in
 ``notes``, which the engine logs at start: never a silent fallback per request.
@@ -26,6 +28,7 @@ import torch
 from radixserve.scheduler.model.attention import BACKENDS, choose_backend
 from radixserve.scheduler.model.attention.flashinfer_backend import unsupported_reason
 from radixserve.scheduler.model.config import DTYPES, ModelConfig
+from radixserve.scheduler.model.quant.gemm import Fp8Gemms, device_gemms, projection_shapes
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,7 @@ class DeviceProfile:
     graph_max_bs: int  # decode batches up to this size run padded through static buffers; 0: none
     cuda_graph: bool  # ... and replay captured CUDA graphs
     notes: tuple[str, ...] = field(default=())
+    fp8_gemms: Fp8Gemms | None = None  # the model's FP8 weights' GEMM paths; None: no FP8 weights
 
 
 def resolve_device(name: str) -> torch.device:
@@ -121,4 +125,8 @@ def resolve_profile(
             cuda_graph = graph_bs > 0
     elif not cpu_static_decode:
         graph_bs = 0
-    return DeviceProfile(dev, chosen, backend, ops, max(graph_bs, 0), cuda_graph, tuple(notes))
+    gemms = None
+    if model.quantization is not None:  # FP8 weights: their GEMM, said in a note
+        gemms, said = device_gemms(dev, chosen, model.quantization, projection_shapes(model))
+        notes += said
+    return DeviceProfile(dev, chosen, backend, ops, max(graph_bs, 0), cuda_graph, tuple(notes), gemms)

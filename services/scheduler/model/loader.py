@@ -6,6 +6,10 @@ its merged parameter and the rows it fills; every row of every parameter must be
 
 Tensor parallelism (model/parallel.py): a rank reads only its slice of each sharded tensor
 (``checkpoint_slice``), through safetensors' lazy slices, so no process ever holds the whole model.
+
+FP8 weights (model/quant/): ``quant.load.plan`` makes the FP8 projections ``Fp8Linear`` before the
+model gets memory, and ``Fp8Loading`` takes the tensors that are FP8's business (FP8 weights, their
+scales, weights quantized while loading), placed and sliced by the functions here.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from safetensors import safe_open
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
+from radixserve.scheduler.model.quant.load import Fp8Loading, plan
 
 
 def safetensor_files(path: Path) -> list[Path]:
@@ -91,9 +96,17 @@ def load_model(
     path = Path(path)
     with torch.device("meta"):
         model = CausalLM(cfg, max_positions, tp)
-    model.to_empty(device=device)
+    # The dtype set on the meta device: memory is allocated once, in it (a conversion on the device
+    # would leave the first copy in torch's cache, where the KV sizing cannot see it as free).
     model = model.to(cfg.dtype)
     layout, local = model.layout, model.local_config
+    files = safetensor_files(path)
+
+    def place(name: str) -> tuple[str, int, int | None]:
+        return merged_target(name, local) or (name, 0, None)
+
+    fp8 = plan(model, files, cfg, place)  # FP8 projections become Fp8Linear (still on meta)
+    model.to_empty(device=device)
     params = dict(model.named_parameters())
     unfilled = {name: torch.ones(p.shape[0], dtype=torch.bool) for name, p in params.items()}
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
@@ -102,11 +115,17 @@ def load_model(
             with torch.no_grad():
                 params[name][real:].zero_()
             unfilled[name][real:] = False
-    for file in safetensor_files(path):
+    loading = (
+        None
+        if fp8 is None
+        else Fp8Loading(fp8, params, unfilled, place, lambda n: checkpoint_slice(n, cfg, layout), read_part)
+    )
+    for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
-                merged = merged_target(name, local)
-                target_name, start, rows = merged if merged else (name, 0, None)
+                if loading is not None and loading.load(f, name):
+                    continue
+                target_name, start, rows = place(name)
                 if target_name not in params:
                     if name == "lm_head.weight" and cfg.tie_word_embeddings:
                         continue  # some checkpoints store the tied head too
@@ -118,7 +137,7 @@ def load_model(
                 if rows is None and part is not None and part[0] == 0:
                     rows = part[2] - part[1]  # a vocabulary slice: the last rank's is short
                 target = param if rows is None else param[start : start + rows]
-                tensor = f.get_tensor(name) if part is None else _read_slice(f.get_slice(name), part)
+                tensor = read_part(f, name, part)
                 if tensor.shape != target.shape:
                     raise ValueError(
                         f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
@@ -133,10 +152,15 @@ def load_model(
     if missing:
         raise ValueError(f"checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     model.init_rope()  # buffers built on the meta device are empty: rebuild on the real one
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()  # what loading left in torch's cache is free memory for the KV pool
     return model.eval()
 
 
-def _read_slice(lazy: object, part: tuple[int, int, int]) -> torch.Tensor:
-    """Read rows (dim 0) or columns (dim 1) ``start:stop`` of a safetensors slice, nothing more."""
+def read_part(f: object, name: str, part: tuple[int, int, int] | None) -> torch.Tensor:
+    """Tensor ``name`` of open file ``f``, or only its rows (dim 0) or columns (dim 1) ``start:stop``."""
+    if part is None:
+        return f.get_tensor(name)  # type: ignore[attr-defined]
     dim, start, stop = part
-    return lazy[start:stop] if dim == 0 else lazy[:, start:stop]  # type: ignore[index]
+    lazy = f.get_slice(name)  # type: ignore[attr-defined]
+    return lazy[start:stop] if dim == 0 else lazy[:, start:stop]

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from radixserve.scheduler.model.config import ModelConfig
+from radixserve.scheduler.model.quant.formats import block_problem
 
 
 def tp_problem(cfg: ModelConfig, size: int) -> str | None:
@@ -42,7 +43,7 @@ def tp_problem(cfg: ModelConfig, size: int) -> str | None:
         return f"tp_size {size} and the model's {kv} KV heads: one must divide the other"
     if inter % size:
         return f"tp_size {size} does not divide the model's MLP size {inter}"
-    return None
+    return block_problem(cfg, size)  # FP8 checkpoints in blocks: each rank holds whole blocks
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.logits import LogitsProcessor
 from radixserve.scheduler.model.ops import make_ops
 from radixserve.scheduler.model.parallel import TPGroup
+from radixserve.scheduler.model.quant.linear import use_gemms
 from radixserve.scheduler.model.sampler import Sampler, SamplingInfo
 from radixserve.scheduler.model.staging import Staging
 
@@ -108,6 +109,8 @@ class ModelRunner:
         self.tp: TPGroup | None = model.tp
         self.step_sink = step_sink
         self.model.ops = make_ops(profile.ops, flashinfer)
+        if profile.fp8_gemms is not None:
+            use_gemms(self.model, profile.fp8_gemms)  # FP8 weights: the profile's GEMM path
         self.req_to_token = req_to_token
         self.kv_pool = KVPool(pool_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, mc.dtype, self.device)
         self.backend = make_backend(
