@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from radixserve.operator.netpol import PolicySettings
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 from radixserve.operator.redis_acl import ChartRedis
 from radixserve.operator.templates import template_problems
 

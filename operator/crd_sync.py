@@ -18,7 +18,7 @@ import logging
 
 from radixserve.operator.crds import CRD_REVISION, CRDS, REVISION_ANNOTATION
 from radixserve.operator.kube import Kube, KubeError
-from radixserve.operator.schema import Obj
+from radixserve.operator.objects import Obj
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ The detokenizer is left without one: it is stateless and quick to start again.
 from __future__ import annotations
 
 from radixserve.operator.manifests import BuildContext, _meta, selector
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 
 COMPONENTS = ("gateway", "scheduler")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from radixserve.common.config import CACHE_DIR_ENV, env_name, env_var
 from radixserve.common.service_config import GatewayConfig, SchedulerPodConfig
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 from radixserve.operator.redis_acl import key_prefix
 from radixserve.operator.volumes import CACHE_DIR, model_path
 

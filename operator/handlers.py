@@ -34,7 +34,7 @@ from radixserve.operator import (
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.crds import GROUP, INFERENCE_SERVICE_SPEC, VERSION
 from radixserve.operator.kube import Kube, KubeError, load_config
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 from radixserve.operator.pool_handlers import PoolEntry, PoolIndex, pool_entry
 from radixserve.operator.scaling import (
     LoadSource,

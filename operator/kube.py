@@ -21,7 +21,7 @@ from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 from kubernetes.dynamic.resource import Resource
 
 from radixserve.operator.crds import GROUP, VERSION
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 from radixserve.operator.tls import CERT_MANAGER_API
 
 FIELD_MANAGER = "radixserve-operator"
@@ -58,14 +58,15 @@ class KubeError(Exception):
         self.status = status
 
 
-class _MemoryDiscoverer(LazyDiscoverer):
+# kubernetes' dynamic client has no type information: these subclasses are of Any to mypy.
+class _MemoryDiscoverer(LazyDiscoverer):  # type: ignore[misc]
     """Discovers each group/version on first use and keeps it in memory only."""
 
     def _write_cache(self) -> None:
         pass
 
 
-class _BoundedClient(DynamicClient):
+class _BoundedClient(DynamicClient):  # type: ignore[misc]
     """Every request, discovery's included, gives up after REQUEST_TIMEOUT."""
 
     def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from radixserve.common.config import env_var
 from radixserve.common.service_config import DetokenizerConfig, GatewayConfig, SchedulerPodConfig
 from radixserve.operator import engine_env, scaling, templates, tls
+from radixserve.operator.objects import Obj
 from radixserve.operator.pods import (
     CONTAINER_SECURITY,
     POD_SECURITY,
-    Obj,
     add_shared_memory,
     downward,
     grpc_probes,

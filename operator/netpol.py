@@ -34,7 +34,7 @@ from radixserve.operator.manifests import (
     _meta,
     selector,
 )
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 
 COMPONENTS = ("gateway", "scheduler", "detokenizer")
 REDIS_PORT = 6379

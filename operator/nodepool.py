@@ -20,7 +20,7 @@ Node counts (minNodes, maxNodes) are the provider's: its object says how far a g
 from __future__ import annotations
 
 from radixserve.operator.manifests import POOL_LABEL
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 
 NODE_LIMITS_MESSAGE = (
     "minNodes and maxNodes are not supported: set node limits on the provider's object (Karpenter "

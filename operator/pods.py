@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-Obj = dict[str, Any]
+from radixserve.operator.objects import Obj
 
 CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,

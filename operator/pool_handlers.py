@@ -12,7 +12,7 @@ from radixserve.operator import manifests, nodepool, status
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.crds import GPU_NODE_POOL_SPEC, GROUP, VERSION
 from radixserve.operator.kube import Kube
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 from radixserve.operator.schema import apply_defaults
 
 POOL = (GROUP, VERSION, "gpunodepools")

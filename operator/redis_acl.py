@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 
 if TYPE_CHECKING:
     import redis

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 
 Load = Obj  # one scheduler's heartbeat, as it published it: waiting, running, KV use, ...
 

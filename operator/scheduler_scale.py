@@ -19,7 +19,7 @@ import time
 
 from radixserve.operator import manifests, status
 from radixserve.operator.kube import FIELD_MANAGER, Kube
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 from radixserve.operator.scaling import (
     LoadSource,
     ScalePolicy,

@@ -5,9 +5,10 @@ schema itself: fill its defaults (:func:`apply_defaults`) and find what the API 
 from __future__ import annotations
 
 import copy
-from typing import Any, TypeVar
+from typing import TypeVar
 
-Obj = dict[str, Any]
+from radixserve.operator.objects import Obj
+
 Schema = Obj  # an OpenAPI v3 schema node
 JsonT = TypeVar("JsonT")  # a JSON value: what a schema describes
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import kopf
 
-from radixserve.operator.manifests import Obj
+from radixserve.operator.objects import Obj
 from radixserve.operator.validation import Problem
 
 

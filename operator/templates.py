@@ -38,7 +38,7 @@ from __future__ import annotations
 import copy
 from typing import cast
 
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 from radixserve.operator.schema import RESOURCES, Schema, obj, schema_problems, string
 
 # ------------------------------------------------------------------------------------ schema

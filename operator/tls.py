@@ -15,7 +15,7 @@ Kubernetes' gRPC probes speak plaintext only: with TLS on, they become exec prob
 
 from __future__ import annotations
 
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 from radixserve.operator.volumes import SECRET_FILE_MODE
 
 TLS_DIR = "/etc/radixserve/tls"

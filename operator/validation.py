@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from radixserve.operator import nodepool, scaling, tls, volumes
 from radixserve.operator.manifests import MAX_NAME_LENGTH
-from radixserve.operator.pods import Obj
+from radixserve.operator.objects import Obj
 
 # The children's names start with the InferenceService's (NAME-gateway, ...): Services need DNS-1035
 # labels, and the scheduler pods' controller-revision-hash label caps the length (manifests). The

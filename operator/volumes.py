@@ -26,7 +26,8 @@ from radixserve.common.model_source import (
     parse_quantity,
 )
 from radixserve.common.service_config import QUANTIZATIONS
-from radixserve.operator.pods import CONTAINER_SECURITY, Obj
+from radixserve.operator.objects import Obj
+from radixserve.operator.pods import CONTAINER_SECURITY
 from radixserve.operator.schema import SECRET_KEY, Schema, obj, string
 
 MODEL_DIR = "/models"
@@ -202,21 +203,21 @@ def model_volumes(spec: Obj, image: str) -> tuple[list[Obj], list[Obj], list[Obj
     if fetched is not None:
         source, folder = fetched
         volumes.append({"name": "model", **_cache_volume(spec)})
-        mount = {
+        mount: Obj = {
             "name": "model",
             "mountPath": f"{MODEL_DIR}/{folder}",
             "subPath": source.relative_model_dir(),
         }
         init = _fetch_container(spec, image, source, volumes)
         return volumes, [*mounts, {**mount, "readOnly": True}], [init]
-    source = _uri(spec)
+    uri = _uri(spec)
     legacy = spec["model"].get("source") or {}
-    if source is not None and source.scheme == "pvc":
+    if uri is not None and uri.scheme == "pvc":
         volumes.append(
-            {"name": "model", "persistentVolumeClaim": {"claimName": source.location, "readOnly": True}}
+            {"name": "model", "persistentVolumeClaim": {"claimName": uri.location, "readOnly": True}}
         )
-        mount = {"name": "model", "mountPath": f"{MODEL_DIR}/{source.name}", "readOnly": True}
-        mounts.append({**mount, "subPath": source.path} if source.path else mount)
+        mount = {"name": "model", "mountPath": f"{MODEL_DIR}/{uri.name}", "readOnly": True}
+        mounts.append({**mount, "subPath": uri.path} if uri.path else mount)
     elif legacy.get("pvc"):
         claim = {"claimName": legacy["pvc"]["claimName"], "readOnly": True}
         volumes.append({"name": "model", "persistentVolumeClaim": claim})

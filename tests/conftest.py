@@ -7,9 +7,12 @@ inner loop (docs/development.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from radixserve.common.demo_model import make_demo_model
 
 TESTS = Path(__file__).resolve().parent
 SLOW_FOLDERS = frozenset({"integration", "faults", "clients", "benchmarks"})
@@ -23,6 +26,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = path.relative_to(TESTS).parts[0]
         if folder in SLOW_FOLDERS or path.name.endswith("_e2e.py"):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``demo_model(arch="llama", size="tiny", thinking=False)``: that generated demo model's folder,
+    built once per test session. Tests read it; one that changes a model copies it first."""
+    built: dict[tuple[str, str, bool], Path] = {}
+
+    def get(arch: str = "llama", size: str = "tiny", thinking: bool = False) -> Path:
+        key = (arch, size, thinking)
+        if key not in built:
+            folder = tmp_path_factory.mktemp(f"demo-{arch}-{size}{'-thinking' if thinking else ''}")
+            built[key] = make_demo_model(folder / "model", arch=arch, size=size, thinking=thinking)
+        return built[key]
+
+    return get
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ here, so a default is written once. Pure data: it imports no service code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE
 from radixserve.common.config import Bounds, ConfigError, setting
@@ -48,7 +49,7 @@ REASONING_PARSERS = ("qwen3", "deepseek_r1")  # tokenizer/text/reasoning.py's (a
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Engine arguments; every field can be passed to ``Engine(model_path, **kwargs)``."""
+    """Engine arguments: ``Engine(model_path, config)``, or any field as a keyword (``EngineOptions``)."""
 
     page_size: int = setting(1, "tokens per KV page", bounds=AT_LEAST_1)
     max_total_tokens: int | None = setting(
@@ -145,6 +146,38 @@ class EngineConfig:
         "tensor parallelism: seconds a collective may wait for a rank before the scheduler fails",
         bounds=ABOVE_0,
     )
+
+
+class EngineOptions(TypedDict, total=False):
+    """``EngineConfig``'s fields as keyword arguments (``Engine(path, tp_size=2)``), typed for the
+    type checker; tests/unit/test_config.py holds the two equal."""
+
+    page_size: int
+    max_total_tokens: int | None
+    mem_fraction: float
+    max_running_requests: int
+    max_waiting_requests: int
+    max_context_len: int | None
+    chunked_prefill_size: int | None
+    max_prefill_tokens: int
+    schedule_policy: str
+    fairness_timeout: float | None
+    fairness_lead: float
+    init_new_token_ratio: float
+    disable_radix_cache: bool
+    disable_overlap: bool | None
+    cpu_overlap_thread_min_ms: float
+    attention_backend: str
+    device: str
+    dtype: str
+    quantization: str
+    seed: int
+    disable_cuda_graph: bool
+    cuda_graph_max_bs: int
+    cpu_static_decode: bool
+    warmup: bool
+    tp_size: int
+    tp_timeout: float
 
 
 ENGINE_DEFAULTS = EngineConfig()

@@ -21,7 +21,6 @@ retryable error, exit 1. The first three are found before torch is imported.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import signal
@@ -77,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        engine = Engine(resolve_model(args.model), **dataclasses.asdict(cfg.engine))
+        engine = Engine(resolve_model(args.model), cfg.engine)
     except (ValueError, TPFailure) as e:  # a setting the model or the devices cannot meet
         return _failed(f"cannot start the engine: {e}")
     failures: list[str] = []

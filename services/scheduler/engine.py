@@ -19,13 +19,18 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, Unpack
 
 import numpy as np
 import torch
 
 from radixserve.common.sampling import SamplingParams, find_stop
-from radixserve.common.service_config import CPU_CHUNKED_PREFILL_SIZE, CUDA_CHUNKED_PREFILL_SIZE, EngineConfig
+from radixserve.common.service_config import (
+    CPU_CHUNKED_PREFILL_SIZE,
+    CUDA_CHUNKED_PREFILL_SIZE,
+    EngineConfig,
+    EngineOptions,
+)
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.event_loop import EventLoop, Step
@@ -37,7 +42,7 @@ from radixserve.scheduler.model.loader import load_model
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup, tp_problem
 from radixserve.scheduler.model.penalties import PenaltyState
 from radixserve.scheduler.model.runner import ModelRunner
-from radixserve.scheduler.req import FinishReason, Req
+from radixserve.scheduler.req import FinishReason, Req, TokenLogprob
 from radixserve.scheduler.tensor_parallel import RunnerSpec, TPFollowers, start_followers, weight_bytes
 
 if TYPE_CHECKING:
@@ -57,12 +62,34 @@ def chunk_size(requested: int | None, device: str) -> int | None:
 PROGRESS_FROM = 256  # Engine.generate shows a progress bar for more prompts than this
 
 
+class GenerateMeta(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # of the prompt, served from the prefix cache
+
+
+class GenerateOutput(TypedDict):
+    """One request's result (SGLang's offline shape)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    meta_info: GenerateMeta
+    # (logprob, top ids, top logprobs) per token, as asked; a prompt's first entry is None
+    output_logprobs: NotRequired[list[TokenLogprob]]
+    prompt_logprobs: NotRequired[list[TokenLogprob | None]]
+
+
 class Engine:
-    def __init__(self, model_path: str | Path, **kwargs: object) -> None:
-        unknown = set(kwargs) - {f.name for f in fields(EngineConfig)}
+    def __init__(
+        self, model_path: str | Path, config: EngineConfig | None = None, **options: Unpack[EngineOptions]
+    ) -> None:
+        """``config``: every setting (default: EngineConfig's defaults); ``options``: settings that
+        replace the config's, by field name (``Engine(path, tp_size=2, dtype="bfloat16")``)."""
+        unknown = set(options) - {f.name for f in fields(EngineConfig)}
         if unknown:
             raise TypeError(f"unknown engine argument(s): {sorted(unknown)}")
-        cfg = EngineConfig(**kwargs)  # type: ignore[arg-type]  # checked against its fields above
+        cfg = replace(config or EngineConfig(), **options)
         t_start = time.perf_counter()
         torch.manual_seed(cfg.seed)
         self.model_path = Path(model_path)
@@ -191,8 +218,12 @@ class Engine:
             return
         with self._grammar_lock:  # two gRPC threads may bring the first constrained requests
             if self._grammars is None:
+                from transformers import PreTrainedTokenizerFast
+
                 from radixserve.scheduler.grammar import GrammarBackend  # llguidance: only when asked
 
+                if not isinstance(self.tokenizer, PreTrainedTokenizerFast):
+                    raise ValueError("structured outputs need the model's fast tokenizer (tokenizer.json)")
                 self._grammars = GrammarBackend(
                     self.tokenizer, self.model_config.vocab_size, self._eos_token_ids()
                 )
@@ -260,7 +291,8 @@ class Engine:
             SamplingParams(max_new_tokens=2, temperature=0.7, min_p=0.05, seed=1, ignore_eos=True),
         )
         for i, sp in enumerate(samplings):  # one at a time: any queue and batch limit admits it
-            req = Req(f"warmup-{i}", [(7 * j + 3 + i) % vocab for j in range(n)], sp)
+            ids = np.array([(7 * j + 3 + i) % vocab for j in range(n)], dtype=np.int32)
+            req = Req(f"warmup-{i}", ids, sp)
             self.scheduler.check_admissible(req)
             self.scheduler.add(req)
             while not self.scheduler.idle or self.loop.busy:
@@ -281,7 +313,7 @@ class Engine:
         *,
         progress: bool | None = None,
         on_step: Callable[[Step], None] | None = None,
-    ) -> dict | list[dict]:
+    ) -> GenerateOutput | list[GenerateOutput]:
         """Generate for one request (returns a dict) or many (returns a list, in order): any number,
         fed to the waiting queue as it has room. ``progress``: a progress bar on stderr (default: for
         more than PROGRESS_FROM prompts). ``on_step``: called with every loop step's Step (what it
@@ -353,24 +385,17 @@ class Engine:
                 stopped.add(rid)
         return stopped
 
-    def _output(self, r: Req) -> dict:
+    def _output(self, r: Req) -> GenerateOutput:
         ids = [t for t in r.output_ids if t >= 0]
         text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
         reason = r.finish_reason.value if r.finish_reason else None
         cut, matched = stop_in_output(self.tokenizer, ids, r.sampling)
         if cut >= 0:  # the text ends at the first stop string (after min_new_tokens), which ended it
             text, reason = text[: cut + len(matched) if r.sampling.include_stop_str else cut], "stop"
-        out = {
-            "text": text,
-            "token_ids": ids,
-            "finish_reason": reason,
-            "meta_info": {
-                "prompt_tokens": r.prompt_len,
-                "completion_tokens": len(ids),
-                "cached_tokens": r.num_cached_tokens,
-            },
-        }
-        # (logprob, top ids, top logprobs) per token, as asked; a prompt's first entry is None
+        meta = GenerateMeta(
+            prompt_tokens=r.prompt_len, completion_tokens=len(ids), cached_tokens=r.num_cached_tokens
+        )
+        out = GenerateOutput(text=text, token_ids=ids, finish_reason=reason, meta_info=meta)
         if r.sampling.logprobs is not None:
             out["output_logprobs"] = r.output_logprobs[: len(ids)]
         if r.prompt_logprobs is not None:

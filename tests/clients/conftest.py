@@ -8,14 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from radixserve.common.demo_model import make_demo_model
 from radixserve.launcher import Cluster
-from tests.integration.conftest import start_cluster
+from tests.helpers.cluster import start_cluster
 
 
 @pytest.fixture(scope="session")
-def thinking_model(tmp_path_factory: pytest.TempPathFactory):
-    return make_demo_model(tmp_path_factory.mktemp("clients") / "m", arch="qwen3", size="tiny", thinking=True)
+def thinking_model(demo_model):
+    return demo_model("qwen3", thinking=True)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.integration.conftest import MODEL_NAME
+from tests.helpers.cluster import MODEL_NAME
 
 pytestmark = pytest.mark.slow
 

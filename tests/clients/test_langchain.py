@@ -11,7 +11,7 @@ from functools import reduce
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.integration.conftest import MODEL_NAME
+from tests.helpers.cluster import MODEL_NAME
 
 pytestmark = pytest.mark.slow
 

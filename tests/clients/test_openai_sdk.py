@@ -10,7 +10,7 @@ import json
 import openai
 import pytest
 
-from tests.integration.conftest import MODEL_NAME
+from tests.helpers.cluster import MODEL_NAME
 
 pytestmark = pytest.mark.slow
 

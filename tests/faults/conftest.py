@@ -3,4 +3,4 @@ way ``radixserve serve`` supervises them)."""
 
 from __future__ import annotations
 
-from tests.integration.conftest import engine, model_dir  # noqa: F401  (the same fixtures)
+from tests.helpers.cluster import engine, model_dir  # noqa: F401  (fixtures)

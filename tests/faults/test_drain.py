@@ -16,7 +16,7 @@ import time
 import httpx
 
 from radixserve.launcher import Cluster, Service, counter_by
-from tests.integration.conftest import MODEL_NAME, start_cluster, stream_completion
+from tests.helpers.cluster import MODEL_NAME, start_cluster, stream_completion
 from tests.redis_server import RedisServer
 
 STREAMS = 32

@@ -16,7 +16,7 @@ import httpx
 
 from radixserve.common.sampling import SamplingParams
 from radixserve.launcher import Cluster, RestartPolicy, counter_by
-from tests.integration.conftest import MODEL_NAME, start_cluster, stream_completion
+from tests.helpers.cluster import MODEL_NAME, start_cluster, stream_completion
 
 STREAMS = 32
 MAX_TOKENS = 1200  # long enough that every stream is mid-flight at the fault

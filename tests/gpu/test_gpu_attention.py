@@ -20,7 +20,6 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
@@ -265,13 +264,13 @@ def test_stale_forward_batch_is_refused(flashinfer):
 
 # ------------------------------------------------------------------ model level
 @pytest.fixture(scope="module")
-def small_llama(tmp_path_factory):
-    return make_demo_model(tmp_path_factory.mktemp("small-llama"), arch="llama", size="small")
+def small_llama(demo_model):
+    return demo_model("llama", "small")
 
 
 @pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    return make_demo_model(tmp_path_factory.mktemp("tiny-llama"), arch="llama", size="tiny")
+def tiny_llama(demo_model):
+    return demo_model("llama")
 
 
 def model_logits(model, backend, table: ReqToTokenPool, pages: Pages, ids: dict[int, torch.Tensor]):

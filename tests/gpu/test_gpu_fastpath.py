@@ -40,9 +40,9 @@ def flashinfer():
 
 
 @pytest.fixture(scope="module")
-def small_qwen3(tmp_path_factory):
+def small_qwen3(demo_model):
     # head_dim 64: inside flashinfer's kernels (the tiny model's 16 is not)
-    return make_demo_model(tmp_path_factory.mktemp("small-qwen3"), arch="qwen3", size="small")
+    return demo_model("qwen3", "small")
 
 
 # ------------------------------------------------------------------ fused ops

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
 
 if torch.cuda.device_count() < 2:
     pytest.skip("needs two CUDA devices", allow_module_level=True)
@@ -22,8 +21,8 @@ PROMPTS = [f"{i} The quick brown fox jumps over the lazy dog. " * (1 + i % 5) fo
 
 
 @pytest.fixture(scope="module")
-def small_qwen3(tmp_path_factory):
-    return make_demo_model(tmp_path_factory.mktemp("small-qwen3"), arch="qwen3", size="small")
+def small_qwen3(demo_model):
+    return demo_model("qwen3", "small")
 
 
 def run(path, **kwargs):

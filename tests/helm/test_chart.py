@@ -7,88 +7,14 @@ virtual environment's bin/, and fail without one, saying how to get it.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
-import jsonschema
-import kubernetes_validate as kv
 import pytest
 import yaml
 
-from radixserve.operator import crds
-
-CHART = Path(__file__).resolve().parents[2] / "helm" / "radixserve"
-VERSIONS = ["1.28.0", kv.latest_version()]  # the oldest we claim to support well, and the newest known
-
-
-def _helm() -> str | None:
-    for candidate in (
-        os.environ.get("RADIXSERVE_HELM"),
-        str(
-            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-            / "radixserve/helm-3.10.1/package/bin/helm"
-        ),
-        shutil.which("helm"),
-        str(Path(sys.prefix) / "bin" / "helm"),
-    ):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-HELM = _helm()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _needs_helm() -> None:
-    if HELM is None:
-        pytest.fail("helm not found: run scripts/test-deps (or set RADIXSERVE_HELM)", pytrace=False)
-
-
-NON_DEFAULT = [
-    "--set", "image.repository=registry.example.com/radixserve",
-    "--set", "image.tag=1.2.3",
-    "--set", "redis.enabled=false",
-    "--set", "redis.external.secretName=redis-url",
-    "--set", "operator.watchNamespaces={ml,staging}",
-    "--set", "gpuNodePool.create=true",
-    "--set", "gpuNodePool.name=h100",
-    "--set-string", "gpuNodePool.nodeSelector.cloud\\.google\\.com/gke-accelerator=nvidia-h100-80gb",
-    "--set", "gpuNodePool.taint.key=radixserve.io/inference",
-    "--set-string", "gpuNodePool.taint.value=true",
-    "--set", "gpuNodePool.taint.effect=NoSchedule",
-    "--set", "gpuNodePool.tolerations[0].key=nvidia.com/gpu",
-    "--set", "gpuNodePool.tolerations[0].operator=Exists",
-    "--set", "inferenceService.create=true",
-    "--set", "inferenceService.spec.scheduler.nodePool=h100",
-    "--set", "inferenceService.spec.scheduler.replicas=2",
-    "--set", "inferenceService.spec.scheduler.gpusPerReplica=2",
-    "--set", "inferenceService.spec.autoscaling.enabled=true",
-    "--set", "tracing.otlpEndpoint=http://otel-collector.observability:4317",
-    "--set-json", "tracing.sampleRatio=0.25",
-]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def helm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    home = tmp_path_factory.mktemp("helm")
-    return {**os.environ, **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CONFIG", "CACHE", "DATA")}}
-
-
-def helm(env: dict[str, str], *args: str) -> str:
-    assert HELM is not None
-    done = subprocess.run([HELM, *args], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr + done.stdout
-    return done.stdout
-
-
-def render(env: dict[str, str], *values: str) -> list[dict[str, Any]]:
-    out = helm(env, "template", "rs", str(CHART), "--namespace", "serving", "--include-crds", *values)
-    return [d for d in yaml.safe_load_all(out) if d]
+from tests.helm.chart import CHART, HELM, NON_DEFAULT, helm, render, validate_all
 
 
 @pytest.mark.parametrize("values", [[], NON_DEFAULT], ids=["default", "non-default"])
@@ -106,29 +32,9 @@ def test_schema_rejects_unknown_values(helm_env: dict[str, str]) -> None:
     assert done.returncode != 0 and "enabld" in done.stderr
 
 
-def _crd_schemas() -> dict[str, dict[str, Any]]:
-    """Kind -> openAPIV3Schema of every CRD the chart ships: ours (crds.py) and kopf's peering ones."""
-    shipped = [d for f in sorted((CHART / "crds").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())]
-    return {
-        c["spec"]["names"]["kind"]: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-        for c in [*crds.CRDS.values(), *(d for d in shipped if d)]
-    }
-
-
-def _validate_all(docs: list[dict[str, Any]]) -> None:
-    crd_schemas = _crd_schemas()
-    for doc in docs:
-        if doc["kind"] in crd_schemas:  # custom resources: against our CRD's schema
-            # CRD schemas are OpenAPI v3.0 (boolean exclusiveMinimum): JSON Schema draft 4.
-            jsonschema.Draft4Validator(crd_schemas[doc["kind"]]).validate(doc)
-            continue
-        for version in VERSIONS:  # builtins and the CRDs themselves: against Kubernetes' schemas
-            kv.validate(doc, version, strict=True)
-
-
 def test_default_render_is_valid_and_complete(helm_env: dict[str, str]) -> None:
     docs = render(helm_env)
-    _validate_all(docs)
+    validate_all(docs)
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
     assert kinds == [
         ("ClusterKopfPeering", "rs-radixserve"),  # two operator replicas, one active
@@ -180,7 +86,7 @@ def test_every_workload_runs_non_root_with_requests(helm_env: dict[str, str]) ->
 
 def test_non_default_render_is_valid_and_wires_external_redis(helm_env: dict[str, str]) -> None:
     docs = render(helm_env, *NON_DEFAULT)
-    _validate_all(docs)
+    validate_all(docs)
     kinds = {d["kind"] for d in docs}
     assert "StatefulSet" not in kinds  # no chart Redis
     pool = next(d for d in docs if d["kind"] == "GPUNodePool")
@@ -271,7 +177,7 @@ TLS_VALUES = [
 def test_tls_values_render_valid_objects_and_wire_both(helm_env: dict[str, str]) -> None:
     helm(helm_env, "lint", "--strict", str(CHART), *TLS_VALUES)
     docs = render(helm_env, *TLS_VALUES)
-    _validate_all(docs)
+    validate_all(docs)
     isvc = next(d for d in docs if d["kind"] == "InferenceService")
     assert isvc["spec"]["tls"] == {
         "certManager": {"issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}},

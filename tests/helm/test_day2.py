@@ -11,10 +11,7 @@ import yaml
 
 from radixserve.operator import manifests
 from radixserve.operator.crds import CRDS
-from tests.helm.test_chart import CHART, _needs_helm, _validate_all, helm_env, render
-from tests.helm.test_security import one
-
-__all__ = ["_needs_helm", "helm_env"]  # fixtures, found by name in this module
+from tests.helm.chart import CHART, one, render, validate_all
 
 OPERATOR = ("Deployment", "rs-radixserve-operator")
 
@@ -65,7 +62,7 @@ def test_uninstall_hook_deletes_the_services_first_with_its_own_narrow_role(helm
     docs = render(
         helm_env, "--set", "operator.watchNamespaces={ml,staging}", "--set", "uninstall.timeoutSeconds=120"
     )
-    _validate_all(docs)
+    validate_all(docs)
     hooks = [d for d in docs if (d["metadata"].get("annotations") or {}).get("helm.sh/hook")]
     assert {(d["kind"], d["metadata"]["name"]) for d in hooks} == {
         ("ServiceAccount", "rs-radixserve-uninstall"),
@@ -105,7 +102,7 @@ def test_two_operator_replicas_peer_and_one_runs_standalone(
 ) -> None:
     watch = ["--set", "operator.watchNamespaces={" + ",".join(namespaces) + "}"] if namespaces else []
     docs = render(helm_env, *watch)
-    _validate_all(docs)
+    validate_all(docs)
     op = one(docs, *OPERATOR)
     assert op["spec"]["replicas"] == 2 and op["spec"]["strategy"]["type"] == "RollingUpdate"
     args = operator_container(docs)["args"]
@@ -141,7 +138,7 @@ def test_scrape_objects_only_when_enabled_and_they_select_the_service_pods(helm_
         "--set", "monitoring.serviceMonitor.labels.release=prometheus",
         "--set", "operator.watchNamespaces={ml}",
     )  # fmt: skip
-    _validate_all([d for d in docs if not d["apiVersion"].startswith("monitoring.coreos.com")])
+    validate_all([d for d in docs if not d["apiVersion"].startswith("monitoring.coreos.com")])
     pm = one(docs, "PodMonitor", "rs-radixserve-services")
     sm = one(docs, "ServiceMonitor", "rs-radixserve-services")
     assert sm["metadata"]["labels"]["release"] == "prometheus"

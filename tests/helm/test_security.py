@@ -6,20 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import re
-from typing import Any
 
 import pytest
 
-from tests.helm.test_chart import NON_DEFAULT, _needs_helm, _validate_all, helm, helm_env, render
-
-__all__ = ["_needs_helm", "helm_env"]  # fixtures, found by name in this module
-
-Doc = dict[str, Any]
-
-
-def one(docs: list[Doc], kind: str, name: str) -> Doc:
-    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    return doc
+from tests.helm.chart import CHART, NON_DEFAULT, Doc, helm, one, render, validate_all
 
 
 def containers(docs: list[Doc]) -> list[Doc]:
@@ -57,7 +47,7 @@ def test_existing_secret_and_eviction_policy_values(helm_env: dict[str, str]) ->
         *("--set", "redis.auth.existingSecret=my-redis", "--set", "redis.auth.existingSecretKey=pw"),
         *("--set", "redis.maxmemoryPolicy=allkeys-lru"),
     )
-    _validate_all(docs)
+    validate_all(docs)
     assert not [d for d in docs if d["kind"] == "Secret"]  # the user's Secret, not ours
     ref = {"secretKeyRef": {"name": "my-redis", "key": "pw"}}
     for c in containers(docs):
@@ -112,7 +102,7 @@ def test_no_cluster_wide_secret_reads_and_finalizer_updates(
     helm_env: dict[str, str], values: list[str]
 ) -> None:
     docs = render(helm_env, *values)
-    _validate_all(docs)
+    validate_all(docs)
     cluster_bound = {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"}
     for role in cluster_bound:
         for rule in _rules(docs, "ClusterRole", role):
@@ -141,7 +131,6 @@ def test_no_cluster_wide_secret_reads_and_finalizer_updates(
 
 
 def test_every_rbac_rule_names_what_needs_it() -> None:
-    from tests.helm.test_chart import CHART
 
     lines = (CHART / "templates" / "rbac.yaml").read_text().splitlines()
     for i, line in enumerate(lines):
@@ -187,7 +176,7 @@ def test_network_policies_follow_the_values(helm_env: dict[str, str]) -> None:
         *("--set", "operator.watchNamespaces={ml}", "--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}"),
         *("--set-json", 'networkPolicy.gatewayFrom=[{"namespaceSelector":{"matchLabels":{"team":"web"}}}]'),
     )
-    _validate_all(docs)
+    validate_all(docs)
     services = one(docs, "NetworkPolicy", "rs-radixserve-redis")["spec"]["ingress"][0]["from"][1]
     assert services["namespaceSelector"] == {
         "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ml"]}]
@@ -207,7 +196,7 @@ def test_network_policies_follow_the_values(helm_env: dict[str, str]) -> None:
 
 def test_the_charts_inference_service_asks_for_an_api_key(helm_env: dict[str, str]) -> None:
     docs = render(helm_env, "--set", "inferenceService.create=true")
-    _validate_all(docs)
+    validate_all(docs)
     isvc = one(docs, "InferenceService", "llm")
     assert isvc["spec"]["auth"] == {"apiKeySecretRef": {"name": "llm-api-keys", "key": "api-keys"}}
     key = base64.b64decode(one(docs, "Secret", "llm-api-keys")["data"]["api-keys"]).decode()
@@ -230,8 +219,6 @@ def test_the_charts_inference_service_asks_for_an_api_key(helm_env: dict[str, st
 
 
 def test_lint_strict_with_the_security_values(helm_env: dict[str, str]) -> None:
-    from tests.helm.test_chart import CHART
-
     helm(
         helm_env, "lint", "--strict", str(CHART),
         "--set", "redis.auth.existingSecret=my-redis", "--set", "rbac.secretReadNamespaces={ml}",

@@ -17,7 +17,6 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from radixserve.common.demo_model import make_demo_model
 from radixserve.common.rpc import pb
 from radixserve.common.sampling import SamplingParams
 from radixserve.common.service_config import GatewayConfig
@@ -41,9 +40,9 @@ Script = Callable[[int, list[int], SamplingParams], list[pb.RequestText]]
 
 # ------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory) -> Gateway:
-    path = make_demo_model(tmp_path_factory.mktemp("model") / "tiny", arch="llama", size="tiny")
-    return Gateway(path, MODEL, GatewayConfig(schedulers=("127.0.0.1:1",)))  # the pool never starts
+def gw(demo_model) -> Gateway:
+    no_pool = GatewayConfig(schedulers=("127.0.0.1:1",))  # the pool never starts
+    return Gateway(demo_model("llama"), MODEL, no_pool)
 
 
 @pytest.fixture(scope="module")

@@ -6,99 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from radixserve.common.demo_model import make_demo_model
-from radixserve.launcher import Cluster, build_cluster, free_port
-
-MODEL_NAME = "tiny-llama"
+from radixserve.launcher import Cluster
+from tests.helpers.cluster import engine, model_dir, start_cluster  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory):
-    return make_demo_model(tmp_path_factory.mktemp("model") / "tiny", arch="llama", size="tiny")
-
-
-def start_cluster(
-    model_dir,
-    schedulers: int,
-    scheduler_args: list[str] | None = None,
-    router: str = "round-robin",
-    prefix_index: str = "memory",
-    gateway_args: list[str] | None = None,
-    env: dict[str, str] | None = None,
-    discover: bool = False,
-) -> Cluster:
-    """``discover``: the gateway finds the schedulers by their heartbeats (``--schedulers discover``;
-    ``prefix_index`` must be a Redis URL) instead of being given their addresses."""
-    found = ["--schedulers", "discover"] if discover else []  # after the launcher's list: it wins
-    cluster = build_cluster(
-        model_dir,
-        MODEL_NAME,
-        port=free_port(),
-        schedulers=schedulers,
-        scheduler_args=scheduler_args or [],
-        gateway_args=["--router", router, *found, *(gateway_args or [])],
-        torch_threads=1,
-        prefix_index=prefix_index,
-        env=env,
-    )
-    cluster.start(timeout=180)
-    return cluster
-
-
-async def stream_completion(h, prompt: str, on_first, max_tokens: int) -> dict:
-    """A greedy streamed completion of exactly ``max_tokens`` (EOS ignored), read by read_stream
-    (its usage included)."""
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream_options": {"include_usage": True},
-    }
-    return await read_stream(h, body, on_first)
-
-
-async def read_stream(h, body: dict, on_first=None) -> dict:
-    """POSTs a streamed completion and reads its SSE: its text, finish reason, error message (None
-    if none), usage (with stream_options.include_usage), when each choice chunk came (``chunks``) and
-    when it ended (``time.monotonic()``). ``on_first`` (an asyncio.Event) is set at the first chunk."""
-    import json
-    import time
-
-    out: dict = {"text": "", "finish": None, "error": None, "usage": None, "chunks": []}
-    async with h.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            msg = json.loads(line[6:])
-            if "error" in msg:
-                out["error"] = msg["error"]["message"]
-                break
-            out["usage"] = msg.get("usage") or out["usage"]
-            for choice in msg["choices"]:
-                out["chunks"].append(time.monotonic())
-                out["text"] += choice["text"]
-                out["finish"] = choice["finish_reason"] or out["finish"]
-                if on_first is not None:
-                    on_first.set()
-    out["ended"] = time.monotonic()
-    return out
-
-
-@pytest.fixture(scope="session")
-def cluster(model_dir) -> Iterator[Cluster]:
+def cluster(model_dir) -> Iterator[Cluster]:  # noqa: F811  (the fixture imported above)
     """Two schedulers behind one gateway (round-robin, so tests know where requests go)."""
     c = start_cluster(model_dir, schedulers=2)
     yield c
     c.stop(drain_timeout=5)
-
-
-@pytest.fixture(scope="session")
-def engine(model_dir):
-    """The in-process engine on the same weights: the reference for what the services return."""
-    from radixserve import Engine
-
-    with Engine(model_dir) as e:
-        yield e

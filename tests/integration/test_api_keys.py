@@ -16,7 +16,7 @@ import pytest
 
 from radixserve.common.rpc import pb, pb_grpc
 from radixserve.launcher import Cluster
-from tests.integration.conftest import MODEL_NAME, start_cluster
+from tests.helpers.cluster import MODEL_NAME, start_cluster
 
 FLAG_KEY, FILE_KEY, ENV_KEY = "sk-flag-0123456789", "sk-file-abcdef", "sk-env-987654"
 

@@ -12,7 +12,7 @@ import httpx
 
 from radixserve.common.ports import free_ports
 from radixserve.launcher import Cluster, Service, counter_by
-from tests.integration.conftest import MODEL_NAME, start_cluster
+from tests.helpers.cluster import MODEL_NAME, start_cluster
 from tests.redis_server import RedisServer
 
 

@@ -12,7 +12,7 @@ import grpc
 import httpx
 import pytest
 
-from tests.integration.conftest import MODEL_NAME, read_stream, start_cluster
+from tests.helpers.cluster import MODEL_NAME, read_stream, start_cluster
 
 LONG = {
     "model": MODEL_NAME,

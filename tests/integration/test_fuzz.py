@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from radixserve.common.rpc import pb, pb_grpc
-from tests.integration.conftest import MODEL_NAME
+from tests.helpers.cluster import MODEL_NAME
 
 HTTP_EXAMPLES = 600
 GRPC_EXAMPLES = 300

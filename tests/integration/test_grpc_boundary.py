@@ -20,7 +20,7 @@ import pytest
 from radixserve.common.health import is_serving
 from radixserve.common.rpc import MAX_MESSAGE_BYTES, SERVER_OPTIONS, pb, pb_grpc
 from radixserve.launcher import Cluster
-from tests.integration.conftest import MODEL_NAME, start_cluster
+from tests.helpers.cluster import MODEL_NAME, start_cluster
 
 TIMEOUT_S = 60
 

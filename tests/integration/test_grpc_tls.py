@@ -18,7 +18,7 @@ from radixserve.common.rpc import channel, pb, pb_grpc
 from radixserve.common.tls import TLS
 from radixserve.launcher import Cluster
 from tests.certs import CertFiles, check_code, make_certs
-from tests.integration.conftest import MODEL_NAME, start_cluster
+from tests.helpers.cluster import MODEL_NAME, start_cluster
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from radixserve.common.rpc import pb, pb_grpc
 from radixserve.launcher import build_cluster, free_port
-from tests.integration.conftest import MODEL_NAME
+from tests.helpers.cluster import MODEL_NAME
 from tests.otlp import attrs, start_receiver
 
 ROOT = f"text_completion {MODEL_NAME}"  # GenAI: "{gen_ai.operation.name} {gen_ai.request.model}"

@@ -16,7 +16,7 @@ import torch
 
 from radixserve import SamplingParams
 from radixserve.common.rpc import pb, pb_grpc
-from tests.integration.conftest import MODEL_NAME
+from tests.helpers.cluster import MODEL_NAME
 
 PROMPT = "def add(a, b):"
 TOL = 1e-3  # float32 over the wire; the same forward on both sides

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from radixserve.common.rpc import pb, pb_grpc
-from tests.integration.conftest import MODEL_NAME, start_cluster
+from tests.helpers.cluster import MODEL_NAME, start_cluster
 
 
 def cached_on_each_pod(cluster, ids: list[int]) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 
 from radixserve import SamplingParams
 from radixserve.common.rpc import pb, pb_grpc
-from tests.integration.conftest import MODEL_NAME
+from tests.helpers.cluster import MODEL_NAME
 
 PROMPTS = [
     "def add(a, b):",

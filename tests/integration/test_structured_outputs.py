@@ -12,7 +12,7 @@ import random
 import jsonschema
 import openai
 
-from tests.integration.conftest import MODEL_NAME
+from tests.helpers.cluster import MODEL_NAME
 
 N_SCHEMAS = 50
 

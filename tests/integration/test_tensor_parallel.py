@@ -31,8 +31,8 @@ GREEDY = SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
-def model_dir(request, tmp_path_factory):
-    return make_demo_model(tmp_path_factory.mktemp(request.param), arch=request.param, size="tiny")
+def model_dir(request, demo_model):
+    return demo_model(request.param)
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from radixserve.tokenizer.openai_api.chat_request import ChatCompletionRequest
 from radixserve.tokenizer.openai_api.requests import CompletionRequest
 from radixserve.tokenizer.openai_api.responses import ResponseRequest
 from radixserve.tokenizer.openai_api.tokenize import DetokenizeRequest, TokenizeRequest
+from tests.helpers.cluster import MODEL_NAME
 from tests.helpers.gateway import CALL_TEXT, WEATHER, ScriptedSchedulers
-from tests.integration.conftest import MODEL_NAME
 
 TEXTS = ["def add(a, b):", "import os\nimport sys\n", "# héllo wörld ✓", "  two  spaces , and . ", ""]
 MESSAGES = [

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from radixserve.common.demo_model import LLAMA3_CHAT_TEMPLATE, make_demo_model
-from tests.integration.conftest import MODEL_NAME, start_cluster
+from tests.helpers.cluster import MODEL_NAME, start_cluster
 
 PARAMS = {
     "type": "object",

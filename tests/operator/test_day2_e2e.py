@@ -10,7 +10,7 @@ import pytest
 
 from tests.operator import emulator
 from tests.operator.emulator import Harness
-from tests.operator.test_operator_e2e import CPU, DEPLOY, ISVC, POOL, STS, cond, degraded_of, env, isvc
+from tests.operator.objects import CPU, DEPLOY, ISVC, POOL, STS, cond, degraded_of, env, isvc
 
 harness = emulator.harness  # the fixture: kopf running our handlers against a fresh emulator
 

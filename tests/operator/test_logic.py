@@ -10,16 +10,12 @@ import jsonschema
 import pytest
 
 from radixserve.operator import crds, nodepool, status
-from radixserve.operator.crds import INFERENCE_SERVICE_SPEC
 from radixserve.operator.scaling import ScalePolicy, Stabilizer, StaticLoadSource, recommend
 from radixserve.operator.schema import apply_defaults, schema_problems
 from radixserve.operator.validation import Problem, gpu_shortfall, validate
+from tests.operator.specs import spec
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def spec(**kw: object) -> dict:
-    return apply_defaults(INFERENCE_SERVICE_SPEC, {"model": {"path": "demo"}, **kw})
 
 
 def test_chart_crds_are_rendered_from_the_python_source() -> None:

@@ -8,29 +8,8 @@ import pytest
 
 from radixserve.common.config import env_var
 from radixserve.common.service_config import SchedulerPodConfig
-from radixserve.operator.crds import GPU_NODE_POOL_SPEC, INFERENCE_SERVICE_SPEC
-from radixserve.operator.manifests import BuildContext, build_all, config_map, scheduler_statefulset
-from radixserve.operator.schema import apply_defaults
-
-SPEC: dict[str, Any] = {
-    "model": {"source": {"pvc": {"claimName": "models", "subPath": "llama-8b"}}},
-    "scheduler": {"replicas": 2, "nodePool": "h100", "engine": {"pageSize": 16, "overlap": True}},
-    "tracing": {"otlpEndpoint": "http://otel:4317"},
-}
-POOL = {"nodeSelector": {"gpu": "h100"}, "taint": {}}
-
-
-def ctx(spec: dict[str, Any] = SPEC, replicas: int = 2, pool: dict[str, Any] | None = POOL) -> BuildContext:
-    return BuildContext(
-        name="llm",
-        namespace="prod",
-        spec=apply_defaults(INFERENCE_SERVICE_SPEC, spec),
-        image="img:1",
-        scheduler_replicas=replicas,
-        chart_redis_url="redis://r:6379/0",
-        pool=apply_defaults(GPU_NODE_POOL_SPEC, pool) if pool else None,
-        pool_name="h100" if pool else "",
-    )
+from radixserve.operator.manifests import build_all, config_map, scheduler_statefulset
+from tests.operator.specs import POOL, SPEC, ctx
 
 
 def labels(component: str, managed: bool = True) -> dict[str, str]:

@@ -11,8 +11,7 @@ import pytest
 from radixserve.operator import crds, nodepool
 from radixserve.operator.manifests import MAX_NAME_LENGTH, scheduler_statefulset
 from radixserve.operator.validation import NAME_FORMAT, name_problems, validate
-from tests.operator.test_logic import spec
-from tests.operator.test_manifests import ctx
+from tests.operator.specs import ctx, spec
 
 
 def test_the_name_limit_is_what_the_scheduler_pods_revision_label_leaves() -> None:

@@ -9,7 +9,6 @@ import socket
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,53 +19,23 @@ from radixserve.operator.kube import Kube  # noqa: E402
 from radixserve.operator.scaling import StaticLoadSource  # noqa: E402
 from tests.operator import emulator  # noqa: E402
 from tests.operator.emulator import Harness  # noqa: E402
+from tests.operator.objects import (  # noqa: E402
+    CPU,
+    DEPLOY,
+    ISVC,
+    POOL,
+    STS,
+    cond,
+    degraded_of,
+    env,
+    isvc,
+    node,
+    scheduler_pod,
+)
 
 harness = emulator.harness  # the fixture: kopf running our handlers against a fresh emulator
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
-
-ISVC = "radixserve.io/v1alpha1/inferenceservices"
-POOL = "radixserve.io/v1alpha1/gpunodepools"
-DEPLOY = "apps/v1/deployments"
-STS = "apps/v1/statefulsets"
-CPU = {"device": "cpu", "gpusPerReplica": 0}
-
-
-def isvc(name: str, **spec: Any) -> dict[str, Any]:
-    spec.setdefault("model", {"path": "demo"})
-    return {
-        "apiVersion": "radixserve.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-    }
-
-
-def node(name: str, labels: dict[str, str], gpus: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"taints": [{"key": "other", "value": "x", "effect": "NoSchedule"}]},
-        "status": {
-            "capacity": {"nvidia.com/gpu": str(gpus)},
-            "allocatable": {"nvidia.com/gpu": str(gpus)},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
-
-
-def cond(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
-    return next((c for c in (obj or {}).get("status", {}).get("conditions", []) if c["type"] == ctype), {})
-
-
-def degraded_of(harness: Harness, name: str) -> dict[str, Any]:
-    return cond(harness.obj(ISVC, "default", name), "Degraded")
-
-
-def env(workload: dict[str, Any]) -> dict[str, Any]:
-    container = workload["spec"]["template"]["spec"]["containers"][0]
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
 async def test_create_makes_every_child_owned_and_ready_follows_the_children(harness: Harness) -> None:
@@ -267,23 +236,6 @@ async def test_gpu_node_pool_labels_taints_counts_and_lets_go(harness: Harness) 
     obj = harness.obj("v1/nodes", None, "gpu-a")
     assert "radixserve.io/gpu-node-pool" not in obj["metadata"].get("labels", {})
     assert obj["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoSchedule"}]
-
-
-def scheduler_pod(service: str, index: int, container_status: dict[str, Any]) -> dict[str, Any]:
-    """What the StatefulSet controller and the kubelet would make (no controllers run in the emulator)."""
-    labels = {
-        "app.kubernetes.io/name": "radixserve",
-        "app.kubernetes.io/instance": service,
-        "app.kubernetes.io/component": "scheduler",
-        "app.kubernetes.io/managed-by": "radixserve-operator",
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"{service}-scheduler-{index}", "namespace": "default", "labels": labels},
-        "spec": {"containers": [{"name": "scheduler", "image": "radixserve:test"}]},
-        "status": {"phase": "Running", "containerStatuses": [container_status]},
-    }
 
 
 async def test_a_scheduler_that_cannot_split_the_model_is_reported_in_status(harness: Harness) -> None:

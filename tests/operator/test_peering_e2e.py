@@ -17,7 +17,7 @@ import pytest
 from radixserve.operator.kube import Kube
 from radixserve.operator.scaling import StaticLoadSource
 from tests.operator.emulator import _by_operator, access, chart_rbac, running_operator, serving_emulator
-from tests.operator.test_operator_e2e import CPU, ISVC, isvc
+from tests.operator.objects import CPU, ISVC, isvc
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(90)]
 

@@ -21,8 +21,8 @@ from radixserve.operator.netpol import PolicySettings  # noqa: E402
 from radixserve.operator.redis_acl import ChartRedis  # noqa: E402
 from tests.operator import emulator  # noqa: E402
 from tests.operator.emulator import Harness  # noqa: E402
+from tests.operator.objects import CPU, DEPLOY, ISVC, STS, isvc  # noqa: E402
 from tests.operator.redis_admin import chart_like_redis, client  # noqa: E402
-from tests.operator.test_operator_e2e import CPU, DEPLOY, ISVC, STS, isvc  # noqa: E402
 
 harness = emulator.harness
 

@@ -12,8 +12,7 @@ from radixserve.operator.manifests import build_all, gateway_deployment, schedul
 from radixserve.operator.scaling import autoscaling, scheduler_replicas
 from radixserve.operator.scheduler_scale import replicas_release
 from radixserve.operator.validation import validate
-from tests.operator.test_logic import spec
-from tests.operator.test_manifests import SPEC, ctx
+from tests.operator.specs import SPEC, ctx, spec
 
 AUTO = {"minReplicas": 1, "maxReplicas": 6, "targetWaitingPerReplica": 4}
 

@@ -14,7 +14,7 @@ from radixserve.operator.config import OperatorConfig
 from radixserve.operator.manifests import build_all
 from radixserve.operator.netpol import PolicySettings
 from radixserve.operator.redis_acl import ChartRedis
-from tests.operator.test_manifests import SPEC, ctx
+from tests.operator.specs import SPEC, ctx
 
 CHART = ChartRedis("redis://rs-radixserve-redis.serving.svc:6379/0", "admin", "admin-password")
 REDIS_PEER = {

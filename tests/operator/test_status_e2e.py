@@ -9,7 +9,7 @@ import pytest
 
 from tests.operator import emulator
 from tests.operator.emulator import Harness
-from tests.operator.test_operator_e2e import CPU, ISVC, cond, degraded_of, isvc, scheduler_pod
+from tests.operator.objects import CPU, ISVC, cond, degraded_of, isvc, scheduler_pod
 
 harness = emulator.harness  # the fixture: kopf running our handlers against a fresh emulator
 

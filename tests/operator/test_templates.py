@@ -13,7 +13,7 @@ from radixserve.operator import crds
 from radixserve.operator.config import POD_DEFAULTS_ENV, OperatorConfig
 from radixserve.operator.manifests import build_all
 from radixserve.operator.schema import schema_problems
-from tests.operator.test_manifests import POOL, SPEC, ctx
+from tests.operator.specs import POOL, SPEC, ctx
 
 CA_VOLUME = {"name": "redis-ca", "configMap": {"name": "redis-ca"}}
 SERVICE_TEMPLATE: dict[str, Any] = {

@@ -9,7 +9,7 @@ import pytest
 from radixserve.operator import uninstall
 from tests.operator import emulator
 from tests.operator.emulator import Harness
-from tests.operator.test_operator_e2e import CPU, ISVC, POOL, isvc
+from tests.operator.objects import CPU, ISVC, POOL, isvc
 
 harness = emulator.harness  # the fixture: kopf running our handlers against a fresh emulator
 

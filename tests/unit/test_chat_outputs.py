@@ -16,7 +16,6 @@ import llguidance.hf
 import pytest
 from fastapi import FastAPI
 
-from radixserve.common.demo_model import make_demo_model
 from radixserve.common.service_config import GatewayConfig
 from radixserve.tokenizer.gateway import Gateway
 from radixserve.tokenizer.openai_api.app import build_app
@@ -81,8 +80,8 @@ def test_where_the_output_begins_is_read_from_the_prompt(prompt, mode):
 
 # ----------------------------------------------------------------------------- thinking gateway
 @pytest.fixture(scope="module")
-def thinking_gw(tmp_path_factory) -> Gateway:
-    path = make_demo_model(tmp_path_factory.mktemp("think") / "m", arch="qwen3", size="tiny", thinking=True)
+def thinking_gw(demo_model) -> Gateway:
+    path = demo_model("qwen3", thinking=True)
     config = GatewayConfig(schedulers=("127.0.0.1:1",), reasoning_parser="qwen3")
     return Gateway(path, MODEL, config)
 

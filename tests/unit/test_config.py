@@ -98,7 +98,7 @@ def test_radixserve_serve_routes_like_a_gateway_by_default():
 
 def test_every_variable_the_operator_sets_is_a_service_setting():
     from radixserve.operator.manifests import build_all
-    from tests.operator.test_manifests import ctx
+    from tests.operator.specs import ctx
 
     names = set()
     for cls in (
@@ -114,3 +114,24 @@ def test_every_variable_the_operator_sets_is_a_service_setting():
            for c in o["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])]  # fmt: skip
     seen = {v for v in [*data, *env] if v.startswith("RADIXSERVE_")}
     assert seen and seen <= names, seen - names
+
+
+def test_engine_options_are_engine_config_fields_with_their_types() -> None:
+    """``Engine(path, **options)`` is typed by EngineOptions: the same names and types as EngineConfig."""
+    import typing
+
+    from radixserve.common.service_config import EngineConfig, EngineOptions
+
+    assert typing.get_type_hints(EngineOptions) == typing.get_type_hints(EngineConfig)
+
+
+def test_an_engine_takes_a_config_and_options_over_it(demo_model) -> None:
+    from radixserve import Engine
+    from radixserve.common.service_config import EngineConfig
+
+    path = demo_model("llama")
+    config = EngineConfig(max_total_tokens=256, page_size=4, warmup=False)
+    with Engine(path, config, page_size=8) as engine:
+        assert (engine.config.max_total_tokens, engine.config.page_size) == (256, 8)
+    with pytest.raises(TypeError, match=r"unknown engine argument\(s\): \['page_sise'\]"):
+        Engine(path, page_sise=8)  # type: ignore[call-arg]

@@ -10,7 +10,6 @@ import jsonschema
 import pytest
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
 from radixserve.common.sampling import Constraint
 
 SCHEMAS = [
@@ -60,10 +59,8 @@ PROMPT = "Answer in JSON: "
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen2")
-    make_demo_model(path, arch="qwen2", size="tiny")
-    return path
+def model_dir(demo_model):
+    return demo_model("qwen2")
 
 
 def constrained(schema: dict, seed: int) -> SamplingParams:

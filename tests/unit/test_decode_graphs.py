@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.graph_runner import decode_buckets
 from tests.helpers.hf import PROMPTS, hf_greedy
@@ -23,10 +22,8 @@ NEW = 12
 
 
 @pytest.fixture(scope="module")
-def qwen3_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen3")
-    make_demo_model(path, arch="qwen3", size="tiny")
-    return path
+def qwen3_dir(demo_model):
+    return demo_model("qwen3")
 
 
 @pytest.fixture(scope="module")

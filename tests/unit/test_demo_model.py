@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -156,15 +154,3 @@ def test_cli_make_demo_model(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3"
     assert (out / "model.safetensors").is_file()
     assert capsys.readouterr().out.strip() == str(out)
-
-
-@pytest.mark.slow
-def test_cli_runs_as_module():
-    r = subprocess.run(
-        [sys.executable, "-m", "radixserve.cli", "make-demo-model", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 0, r.stderr
-    assert "--arch" in r.stdout

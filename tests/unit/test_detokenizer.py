@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from radixserve.common.demo_model import make_demo_model
 from radixserve.detokenizer.incremental import LOST_START, IncrementalDetokenizer, RequestTokens, TextDelta
 
 FFFD = "\ufffd"
@@ -23,10 +22,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return AutoTokenizer.from_pretrained(
-        make_demo_model(tmp_path_factory.mktemp("m"), arch="llama", size="tiny")
-    )
+def tok(demo_model):
+    return AutoTokenizer.from_pretrained(demo_model("llama"))
 
 
 def enc(tok, text: str) -> list[int]:

@@ -12,7 +12,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.event_loop import Step
 from radixserve.scheduler.memory.kv_pool import KVPool
@@ -26,17 +25,13 @@ from tests.helpers.hf import NEW, PROMPTS, hf_greedy
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
-def model_dir(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    make_demo_model(path, arch=request.param, size="tiny")
-    return path
+def model_dir(request, demo_model):
+    return demo_model(request.param)
 
 
 @pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama")
-    make_demo_model(path, arch="llama", size="tiny")
-    return path
+def llama_dir(demo_model):
+    return demo_model("llama")
 
 
 NO_KERNEL = cpu_attention.unavailable_reason(torch.device("cpu"), torch.float32)
@@ -287,6 +282,7 @@ def test_overlap_launches_each_batch_before_reading_the_previous_ones_tokens(lla
     assert any(fed_placeholders) == overlap
 
 
+@pytest.mark.slow  # hundreds of requests through the normal loop: about 10 s each
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_randomised_load_loses_nothing_and_returns_the_pool_full(llama_dir, overlap, seed):

@@ -18,7 +18,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
 from radixserve.common.ports import free_port
 from radixserve.common.rpc import pb, pb_grpc
 from radixserve.common.wire import sampling_to_proto
@@ -33,10 +32,8 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama")
-    make_demo_model(path, arch="llama", size="tiny")
-    return path
+def model_dir(demo_model):
+    return demo_model("llama")
 
 
 @pytest.fixture(scope="module")

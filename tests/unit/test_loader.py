@@ -7,14 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.loader import load_model
 
 
 @pytest.fixture(scope="module")
-def qwen2_dir(tmp_path_factory):  # qwen2: q/k/v carry biases too
-    return make_demo_model(tmp_path_factory.mktemp("qwen2"), arch="qwen2", size="tiny")
+def qwen2_dir(demo_model):  # qwen2: q/k/v carry biases too
+    return demo_model("qwen2")
 
 
 def test_merged_rows_are_the_checkpoint_parts_in_order(qwen2_dir):

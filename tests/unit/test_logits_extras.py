@@ -7,7 +7,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
 
 PROMPTS = [
     "You are a helpful assistant. Answer briefly.\ndef add(a, b):",
@@ -19,10 +18,8 @@ K = 4
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen3")
-    make_demo_model(path, arch="qwen3", size="tiny")
-    return path
+def model_dir(demo_model):
+    return demo_model("qwen3")
 
 
 @pytest.fixture(scope="module")

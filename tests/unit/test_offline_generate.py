@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.event_loop import Step
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_demo_model(tmp_path_factory.mktemp("gen") / "m", arch="llama", size="tiny")
+def model_dir(demo_model):
+    return demo_model("llama")
 
 
 def test_more_prompts_than_the_waiting_queue_all_come_back_in_order(model_dir, capsys):

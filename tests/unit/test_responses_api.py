@@ -15,7 +15,6 @@ from pydantic import TypeAdapter
 
 from radixserve.tokenizer.openai_api.response_store import MemoryResponseStore, StoredResponse
 from tests.helpers.gateway import CALL_TEXT, MODEL, ScriptedSchedulers, post, refused, text
-from tests.redis_server import redis_server_fixture  # noqa: F401  (the redis_server fixture)
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 WEATHER = {
@@ -213,32 +212,3 @@ def _call(app: Any, method: str, path: str, key: str | None) -> httpx.Response:
             return await h.request(method, path, headers=headers)
 
     return asyncio.run(go())
-
-
-@pytest.mark.asyncio
-@pytest.mark.slow
-async def test_the_redis_store_keeps_responses_under_the_index_prefix_with_a_ttl(redis_server):
-    """A real redis-server, logged in as the user the operator makes for a service (its key prefix
-    and the index's commands only): what gateways behind one Service share."""
-    from radixserve.common.prefix_index import RedisPrefixIndex, acl_rules
-    from radixserve.common.service_config import GatewayConfig
-    from radixserve.tokenizer.openai_api.response_store import RedisResponseStore, open_store
-
-    prefix = "rs:ns/svc:"
-    redis_server.add_user("gw", "pw", acl_rules(prefix))
-    index = RedisPrefixIndex(redis_server.url_for("gw", "pw"), prefix)
-    store = open_store(index, GatewayConfig(schedulers=("a:1",), response_ttl=0.5))
-    assert isinstance(store, RedisResponseStore)
-    record = StoredResponse({"id": "resp_1", "output": []}, [{"role": "user", "content": "hi"}])
-    await store.put("owner", "resp_1", record)
-    assert await store.get("owner", "resp_1") == record
-    assert await store.get("someone-else", "resp_1") is None
-    admin = redis_server.client()
-    (key,) = admin.keys("*")
-    assert str(key).startswith(prefix) and 0 < admin.pttl(key) <= 500
-    assert await store.delete("owner", "resp_1") and not await store.delete("owner", "resp_1")
-    await store.put("owner", "resp_2", record)
-    import asyncio
-
-    await asyncio.sleep(0.7)
-    assert await store.get("owner", "resp_2") is None  # expired

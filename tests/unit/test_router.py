@@ -3,12 +3,10 @@ least-load while the index is down), least-load and round-robin."""
 
 from __future__ import annotations
 
-import logging
 import time
 
 import pytest
 
-from radixserve.common.block_hash import block_hashes
 from radixserve.common.prefix_index import InMemoryPrefixIndex, RedisPrefixIndex
 from radixserve.common.rpc import pb
 from radixserve.tokenizer.routing.router import (
@@ -18,29 +16,8 @@ from radixserve.tokenizer.routing.router import (
     RoundRobinRouter,
 )
 from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle
-from tests.redis_server import RedisServer, free_port, redis_server_fixture  # noqa: F401
-
-MODEL = "m"
-BS = 16
-
-
-def pod(address: str, waiting: int = 0, running: int = 0, outstanding: int = 0) -> SchedulerHandle:
-    h = SchedulerHandle(address, healthy=True, load=pb.Load(waiting=waiting, running=running))
-    h.outstanding = {f"{address}-r{i}" for i in range(outstanding)}
-    return h
-
-
-def set_load(h: SchedulerHandle, waiting: int = 0, running: int = 0) -> None:
-    h.load = pb.Load(waiting=waiting, running=running)
-
-
-def tokens(seed: int, blocks: int, tail: int = 5) -> list[int]:
-    """``blocks`` full blocks (different seeds share none) and a partial block."""
-    return [seed * 100_000 + i for i in range(blocks * BS + tail)]
-
-
-def hashes_of(ids: list[int]) -> list[int]:
-    return block_hashes(ids, MODEL, BS)
+from tests.helpers.routing import BS, MODEL, hashes_of, pod, set_load, tokens
+from tests.redis_server import free_port
 
 
 @pytest.fixture
@@ -287,42 +264,6 @@ def test_the_index_is_used_alongside_recent_routes(index: InMemoryPrefixIndex) -
     first.outstanding.add("r1")
     assert router.choose(ids, [a, b]) is other
     assert router.decisions[-1].matched_blocks == 6
-
-
-@pytest.mark.slow
-def test_index_down_falls_back_to_least_load_and_retries_later(
-    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, logger="radixserve.tokenizer.routing.router")
-    index = RedisPrefixIndex(redis_server.url)
-    a, b = pod("a", running=3), pod("b")
-    ids = tokens(1, 5)
-    index.apply("a", hashes_of(ids), [])
-    router = CacheAwareRouter(index, MODEL, BS, retry_s=0.5)
-    assert router.choose(ids, [a, b]) is a
-    assert router.decisions[-1].reason == "prefix"
-
-    redis_server.stop()
-    t = time.perf_counter()
-    assert router.choose(ids, [a, b]) is b
-    assert time.perf_counter() - t < 0.5  # a refused connection does not stall the gateway
-    d = router.decisions[-1]
-    assert (d.pod, d.reason, d.matched_blocks) == ("b", "index-down", 0)
-    warnings = [r.message for r in caplog.records if r.name == "radixserve.tokenizer.routing.router"]
-    assert len(warnings) == 1 and "prefix index unreachable" in warnings[0]
-    for _ in range(3):  # within retry_s the index is not even tried
-        assert router.choose(ids, [a, b]) is b
-        assert router.decisions[-1].reason == "index-down"
-    assert len([r for r in caplog.records if r.name == "radixserve.tokenizer.routing.router"]) == 1
-
-    redis_server.start()  # empty: the pod republishes (its RedisPublisher does that)
-    index.apply("a", hashes_of(ids), [])
-    assert router.choose(ids, [a, b]).address == "b"  # still within retry_s
-    assert router.decisions[-1].reason == "index-down"
-    time.sleep(0.6)
-    assert router.choose(ids, [a, b]) is a
-    d = router.decisions[-1]
-    assert (d.pod, d.reason, d.matched_blocks) == ("a", "prefix", 5)
 
 
 def test_an_index_nobody_listens_on_means_least_load() -> None:

@@ -8,15 +8,14 @@ from __future__ import annotations
 import pytest
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
 
 PROMPT = "def fibonacci(n):\n    "
 NEW = 24
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_demo_model(tmp_path_factory.mktemp("stops") / "m", arch="llama", size="tiny")
+def model_dir(demo_model):
+    return demo_model("llama")
 
 
 @pytest.mark.parametrize("overlap", [False, True])

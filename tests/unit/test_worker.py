@@ -13,16 +13,13 @@ import time
 import pytest
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model
 from radixserve.scheduler.metrics import SchedulerMetrics
 from radixserve.scheduler.worker import AlreadyHere, EngineWorker, ShuttingDown, Submit, TokenUpdate
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama")
-    make_demo_model(path, arch="llama", size="tiny")
-    return path
+def model_dir(demo_model):
+    return demo_model("llama")
 
 
 class Collected:

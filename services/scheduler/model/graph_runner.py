@@ -93,7 +93,8 @@ class DecodeGraphRunner:
 
     def _forward(self, bucket: int, attn: object) -> torch.Tensor:
         fb = self._static_batch(bucket, attn)
-        return self.model(fb.input_ids, fb.positions, fb, self.backend)
+        logits: torch.Tensor = self.model(fb.input_ids, fb.positions, fb, self.backend)
+        return logits
 
     def run(self, fb: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits [real batch, vocab] of a decode batch padded to ``fb.graph_bucket``; ``input_ids``

@@ -247,18 +247,19 @@ class Sampler:
             )
         else:
             tokens = fi.sampling_from_probs(probs, deterministic=True, generator=self.generator)
-        tokens = tokens.to(torch.int64)
+        sampled: torch.Tensor = tokens.to(torch.int64)
         if info.seeded_rows:
             # The kernels' draws depend on the whole batch; a seeded row must not, so the torch path
             # (per-row generators) samples those rows again and they replace the kernel's tokens.
             idx = info.seeded_index
-            tokens[idx] = self._sample_torch(logits[idx], _seeded_part(info))
+            sampled[idx] = self._sample_torch(logits[idx], _seeded_part(info))
         if info.any_greedy:
-            tokens = torch.where(info.is_greedy, logits.argmax(dim=-1), tokens)
-        return tokens
+            sampled = torch.where(info.is_greedy, logits.argmax(dim=-1), sampled)
+        return sampled
 
     def _sample_torch(self, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
         assert info.temperatures is not None and info.top_ks is not None
+        assert info.top_ps is not None and info.min_ps is not None
         # A new float32 tensor: the caller's logits are never modified.
         x = torch.div(logits, info.temperatures)
         if x.dtype != torch.float32:
@@ -288,6 +289,7 @@ class Sampler:
         noise = u.clamp_(_U_MIN, _U_MAX).log_().neg_()
         tokens = probs.div_(noise).argmax(dim=-1)
         if info.any_greedy:
+            assert info.is_greedy is not None
             tokens = torch.where(info.is_greedy, logits.argmax(dim=-1), tokens)
         return tokens
 
@@ -339,7 +341,8 @@ def _nucleus_drop(x: torch.Tensor, probs: torch.Tensor, top_ps: torch.Tensor) ->
 def _load_flashinfer_sampling() -> ModuleType:
     import flashinfer.sampling
 
-    return flashinfer.sampling
+    module: ModuleType = flashinfer.sampling
+    return module
 
 
 def _seeded_part(info: SamplingInfo) -> SamplingInfo:
@@ -348,7 +351,8 @@ def _seeded_part(info: SamplingInfo) -> SamplingInfo:
     The batch-wide filter flags are kept as they are: they only switch a filter on, and a row whose own
     parameter is off passes through that filter unchanged, so every row samples exactly as in the full batch.
     """
-    assert info.seeded_index is not None and info.temperatures is not None
+    assert info.seeded_index is not None and info.temperatures is not None and info.top_ks is not None
+    assert info.top_ps is not None and info.min_ps is not None
     idx = info.seeded_index
     return SamplingInfo(
         batch_size=len(info.seeded_rows),

@@ -37,4 +37,4 @@ class Staging:
         flat = np.concatenate(arrays).astype(np.int64, copy=False) if arrays else np.zeros(0, np.int64)
         _, dev = to_device(torch.from_numpy(flat), self.device)
         self.copies += 1
-        return list(dev.split([len(a) for a in arrays]))
+        return list(torch.split(dev, [len(a) for a in arrays]))

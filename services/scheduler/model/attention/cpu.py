@@ -38,11 +38,14 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
 
 from radixserve.scheduler.batch import ForwardMode
+from radixserve.scheduler.memory.kv_pool import KVPool
+from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.model.attention.torch_ref import TorchAttention, TorchMeta
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 
@@ -125,7 +128,7 @@ class CpuAttention(TorchAttention):
 
     name = "cpu"
 
-    def __init__(self, pool, req_to_token, num_heads: int, head_dim: int) -> None:
+    def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool, num_heads: int, head_dim: int) -> None:
         super().__init__(pool, req_to_token, num_heads, head_dim)
         why = unavailable_reason(self.device, pool.k[0].dtype)
         if why is not None:
@@ -137,7 +140,7 @@ class CpuAttention(TorchAttention):
     def prepare(self, fb: ForwardBatch, rows: np.ndarray) -> None:
         super().prepare(fb, rows)
         if fb.mode is ForwardMode.DECODE:
-            meta: TorchMeta = fb.attn
+            meta = cast(TorchMeta, fb.attn)
             meta.starts = torch.tensor([0, *(c1 for _, c1 in meta.ctx)], dtype=torch.int64)
 
     def forward(
@@ -146,7 +149,8 @@ class CpuAttention(TorchAttention):
         if fb.mode is not ForwardMode.DECODE:
             return super().forward(layer, q, k, v, fb)
         self.pool.write(layer, fb.out_slots, k, v)
-        meta: TorchMeta = fb.attn
+        meta = cast(TorchMeta, fb.attn)
+        assert meta.starts is not None  # prepare sets it for decode batches
         q = q.contiguous()
         kp, vp = self.pool.k[layer], self.pool.v[layer]
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)

@@ -55,6 +55,7 @@ argument is passed by keyword (positional use is deprecated there).
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -95,7 +96,7 @@ def unsupported_reason(
     if flashinfer is not None:  # a module handed in (the CPU tests' stand-in)
         return None
     try:
-        import flashinfer
+        importlib.import_module("flashinfer")
     except Exception as e:  # ImportError, or a broken install (CUDA / torch mismatch)
         return f"flashinfer does not import: {e!r}"
     return None
@@ -145,9 +146,8 @@ class FlashInferAttention:
             raise ValueError(f"pool of {k0.shape[0]} slots is not whole pages of {page_size}")
         if num_plan_sets < 2:
             raise ValueError("num_plan_sets must be >= 2 (a step may run while the next is planned)")
-        if flashinfer is None:
-            import flashinfer
-        self.fi = flashinfer
+        fi = flashinfer if flashinfer is not None else importlib.import_module("flashinfer")
+        self.fi = fi
         self.pool = pool
         self.req_to_token = req_to_token
         self.num_heads = num_heads
@@ -161,7 +161,7 @@ class FlashInferAttention:
         self.prefill_backend = (
             prefill_backend  # also the tensor-core decode's ("auto" would pick FA3 on Hopper)
         )
-        self.flashinfer_version = str(getattr(flashinfer, "__version__", "unknown"))
+        self.flashinfer_version = str(getattr(fi, "__version__", "unknown"))
         group = num_heads // num_kv_heads
         if decode_tensor_cores is None:
             decode_tensor_cores = group > MAX_CUDA_CORE_DECODE_GROUP
@@ -170,10 +170,8 @@ class FlashInferAttention:
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
         self._sets = [
             (
-                flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                    self.workspace, "NHD", backend=prefill_backend
-                ),
-                flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend),
+                fi.BatchDecodeWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_tensor_cores=decode_tensor_cores, backend=prefill_backend
                 ),
             )
@@ -269,13 +267,13 @@ class FlashInferAttention:
     def init_graphs(self, buckets: list[int], max_pages_per_request: int) -> None:
         """One CUDA-graph decode wrapper per bucket, over fixed index buffers sized for the largest:
         a wrapper in graph mode keeps its batch size for life."""
-        flashinfer = self.fi
+        fi = self.fi
         n = max(buckets)
         self._graph_indptr = torch.zeros(n + 1, dtype=torch.int32, device=self.device)
         self._graph_last = torch.ones(n, dtype=torch.int32, device=self.device)
         self._graph_indices = torch.zeros(n * max_pages_per_request, dtype=torch.int32, device=self.device)
         self._graph_wrappers = {
-            b: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            b: fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace,
                 "NHD",
                 use_cuda_graph=True,
@@ -334,5 +332,5 @@ class FlashInferAttention:
         self.pool.write(layer, fb.out_slots, k, v)
         shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
         paged = (self.pool.k[layer].view(shape), self.pool.v[layer].view(shape))
-        out = meta.wrapper.run(q.contiguous(), paged)
+        out: torch.Tensor = meta.wrapper.run(q.contiguous(), paged)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

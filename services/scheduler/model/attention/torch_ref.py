@@ -6,6 +6,7 @@ The two-phase backend contract is described in ``attention/__init__.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -85,7 +86,7 @@ class TorchAttention:
     ) -> torch.Tensor:
         """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
         self.pool.write(layer, fb.out_slots, k, v)
-        meta: TorchMeta = fb.attn
+        meta = cast(TorchMeta, fb.attn)
         keys, vals = self._gather(layer, meta.slots)
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
         per_request = zip(meta.ctx, meta.queries, meta.masks, meta.causal, strict=True)

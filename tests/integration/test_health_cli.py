@@ -81,7 +81,6 @@ def test_nothing_listening_is_1(serve):
     assert health.main([address]) == 0
 
 
-@pytest.mark.slow
 def test_the_command_line_runs_as_a_module(serve):
     address, servicer = serve()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXSERVE_TLS_")}
