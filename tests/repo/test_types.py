@@ -1,10 +1,11 @@
 """``mypy --strict`` is clean on the strict set: ``services/common`` (its generated pb stubs aside),
 the scheduler's ``memory/`` and ``policy/`` packages, the core types they share (``req``, ``batch``,
 ``config``), the ``EngineWorker`` (``worker``), tensor parallelism (``tensor_parallel``,
-``model.parallel``), FP8 weights (``model.quant``), what runs between the model and the sampler
-(``model.logits``, ``model.penalties``, ``grammar``), the tool-call parsers, the OpenAI front end
-(its field table, requests, reasoning and tool output, the Responses API) and the detokenizer's
-incremental decoding.
+``model.parallel``), FP8 weights (``model.quant``), the mixture-of-experts modules (``model.moe``,
+``model.moe_config``, ``model.moe_ops``, ``model.expert_weights``), what runs between the model and
+the sampler (``model.logits``, ``model.penalties``, ``grammar``), the tool-call parsers, the OpenAI
+front end (its field table, requests, reasoning and tool output, the Responses API) and the
+detokenizer's incremental decoding.
 pyproject.toml's ``[tool.mypy]`` names the set; the modules they import are read for their types,
 their own errors not reported.
 
@@ -45,6 +46,11 @@ MODULES = (
     "radixserve.scheduler.model.parallel",  # the shard layout and the collectives
     "radixserve.scheduler.model.logits",  # logprobs, bias, penalties, the grammar mask
     "radixserve.scheduler.model.penalties",
+    # mixture of experts: the block, its config, the op's two implementations, the checkpoint's experts
+    "radixserve.scheduler.model.moe",
+    "radixserve.scheduler.model.moe_config",
+    "radixserve.scheduler.model.moe_ops",
+    "radixserve.scheduler.model.expert_weights",
     "radixserve.scheduler.grammar",  # structured outputs (llguidance)
     "radixserve.tokenizer.text.tool_calls",
     "radixserve.tokenizer.text.tool_grammar",

@@ -108,7 +108,7 @@ class ModelRunner:
         self.model = model
         self.tp: TPGroup | None = model.tp
         self.step_sink = step_sink
-        self.model.ops = make_ops(profile.ops, flashinfer)
+        self.model.ops = make_ops(profile.ops, flashinfer, profile.moe)
         if profile.fp8_gemms is not None:
             use_gemms(self.model, profile.fp8_gemms)  # FP8 weights: the profile's GEMM path
         self.req_to_token = req_to_token
