@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model
+from radixserve.common.demo_moe import MOE_ARCHS
 from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.event_loop import Step
 from radixserve.scheduler.memory.kv_pool import KVPool
@@ -25,7 +26,7 @@ from radixserve.scheduler.model.loader import load_model
 from tests.helpers.hf import NEW, PROMPTS, hf_greedy
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", *MOE_ARCHS])
 def model_dir(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     make_demo_model(path, arch=request.param, size="tiny")
