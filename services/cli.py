@@ -4,7 +4,8 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
 ``add_parser`` block in ``build_parser``. Heavy imports stay inside the ``_cmd_*`` functions so
 ``radixserve --help`` is instant.
 
-    radixserve make-demo-model PATH [--arch llama|qwen2|qwen3] [--size tiny|small] [--seed N]
+    radixserve make-demo-model PATH [--arch llama|qwen2|qwen3|qwen3_moe|qwen2_moe|mixtral] [--size tiny|small]
+        [--seed N]
     radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [vLLM's flags] [-- scheduler flags]
     radixserve bench NAME [its flags]     (offline, serving, gpu, routing, ...; NAME --help lists them)
     radixserve fetch-model URI --cache DIR [--size-limit Q] [--sha256 HEX] | --digest DIR
@@ -25,6 +26,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from radixserve.common.config import Bounds, ConfigError, OneLineParser, flag_type, number_type
+from radixserve.common.demo_model import ARCHS
+from radixserve.common.demo_moe import MOE_ARCHS
 from radixserve.common.service_config import (
     ENGINE_DEFAULTS,
     ROUTERS,
@@ -75,6 +78,7 @@ BENCHMARKS = {
     "tracing_overhead": "served throughput with every request traced and exported vs tracing off",
     "tensor_parallel": "offline throughput with the model split over 1 vs 2 processes (tensor parallelism)",
     "logits_features": "what logprobs, penalties and JSON constraints cost, and free requests beside them",
+    "moe": "MoE offline throughput on CPU (a small Qwen3-MoE) vs HF generate, and the MoE layer's launches",
 }
 
 
@@ -401,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("make-demo-model", help="write a random-weight HF model folder (offline)")
     p.add_argument("path", help="output folder")
-    p.add_argument("--arch", choices=("llama", "qwen2", "qwen3"), default="llama")
+    p.add_argument("--arch", choices=ARCHS + MOE_ARCHS, default="llama")
     p.add_argument("--size", choices=("tiny", "small"), default="tiny")
     p.add_argument("--seed", type=number_type(int, TORCH_SEED), default=0)
     p.set_defaults(func=_cmd_make_demo_model)

@@ -37,6 +37,10 @@ model's vocab stays 151936). The stages, in the order they run (``--stages`` pic
     .venv/bin/python benchmarks/gpu --smoke [--out DIR]       # tiny model on CPU, < 1 min
     radixserve bench gpu [same flags]
 
+``--arch qwen3_moe`` runs the same stages on Qwen3-0.6B's attention with 64-expert MoE layers
+(model.py ``QWEN3_MOE``) and writes gpu-<device>-qwen3_moe.json; its decode stages give the MoE
+model's step time at batch 1, 8 and 64 (scripts/gpu-check phase2 --arch qwen3_moe runs just those).
+
 Writes DIR/gpu-<device>.json (e.g. gpu-nvidia-h200.json; default DIR benchmarks/results) after every
 stage, ``partial`` (true until every stage is done; ``stages`` says which are done, failed or not
 run; a failed stage is reported and the next one runs), and a PNG beside it at the end, with a
@@ -79,7 +83,8 @@ __all__ = ["device_slug", "idle_stats", "judge", "main", "parse_args", "run"]
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    json_path = args.out / f"gpu-{device_slug(device_name(args.device))}.json"
+    arch = "" if args.arch == "qwen3" else f"-{args.arch}"  # the MoE model's report beside the dense one's
+    json_path = args.out / f"gpu-{device_slug(device_name(args.device))}{arch}.json"
     report = run(args, write=lambda r: write_json(json_path, r))
     write_json(json_path, report)
     png_path = json_path.with_suffix(".png")

@@ -52,6 +52,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=",".join(STAGES),
         help=f"comma-separated, run in this order: {','.join(STAGES)} (default all; fewer: a partial report)",
     )
+    p.add_argument(
+        "--arch",
+        choices=("qwen3", "qwen3_moe"),
+        default="qwen3",
+        help="the model: Qwen3-0.6B's shapes, or them with 64-expert MoE layers (model.py)",
+    )
     p.add_argument("--device", default=None, help="cuda (default) or cpu (--smoke's default)")
     p.add_argument("--dtype", default=None, help="bfloat16 (default on CUDA) or float32 (default on CPU)")
     p.add_argument("--out", type=Path, default=common.DEFAULT_OUT)

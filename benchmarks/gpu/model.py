@@ -1,5 +1,6 @@
-"""The model under test (random weights, Qwen3-0.6B's shapes or tiny ones) and the Engine that
-serves it with this run's device, dtype and page size."""
+"""The model under test (random weights, Qwen3-0.6B's shapes or tiny ones; ``--arch qwen3_moe``:
+its mixture-of-experts counterpart) and the Engine that serves it with this run's device, dtype and
+page size."""
 
 from __future__ import annotations
 
@@ -23,15 +24,33 @@ QWEN3_0_6B: dict[str, Any] = dict(
 )
 
 
-def build_model(path: Path, smoke: bool, dtype: str, seed: int) -> Path:
-    """A random-weight Qwen3 folder (Qwen3-0.6B's shapes, or tiny ones) with the demo tokenizer."""
-    from transformers import Qwen3Config
+# --arch qwen3_moe: Qwen3-0.6B's attention (and so the same flashinfer modules) with every MLP an
+# MoE block of 64 experts, 8 per token, 384 wide: a token's active expert columns (8 x 384) match
+# Qwen3-0.6B's MLP (3072) while a layer holds 8x its MLP weights (about 2.4B parameters in all).
+QWEN3_MOE: dict[str, Any] = dict(
+    QWEN3_0_6B,
+    num_experts=64,
+    num_experts_per_tok=8,
+    moe_intermediate_size=384,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+)
+SHAPES_BY_ARCH = {"qwen3": QWEN3_0_6B, "qwen3_moe": QWEN3_MOE}
+
+
+def build_model(path: Path, smoke: bool, dtype: str, seed: int, arch: str = "qwen3") -> Path:
+    """A random-weight Qwen3 or Qwen3-MoE folder (the shapes above, or the tiny demo ones) with the
+    demo tokenizer."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
 
     from radixserve.common.demo_model import model_config, save_random_model
 
     def config(vocab: int, ids: dict[str, Any]) -> Any:
         if smoke:  # the tiny demo model's shapes, vocab = the tokenizer's
-            return model_config("qwen3", "tiny", vocab, ids, dtype)
+            return model_config(arch, "tiny", vocab, ids, dtype)
+        if arch == "qwen3_moe":
+            return Qwen3MoeConfig(dtype=dtype, **QWEN3_MOE, **ids)
         return Qwen3Config(dtype=dtype, **QWEN3_0_6B, **ids)
 
     return save_random_model(path, config, dtype, seed)

@@ -19,11 +19,15 @@ from radixserve.common.demo_model import SHAPES
 
 from .decode import BATCH_SIZES
 from .device import device_name, flashinfer_version
-from .model import QWEN3_0_6B, build_model, tokenizer_vocab
+from .model import SHAPES_BY_ARCH, build_model, tokenizer_vocab
 from .stages import Measurements, measure
 from .throughput import NANO_VLLM, idle_stats
 
 TRACE_KEEP = 2000  # GPU trace steps kept in the JSON
+MODELS = {  # --arch: (the model, its full-size shapes)
+    "qwen3": ("Qwen3", "Qwen3-0.6B shapes"),
+    "qwen3_moe": ("Qwen3-MoE", "Qwen3-0.6B's attention, 64 experts of 384 in every layer, 8 per token"),
+}
 TARGETS = {"decode_vs_floor": 2.0, "kernels_per_layer": 15, "speedup_vs_hf": 10.0, "overlap_speedup": 1.15}
 
 
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace, write: Callable[[dict[str, Any]], None] | None
 
     try:
         with tempfile.TemporaryDirectory(prefix="radixserve-bench-gpu-") as tmp:
-            model_path = build_model(Path(tmp) / "model", args.smoke, args.dtype, args.seed)
+            model_path = build_model(Path(tmp) / "model", args.smoke, args.dtype, args.seed, args.arch)
             vocab = tokenizer_vocab(model_path)
             m = measure(args, model_path, vocab, lambda m: write(report(m)) if write else None)
     finally:
@@ -137,8 +141,9 @@ def build_report(args: argparse.Namespace, m: Measurements) -> dict[str, Any]:
 def run_config(args: argparse.Namespace, reqs: list[dict[str, Any]]) -> dict[str, Any]:
     """The report's ``config``: the model, every setting and the offline workload."""
     return {
-        "model": "random-weight Qwen3, " + ("tiny shapes (--smoke)" if args.smoke else "Qwen3-0.6B shapes"),
-        "model_shapes": dict(SHAPES["tiny"] if args.smoke else QWEN3_0_6B),
+        "model": f"random-weight {MODELS[args.arch][0]}, "
+        + ("tiny shapes (--smoke)" if args.smoke else MODELS[args.arch][1]),
+        "model_shapes": dict(SHAPES["tiny"] if args.smoke else SHAPES_BY_ARCH[args.arch]),
         "smoke": args.smoke,
         "preset": "smoke" if args.smoke else args.preset,
         "stages_asked": list(args.stages),

@@ -8,6 +8,7 @@ that returns its most telling results first, writing them as it goes (docs/gpu.m
                                        the device call for each phase printed
     scripts/gpu-check phase1           there: install, versions, probe, parallel JIT, tests/gpu
     scripts/gpu-check phase2           there: install, versions, JIT, benchmarks/gpu --preset check
+    scripts/gpu-check phase2 --arch qwen3_moe   the same for the MoE model, its decode stages only
     scripts/gpu-check --rehearse       here: both phases on CPU with the tiny model, CUDA steps skipped
 
 The modules, one job each: cli (the commands), wheels (prepare), env (the steps' Python

@@ -25,6 +25,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=None, help="result folder (default $OUT; rehearsal: a temp dir)"
     )
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="a phase's time, start to summary")
+    p.add_argument(
+        "--arch",
+        choices=("qwen3", "qwen3_moe"),
+        default="qwen3",
+        help="phase2's model: Qwen3-0.6B, or its MoE counterpart (decode stages only)",
+    )
     args = p.parse_args(argv)
     if args.rehearse == (args.command is not None):
         p.error("give one of prepare, phase1, phase2, or --rehearse")
@@ -44,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "phase1":
         return phase1(REPO, args.out, budget_s=args.budget_s)
     if args.command == "phase2":
-        return phase2(REPO, args.out, budget_s=args.budget_s)
+        return phase2(REPO, args.out, budget_s=args.budget_s, arch=args.arch)
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-rehearsal-"))
     print(f"rehearsal: results in {out}", flush=True)
     rc1 = phase1(REPO, out / "phase1", rehearse=True, budget_s=args.budget_s)

@@ -6,7 +6,8 @@ three pytest processes (kernels, sampling, engines).
 
 phase 2, how fast: installed and looked at again (a device command may start on a fresh machine),
 the benchmark's JIT modules, then ``benchmarks/gpu --preset check``, which rewrites its JSON after
-every stage and draws its PNG at the end.
+every stage and draws its PNG at the end. ``--arch qwen3_moe``: the same on the MoE model, its
+decode stages only (a second device command).
 
 A rehearsal runs the same steps on this machine's Python with the tiny model: what needs CUDA
 reports "skipped: no CUDA", the rest runs as it would there.
@@ -24,6 +25,7 @@ from .env import WHEEL_DIR, install_argv, source_link, step_env
 from .groups import GROUPS
 from .runner import Phase
 
+MOE_STAGES = "bandwidth,decode_graphs,decode_eager"  # phase2 --arch qwen3_moe: what it measures
 BUDGET_S = 540.0  # one device command may run 600 s; the rest is margin for its start and return
 # The figures a later GPU session reads first (issue 41), copied from the benchmark's JSON into the
 # phase summary.
@@ -73,10 +75,15 @@ def phase1(repo: Path, out: Path, rehearse: bool = False, budget_s: float = BUDG
     return phase.finish()
 
 
-def phase2(repo: Path, out: Path, rehearse: bool = False, budget_s: float = BUDGET_S) -> int:
+def phase2(
+    repo: Path, out: Path, rehearse: bool = False, budget_s: float = BUDGET_S, arch: str = "qwen3"
+) -> int:
+    """``arch`` qwen3_moe: the MoE model's decode stages only (its step time at batch 1, 8, 64)."""
     phase = start("phase2", repo, out, rehearse, budget_s)
     jit_step(phase, "bench", limit_s=300)
     size = ["--smoke"] if rehearse else ["--preset", "check"]
+    if arch != "qwen3":
+        size += ["--arch", arch, "--stages", MOE_STAGES]
     argv = [sys.executable, "benchmarks/gpu", *size, "--out", str(out)]
     # The benchmark gets what is left: its JSON holds every stage done before a limit stops it.
     rec = phase.run("bench", argv, "bench.log", limit_s=phase.remaining())

@@ -9,6 +9,7 @@ and ``AutoTokenizer.from_pretrained`` load it with no network. Nothing is downlo
   a ChatML chat template;
 * the model is built from the transformers config class of the chosen architecture with seeded
   random weights (a larger ``initializer_range`` than usual so greedy decoding is not degenerate);
+  the mixture-of-experts architectures (Qwen3-MoE, Qwen2-MoE, Mixtral) are in demo_moe.py;
 * ``thinking=True`` makes a Qwen3-style thinking model's folder: ``<think>`` and ``</think>`` are
   added tokens, and the chat template takes ``enable_thinking`` (false: an empty think block ends
   the prompt) and renders an assistant's ``reasoning_content`` (for --reasoning-parser qwen3).
@@ -24,10 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from radixserve.common.demo_moe import MOE_ARCHS, moe_model_config
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3")  # dense; the mixture-of-experts ones are demo_moe.MOE_ARCHS
 SIZES = ("tiny", "small")
 
 VOCAB_SIZE = 2048
@@ -348,6 +351,8 @@ def model_config(
         dtype=dtype,
         **SHAPES[size],
     )
+    if arch in MOE_ARCHS:
+        return moe_model_config(arch, size, dict(common), ids)
     if arch == "llama":
         rope: dict[str, str | float] = {"rope_type": "default", "rope_theta": 10000.0}
         if size == "tiny":  # exercise llama3-style rope scaling
@@ -379,8 +384,8 @@ def make_demo_model(
 ) -> Path:
     """Write a random-weight HF model folder for ``arch`` / ``size`` to ``path``; return the path.
     ``thinking``: a Qwen3-style thinking model's tokenizer and template (the module's docstring)."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+    if arch not in ARCHS + MOE_ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS + MOE_ARCHS}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
     return save_random_model(

@@ -168,3 +168,15 @@ def test_bench_gpu_parses_its_flags(gpu_bench):
     assert check.stages == ["hf", "bandwidth"]  # run in the benchmark's own order
     with pytest.raises(SystemExit):
         gpu_bench.parse_args(["--smoke", "--stages", "decode"])
+
+
+def test_the_moe_models_decode_stages_write_a_report_of_their_own(gpu_bench, tmp_path):
+    """``--arch qwen3_moe`` (scripts/gpu-check phase2 --arch qwen3_moe): the MoE model's decode step
+    at every batch size, in gpu-<device>-qwen3_moe.json beside the dense model's report."""
+    argv = ["--smoke", "--arch", "qwen3_moe", "--stages", "decode_graphs", "--out", str(tmp_path)]
+    assert gpu_bench.main(argv) == 0
+    report = json.loads((tmp_path / "gpu-cpu-qwen3_moe.json").read_text())
+    assert set(report) == set(SMOKE_KEYS[""].split())
+    assert report["config"]["model"] == "random-weight Qwen3-MoE, tiny shapes (--smoke)"
+    assert all(report[f"decode_ms_bs{b}"] > 0 for b in (1, 8, 64))
+    assert not (tmp_path / "gpu-cpu.json").exists()

@@ -19,10 +19,13 @@ from transformers import AutoModelForCausalLM
 
 from radixserve import Engine, SamplingParams
 from radixserve.common.demo_model import make_demo_model, model_config, save_random_model
+from radixserve.common.demo_moe import MOE_ARCHS
 from radixserve.common.sampling import Constraint
 from radixserve.launcher import free_port
 from radixserve.scheduler.model.config import ModelConfig
+from radixserve.scheduler.model.loader import load_model
 from radixserve.scheduler.model.parallel import ShardLayout, tp_problem
+from radixserve.scheduler.tensor_parallel import weight_bytes
 from tests.helpers.fp8_models import expected_bytes, source_model, write_fp8
 from tests.helpers.hf import NEW, PROMPTS, hf_greedy
 
@@ -92,6 +95,27 @@ def test_tp2_greedy_equals_tp1_and_hf_with_chunking_radix_cache_and_overlap(mode
         per_rank = engine.placement["weight_bytes_per_rank"]
     assert len(per_rank) == 2
     for b in per_rank:  # each rank holds about half (the norms are whole on both)
+        assert 0.49 < b / whole < 0.52, (b, whole)
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_tp2_moe_greedy_equals_hf_with_chunking_radix_cache_overlap_and_static_decode(tmp_path, arch):
+    """Every expert's columns split over two ranks, one all-reduce per MoE block (model/moe.py)."""
+    path = make_demo_model(tmp_path / arch, arch=arch, size="tiny")
+    ref = hf_greedy(path, PROMPTS)
+    whole = weight_bytes(load_model(path, ModelConfig.from_pretrained(path), "cpu"))
+    with Engine(
+        path, tp_size=2, device="cpu", max_total_tokens=2048, page_size=16, chunked_prefill_size=16,
+        disable_overlap=False, cpu_overlap_thread_min_ms=0, max_running_requests=8, cpu_static_decode=True,
+        cuda_graph_max_bs=4,
+    ) as engine:  # fmt: skip
+        for _ in range(2):  # the second round hits the prefixes the first cached
+            outs = engine.generate(prompt=PROMPTS, sampling_params=GREEDY)
+            assert [o["token_ids"] for o in outs] == ref
+        assert sum(o["meta_info"]["cached_tokens"] for o in outs) > 0
+        assert engine.runner.graphs.eager_static > 0
+        per_rank = engine.placement["weight_bytes_per_rank"]
+    for b in per_rank:  # each rank holds about half (the norms and the routers are whole on both)
         assert 0.49 < b / whole < 0.52, (b, whole)
 
 

@@ -1,7 +1,8 @@
-"""The device profile (model/device.py): dtype, backend, fused ops and graphs decided in one place,
-every surprising choice said in a note. CUDA is out of reach here, so the CUDA cases resolve with
-a CUDA device named but absent (``resolve_device`` stood in: the GPU is outside this machine);
-tests/gpu checks the same choices on a real GPU."""
+"""The device profile (model/device.py): dtype, backend, fused ops, graphs and an MoE model's
+experts decided in one place, every surprising choice said in a note. CUDA is out of reach here, so
+the CUDA cases resolve with a CUDA device named but absent (``resolve_device`` stood in: the GPU is
+outside this machine, and for MoE models its compute capability, ``cuda_capability``); tests/gpu
+checks the same choices on a real GPU."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from radixserve.scheduler.model import device as device_mod
 from radixserve.scheduler.model.device import resolve_device, resolve_profile
-from tests.helpers.shapes import QWEN3_06B
+from tests.helpers.shapes import QWEN3_06B, QWEN3_30B_A3B
 
 FP32 = dataclasses.replace(QWEN3_06B, dtype=torch.float32)
 
@@ -68,3 +69,26 @@ def test_bad_arguments_are_refused_at_start():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             resolve_device("cuda:1")
+
+
+def test_an_moe_model_on_cpu_runs_the_torch_experts_and_says_so():
+    p = resolve_profile(QWEN3_30B_A3B, device="cpu", cpu_static_decode=True, cuda_graph_max_bs=8)
+    assert (p.moe, p.graph_max_bs) == ("torch", 8)  # the padded static path needs no graph
+    (note,) = [n for n in p.notes if n.startswith("MoE experts")]
+    assert note.startswith("MoE experts: the torch reference") and "need a CUDA device" in note
+
+
+def test_an_moe_model_on_cuda_runs_grouped_gemms_where_torch_has_them(on_cuda, monkeypatch):
+    monkeypatch.setattr(device_mod, "cuda_capability", lambda dev: (9, 0))  # an H100
+    h100 = resolve_profile(QWEN3_30B_A3B, device="cuda")
+    assert (h100.moe, h100.cuda_graph) == ("grouped_mm", True)
+    assert any(n.startswith("MoE experts: grouped GEMMs") for n in h100.notes)
+    fp16 = resolve_profile(QWEN3_30B_A3B, device="cuda", dtype="float16")
+    assert fp16.moe == "torch" and any("bfloat16 only, not float16" in n for n in fp16.notes)
+    monkeypatch.setattr(device_mod, "cuda_capability", lambda dev: (8, 0))  # an A100: no such kernels
+    a100 = resolve_profile(QWEN3_30B_A3B, device="cuda")
+    assert (a100.moe, a100.cuda_graph, a100.graph_max_bs) == ("torch", False, 0)
+    assert any("not SM80" in n for n in a100.notes)
+    assert "CUDA graphs off: the torch MoE experts read their row counts on the host" in a100.notes
+    dense = resolve_profile(QWEN3_06B, device="cuda")
+    assert dense.cuda_graph and not any("MoE" in n for n in dense.notes)

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from radixserve import Engine, SamplingParams
+from radixserve.common.demo_moe import MOE_ARCHS
 from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.event_loop import Step
 from radixserve.scheduler.memory.kv_pool import KVPool
@@ -24,7 +25,7 @@ from radixserve.scheduler.model.loader import load_model
 from tests.helpers.hf import NEW, PROMPTS, hf_greedy
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", *MOE_ARCHS])
 def model_dir(request, demo_model):
     return demo_model(request.param)
 

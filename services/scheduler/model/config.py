@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from radixserve.scheduler.model.moe_config import MoEConfig, moe_config
 from radixserve.scheduler.model.quant.formats import WeightQuant, checkpoint_format, requested
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -16,12 +17,16 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    # mixture of experts (model/moe_config.py)
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    arch: str  # llama | qwen2 | qwen3
+    arch: str  # llama | qwen2 | qwen3 | qwen3_moe | qwen2_moe | mixtral
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -41,6 +46,7 @@ class ModelConfig:
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...]
     quantization: WeightQuant | None = None  # FP8 weights (model/quant/); None: none
+    moe: MoEConfig | None = None  # experts and routing of a mixture-of-experts model; None: dense
 
     @classmethod
     def from_pretrained(
@@ -62,6 +68,7 @@ class ModelConfig:
             raise ValueError(f"unsupported rope_type {rope_type!r}")
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         attn_bias = bool(getattr(hf, "attention_bias", False))
+        family = "llama" if arch == "mixtral" else arch.removesuffix("_moe")  # attention and norms
         eos = getattr(hf, "eos_token_id", None)
         try:
             gen_eos = GenerationConfig.from_pretrained(str(path)).eos_token_id
@@ -81,15 +88,16 @@ class ModelConfig:
             rms_norm_eps=hf.rms_norm_eps,
             rope_theta=theta,
             rope_scaling=rope if rope_type == "llama3" else None,
-            qkv_bias=True if arch == "qwen2" else attn_bias,
-            o_bias=False if arch == "qwen2" else attn_bias,
+            qkv_bias=bool(getattr(hf, "qkv_bias", True)) if family == "qwen2" else attn_bias,
+            o_bias=False if family == "qwen2" else attn_bias,
             mlp_bias=bool(getattr(hf, "mlp_bias", False)),
-            qk_norm=arch == "qwen3",
+            qk_norm=family == "qwen3",
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
             max_position_embeddings=getattr(hf, "max_position_embeddings", 4096),
             dtype=_resolve_dtype(dtype, hf),
             eos_token_ids=eos_ids,
             quantization=requested(checkpoint_format(getattr(hf, "quantization_config", None)), quantization),
+            moe=moe_config(hf, arch, hf.num_hidden_layers),
         )
 
     def kv_bytes_per_token(self) -> int:

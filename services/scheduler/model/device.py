@@ -13,7 +13,10 @@ From the engine's arguments and what the device and checkpoint are, ``resolve_pr
   ``disable_cuda_graph``), the same padded path run eagerly (CPU with ``cpu_static_decode``: tests),
   or plain eager decode;
 * FP8 weights' GEMMs (model/quant/gemm.py): FP8 tensor cores where the GPU and torch have them,
-  the weights dequantized per matmul elsewhere (always a note: what runs, and why).
+  the weights dequantized per matmul elsewhere (always a note: what runs, and why);
+* a mixture-of-experts model's experts (model/moe_ops.py): ``grouped_mm`` where torch has grouped
+  GEMM kernels for the device and dtype (CUDA SM90 / SM100, bfloat16), else the torch reference,
+  whose host read of the expert counts turns CUDA graphs off. Always a note, so the log says which.
 
 Every choice that differs from what was asked, or that a user may not expect, is a line in
 ``notes``, which the engine logs at start: never a silent fallback per request.
@@ -28,6 +31,7 @@ import torch
 from radixserve.scheduler.model.attention import BACKENDS, choose_backend
 from radixserve.scheduler.model.attention.flashinfer_backend import unsupported_reason
 from radixserve.scheduler.model.config import DTYPES, ModelConfig
+from radixserve.scheduler.model.moe_ops import grouped_mm_unsupported
 from radixserve.scheduler.model.quant.gemm import Fp8Gemms, device_gemms, projection_shapes
 
 
@@ -41,6 +45,7 @@ class DeviceProfile:
     cuda_graph: bool  # ... and replay captured CUDA graphs
     notes: tuple[str, ...] = field(default=())
     fp8_gemms: Fp8Gemms | None = None  # the model's FP8 weights' GEMM paths; None: no FP8 weights
+    moe: str = "torch"  # torch | grouped_mm: an MoE model's experts (model/moe_ops.py)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -129,4 +134,27 @@ def resolve_profile(
     if model.quantization is not None:  # FP8 weights: their GEMM, said in a note
         gemms, said = device_gemms(dev, chosen, model.quantization, projection_shapes(model))
         notes += said
-    return DeviceProfile(dev, chosen, backend, ops, max(graph_bs, 0), cuda_graph, tuple(notes), gemms)
+    moe, moe_note = moe_experts(model, dev, chosen)
+    if moe_note is not None:
+        notes.append(moe_note)
+    if cuda_graph and model.moe is not None and moe == "torch":
+        graph_bs, cuda_graph = 0, False
+        notes.append("CUDA graphs off: the torch MoE experts read their row counts on the host")
+    return DeviceProfile(dev, chosen, backend, ops, max(graph_bs, 0), cuda_graph, tuple(notes), gemms, moe)
+
+
+def cuda_capability(dev: torch.device) -> tuple[int, int] | None:
+    """``dev``'s CUDA compute capability (major, minor); None off CUDA."""
+    return torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+
+
+def moe_experts(model: ModelConfig, dev: torch.device, dtype: torch.dtype) -> tuple[str, str | None]:
+    """The MoE experts' implementation for ``model`` on ``dev`` in ``dtype``, and the note that says
+    so (None for a dense model)."""
+    if model.moe is None:
+        return "torch", None
+    widths = (model.hidden_size, model.moe.intermediate_size, model.moe.shared_intermediate_size)
+    reason = grouped_mm_unsupported(dev, dtype, cuda_capability(dev), widths)
+    if reason is None:
+        return "grouped_mm", "MoE experts: grouped GEMMs (torch.nn.functional.grouped_mm), CUDA-graph safe"
+    return "torch", f"MoE experts: the torch reference, one matmul pair per expert ({reason})"

@@ -1,11 +1,13 @@
 """Llama / Qwen2 / Qwen3 decoder-only models over the paged KV pool: one implementation, config switches.
+Their mixture-of-experts versions (Qwen3-MoE, Qwen2-MoE, Mixtral) are the same decoder with the MoE
+block of model/moe.py in place of the MLP on their sparse layers.
 
 Module names mirror Hugging Face's so a checkpoint's tensors load by name, except two merged
 projections: ``qkv_proj`` holds q_proj, k_proj and v_proj stacked (rows in that order) and
 ``gate_up_proj`` holds gate_proj then up_proj; the loader (model/loader.py) concatenates them. One
 matmul instead of three (two) per layer, and the outputs are the same numbers.
 
-Between matmuls the layers call only the five ops of ``self.ops`` (model/ops.py: torch on every
+Between matmuls the layers call only the six ops of ``self.ops`` (model/ops.py: torch on every
 device, flashinfer's fused kernels on CUDA); attention goes through an AttentionBackend
 (model/attention/): the model never sees the KV layout. The residual stream is carried beside the
 hidden state so that "add the residual, then normalise" is one fused op (HF's order of operations).
@@ -19,7 +21,8 @@ the modules are plain ``nn.Linear`` / ``nn.Embedding``: not one op more than bef
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import overload
 
 import numpy as np
 import torch
@@ -30,6 +33,7 @@ from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.model.attention import AttentionBackend
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
+from radixserve.scheduler.model.moe import SparseMoE
 from radixserve.scheduler.model.ops import Ops, RopeInputs, TorchOps, cos_sin_table
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
 from radixserve.scheduler.model.rope import inv_frequencies
@@ -51,7 +55,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, ops: Ops, residual: torch.Tensor | None = None):
+    @overload
+    def forward(self, x: torch.Tensor, ops: Ops, residual: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, ops: Ops, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(
+        self, x: torch.Tensor, ops: Ops, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``."""
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps)
@@ -121,7 +135,8 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q, ctx.ops), self.k_norm(k, ctx.ops)
         q, k = ctx.ops.rope(q, k, ctx.rope)
-        return self.o_proj(ctx.backend.forward(self.layer_id, q, k, v, ctx.fb))
+        out: torch.Tensor = self.o_proj(ctx.backend.forward(self.layer_id, q, k, v, ctx.fb))
+        return out
 
 
 class MLP(nn.Module):
@@ -131,7 +146,19 @@ class MLP(nn.Module):
         self.down_proj = row_linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        out: torch.Tensor = self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return out
+
+
+def feed_forward(cfg: ModelConfig, layer_id: int, tp: TPGroup | None) -> nn.Module:
+    """Layer ``layer_id``'s MLP: the dense one, or on an MoE model's sparse layers the MoE block
+    (model/moe.py), whose shared expert is a dense MLP left without its own all-reduce."""
+    moe = cfg.moe
+    if moe is None or layer_id not in moe.sparse_layers:
+        return MLP(cfg, tp)
+    width = moe.shared_intermediate_size
+    shared = MLP(replace(cfg, intermediate_size=width, mlp_bias=False)) if width else None
+    return SparseMoE(cfg.hidden_size, moe, tp, shared)
 
 
 class DecoderLayer(nn.Module):
@@ -140,7 +167,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.mlp = feed_forward(cfg, layer_id, tp)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, ctx: StepContext
@@ -193,7 +220,7 @@ class CausalLM(nn.Module):
         since building the model on the meta device leaves buffers empty."""
         cfg = self.config
         inv = inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        device = self.model.embed_tokens.weight.device
+        device = next(self.model.embed_tokens.parameters()).device
         if device.type == "meta":
             self.cos_sin = torch.empty(self.max_positions, cfg.head_dim, device="meta")
         else:

@@ -10,6 +10,10 @@ Tensor parallelism (model/parallel.py): a rank reads only its slice of each shar
 FP8 weights (model/quant/): ``quant.load.plan`` makes the FP8 projections ``Fp8Linear`` before the
 model gets memory, and ``Fp8Loading`` takes the tensors that are FP8's business (FP8 weights, their
 scales, weights quantized while loading), placed and sliced by the functions here.
+
+Mixture-of-experts checkpoints store every expert's matrices apart: model/expert_weights.py places
+them (and Mixtral's router, named apart from ours) into each layer's stacked tensors. Qwen2-MoE's
+shared expert is a dense MLP to the functions here, gate and up merged, its columns split.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from safetensors import safe_open
 
 from radixserve.scheduler.model.config import ModelConfig
+from radixserve.scheduler.model.expert_weights import missing_tensor, moe_placement
 from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
 from radixserve.scheduler.model.quant.load import Fp8Loading, plan
@@ -44,12 +49,15 @@ def merged_target(name: str, cfg: ModelConfig) -> tuple[str, int, int] | None:
     """(our parameter, first row, row count) for a checkpoint tensor that is one part of a merged
     projection (weight or bias: both stack along dim 0), else None."""
     q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    shared = cfg.moe.shared_intermediate_size if cfg.moe is not None else 0  # Qwen2-MoE's shared expert
     parts = {
         ".self_attn.q_proj.": (".self_attn.qkv_proj.", 0, q),
         ".self_attn.k_proj.": (".self_attn.qkv_proj.", q, kv),
         ".self_attn.v_proj.": (".self_attn.qkv_proj.", q + kv, kv),
         ".mlp.gate_proj.": (".mlp.gate_up_proj.", 0, inter),
         ".mlp.up_proj.": (".mlp.gate_up_proj.", inter, inter),
+        ".mlp.shared_expert.gate_proj.": (".mlp.shared_expert.gate_up_proj.", 0, shared),
+        ".mlp.shared_expert.up_proj.": (".mlp.shared_expert.gate_up_proj.", shared, shared),
     }
     for part, (merged, start, rows) in parts.items():
         if part in name:
@@ -62,23 +70,27 @@ def checkpoint_slice(name: str, cfg: ModelConfig, layout: ShardLayout) -> tuple[
     if not layout.sharded:
         return None
     hd = cfg.head_dim
+    shared = layout.share(cfg.moe.shared_intermediate_size) if cfg.moe is not None else (0, 0)
     rows = {  # column-parallel: output rows (weights and biases)
         ".self_attn.q_proj.": (layout.q_head_start * hd, layout.q_heads * hd),
         ".self_attn.k_proj.": (layout.kv_head_start * hd, layout.kv_heads * hd),
         ".self_attn.v_proj.": (layout.kv_head_start * hd, layout.kv_heads * hd),
         ".mlp.gate_proj.": (layout.intermediate_start, layout.intermediate),
         ".mlp.up_proj.": (layout.intermediate_start, layout.intermediate),
+        ".mlp.shared_expert.gate_proj.": shared,
+        ".mlp.shared_expert.up_proj.": shared,
     }
     for part, (start, n) in rows.items():
         if part in name:
             return 0, start, start + n
-    if name.endswith((".self_attn.o_proj.weight", ".mlp.down_proj.weight")):  # row-parallel: input columns
-        start, n = (
-            (layout.q_head_start * hd, layout.q_heads * hd)
-            if ".o_proj." in name
-            else (layout.intermediate_start, layout.intermediate)
-        )
-        return 1, start, start + n
+    columns = {  # row-parallel: input columns (weights: a bias is added once, after the all-reduce)
+        ".self_attn.o_proj.weight": (layout.q_head_start * hd, layout.q_heads * hd),
+        ".mlp.down_proj.weight": (layout.intermediate_start, layout.intermediate),
+        ".mlp.shared_expert.down_proj.weight": shared,
+    }
+    for part, (start, n) in columns.items():
+        if name.endswith(part):
+            return 1, start, start + n
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         return 0, layout.vocab_start, layout.vocab_end(cfg)
     return None  # norms, and the row-parallel biases (added once, after the all-reduce)
@@ -108,7 +120,10 @@ def load_model(
     fp8 = plan(model, files, cfg, place)  # FP8 projections become Fp8Linear (still on meta)
     model.to_empty(device=device)
     params = dict(model.named_parameters())
-    unfilled = {name: torch.ones(p.shape[0], dtype=torch.bool) for name, p in params.items()}
+    # rows still to fill: of each output row (1-D, 2-D), of each expert's rows (3-D expert stacks)
+    unfilled = {
+        name: torch.ones(p.shape[: max(1, p.dim() - 1)], dtype=torch.bool) for name, p in params.items()
+    }
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         real = layout.vocab_end(cfg) - layout.vocab_start
         if name in params and real < params[name].shape[0]:  # the last rank's padding rows
@@ -123,6 +138,11 @@ def load_model(
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
+                placed = moe_placement(name, cfg, layout)  # an MoE expert's (or Mixtral's router)
+                if placed is not None:
+                    tensor = placed.read(name, f.get_slice(name))
+                    _fill(name, tensor, placed.param, placed.index, params, unfilled, file.name)
+                    continue
                 if loading is not None and loading.load(f, name):
                     continue
                 target_name, start, rows = place(name)
@@ -132,23 +152,12 @@ def load_model(
                     if name.endswith("rotary_emb.inv_freq"):
                         continue
                     raise ValueError(f"unexpected tensor {name!r} in {file.name}")
-                param = params[target_name]
                 part = checkpoint_slice(name, cfg, layout)
                 if rows is None and part is not None and part[0] == 0:
                     rows = part[2] - part[1]  # a vocabulary slice: the last rank's is short
-                target = param if rows is None else param[start : start + rows]
-                tensor = read_part(f, name, part)
-                if tensor.shape != target.shape:
-                    raise ValueError(
-                        f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
-                    )
-                filled = unfilled[target_name][start : start + target.shape[0]]
-                if not filled.all():
-                    raise ValueError(f"{name}: {target_name} rows {start}.. given twice")
-                with torch.no_grad():
-                    target.copy_(tensor.to(cfg.dtype))
-                filled.zero_()
-    missing = sorted(name for name, rows in unfilled.items() if rows.any())
+                index = () if rows is None else (slice(start, start + rows),)
+                _fill(name, read_part(f, name, part), target_name, index, params, unfilled, file.name)
+    missing = sorted(missing_tensor(name, rows, cfg.arch) for name, rows in unfilled.items() if rows.any())
     if missing:
         raise ValueError(f"checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     model.init_rope()  # buffers built on the meta device are empty: rebuild on the real one
@@ -157,10 +166,36 @@ def load_model(
     return model.eval()
 
 
+def _fill(
+    name: str,
+    tensor: torch.Tensor,
+    target_name: str,
+    index: tuple[int | slice, ...],
+    params: dict[str, torch.nn.Parameter],
+    unfilled: dict[str, torch.Tensor],
+    file: str,
+) -> None:
+    """Copy checkpoint tensor ``name`` into ``params[target_name][index]``, once."""
+    if target_name not in params:
+        raise ValueError(f"unexpected tensor {name!r} in {file}")
+    target = params[target_name][index]
+    if tensor.shape != target.shape:
+        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+    filled = unfilled[target_name][index]
+    if not filled.all():
+        at = ", ".join(f"{i.start}:{i.stop}" if isinstance(i, slice) else str(i) for i in index)
+        raise ValueError(f"{name}: {target_name}{f'[{at}]' if at else ''} given twice")
+    with torch.no_grad():
+        target.copy_(tensor)  # in the model's dtype
+    filled.zero_()
+
+
 def read_part(f: object, name: str, part: tuple[int, int, int] | None) -> torch.Tensor:
     """Tensor ``name`` of open file ``f``, or only its rows (dim 0) or columns (dim 1) ``start:stop``."""
     if part is None:
-        return f.get_tensor(name)  # type: ignore[attr-defined]
+        whole: torch.Tensor = f.get_tensor(name)  # type: ignore[attr-defined]
+        return whole
     dim, start, stop = part
     lazy = f.get_slice(name)  # type: ignore[attr-defined]
-    return lazy[start:stop] if dim == 0 else lazy[:, start:stop]
+    rows_or_columns: torch.Tensor = lazy[start:stop] if dim == 0 else lazy[:, start:stop]
+    return rows_or_columns

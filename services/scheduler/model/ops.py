@@ -1,7 +1,7 @@
 """The model's elementwise and normalisation ops, one implementation per device kind.
 
-The layer code (model/llama.py) calls these five ops and nothing else between its matmuls and
-attention, so one model file serves both devices:
+The layer code (model/llama.py, model/moe.py) calls these six ops and nothing else between its
+matmuls and attention, so one model file serves both devices:
 
 * ``TorchOps``: plain torch, every device. The reference: numerically what Hugging Face computes
   (RMSNorm in fp32 then cast, the residual added in the model's dtype, rotate-half RoPE with
@@ -20,16 +20,24 @@ Contracts (both classes):
   q ``[T, H, D]`` and k ``[T, Hkv, D]`` (neox / rotate-half layout); returns the rotated pair,
   which may be q and k themselves.
 
+* ``moe(x, router_logits, gate_up, down, top_k, renormalize)``: a mixture-of-experts block's
+  routed experts, ``[T, H]`` -> ``[T, H]`` (model/moe_ops.py has the contract). Routing is the same
+  torch code in both classes; the experts run through the implementation the device profile chose
+  (``make_ops``' ``moe``: the torch reference, or ``grouped_mm`` on GPUs with grouped GEMM kernels).
+
 ``cos_sin`` is ``[max_positions, D]`` float32: cos of each position's angles in the first half,
 sin in the second (flashinfer's layout; the torch path reads the same table).
 """
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+
+from radixserve.scheduler.model.moe_ops import EXPERTS, route
 
 # What rope_inputs computes once per forward for rope to use in every layer: (cos, sin) rows for
 # the torch path, (positions, the cos/sin table) for flashinfer's kernel.
@@ -49,7 +57,31 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-class TorchOps:
+class MoEOp:
+    """``moe``, shared by both op sets: the experts' implementation is the profile's choice."""
+
+    def __init__(self, moe: str = "torch") -> None:
+        if moe not in EXPERTS:
+            raise ValueError(f"unknown MoE experts {moe!r}; choose {' or '.join(EXPERTS)}")
+        self.moe_experts = moe
+        self._experts = EXPERTS[moe]
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router_logits: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        return self._experts(x, route(router_logits, top_k, renormalize), gate_up, down, self.silu_and_mul)
+
+
+class TorchOps(MoEOp):
     name = "torch"
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -78,20 +110,20 @@ class TorchOps:
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
-class FlashInferOps:
+class FlashInferOps(MoEOp):
     """flashinfer's fused kernels (CUDA, fp16/bf16). ``flashinfer`` may be injected: the CPU tests
     count this class's launches with a stand-in module, since the real kernels need a GPU."""
 
     name = "flashinfer"
 
-    def __init__(self, flashinfer: ModuleType | None = None) -> None:
-        if flashinfer is None:
-            import flashinfer
-        self.fi = flashinfer
+    def __init__(self, flashinfer: ModuleType | None = None, moe: str = "torch") -> None:
+        super().__init__(moe)
+        self.fi = flashinfer if flashinfer is not None else importlib.import_module("flashinfer")
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         # 3-D input is flashinfer's per-head (QK) RMSNorm; it reads strided rows, writes a new tensor.
-        return self.fi.norm.rmsnorm(x, weight, eps)
+        out: torch.Tensor = self.fi.norm.rmsnorm(x, weight, eps)
+        return out
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
@@ -100,7 +132,8 @@ class FlashInferOps:
         return x, residual
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fi.activation.silu_and_mul(x)
+        out: torch.Tensor = self.fi.activation.silu_and_mul(x)
+        return out
 
     def rope_inputs(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> RopeInputs:
         return positions, cos_sin
@@ -118,9 +151,10 @@ class FlashInferOps:
 Ops = TorchOps | FlashInferOps  # the two implementations of the contracts above
 
 
-def make_ops(name: str, flashinfer: ModuleType | None = None) -> Ops:
+def make_ops(name: str, flashinfer: ModuleType | None = None, moe: str = "torch") -> Ops:
+    """``moe``: the MoE experts' implementation (model/moe_ops.py ``EXPERTS``)."""
     if name == "torch":
-        return TorchOps()
+        return TorchOps(moe)
     if name == "flashinfer":
-        return FlashInferOps(flashinfer)
+        return FlashInferOps(flashinfer, moe)
     raise ValueError(f"unknown ops {name!r}; choose torch or flashinfer")

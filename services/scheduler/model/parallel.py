@@ -3,10 +3,13 @@
 Megatron-style split of a Llama-family decoder over ``size`` ranks:
 
 * column-parallel (each rank: a slice of the output rows): q/k/v (``qkv_proj``) and gate/up
-  (``gate_up_proj``), biases included; attention heads are split the same way, so a rank attends
-  with its own heads over its own KV pool (same slot indices on every rank, a slice of the heads);
-* row-parallel (each rank: a slice of the input columns): ``o_proj`` and ``down_proj``; the ranks'
-  partial sums are added by an all-reduce, and a bias is added once, after it;
+  (``gate_up_proj``), biases included, and every MoE expert's gate/up (model/moe.py); attention
+  heads are split the same way, so a rank attends with its own heads over its own KV pool (same
+  slot indices on every rank, a slice of the heads);
+* row-parallel (each rank: a slice of the input columns): ``o_proj`` and ``down_proj`` (also every
+  expert's); the ranks' partial sums are added by an all-reduce (one per MoE block: its routed and
+  shared experts' sums together), and a bias is added once, after it. The router is whole on every
+  rank, so all ranks pick the same experts; experts are not spread over ranks (no expert parallelism);
 * vocab-parallel: the embedding and the LM head hold a slice of the vocabulary rows each (padded
   so every rank holds as many); an embedding row lives on one rank, so the lookup is masked and
   all-reduced; the LM head's logits are all-gathered and the padding cut off.
@@ -43,6 +46,8 @@ def tp_problem(cfg: ModelConfig, size: int) -> str | None:
         return f"tp_size {size} and the model's {kv} KV heads: one must divide the other"
     if inter % size:
         return f"tp_size {size} does not divide the model's MLP size {inter}"
+    if cfg.moe is not None and (experts := cfg.moe.tp_problem(size)) is not None:
+        return experts
     return block_problem(cfg, size)  # FP8 checkpoints in blocks: each rank holds whole blocks
 
 
@@ -83,9 +88,19 @@ class ShardLayout:
 
     def local_config(self, cfg: ModelConfig) -> ModelConfig:
         """``cfg`` with this rank's head and MLP counts: what its layers and KV pool are sized by."""
+        moe = None if cfg.moe is None else cfg.moe.split(self.size)
         return replace(
-            cfg, num_heads=self.q_heads, num_kv_heads=self.kv_heads, intermediate_size=self.intermediate
+            cfg,
+            num_heads=self.q_heads,
+            num_kv_heads=self.kv_heads,
+            intermediate_size=self.intermediate,
+            moe=moe,
         )
+
+    def share(self, columns: int) -> tuple[int, int]:
+        """(first, count) of this rank's even share of ``columns`` MLP columns (an expert's)."""
+        count = columns // self.size
+        return self.rank * count, count
 
     def vocab_end(self, cfg: ModelConfig) -> int:
         """One past the last real vocabulary row on this rank (the rest of its rows are padding)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
+from typing import cast
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ import torch
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, ScoreLayout
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
-from radixserve.scheduler.model.attention import make_backend
+from radixserve.scheduler.model.attention import GraphAttentionBackend, make_backend
 from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.graph_runner import DecodeGraphRunner, pad_rows
@@ -108,7 +109,7 @@ class ModelRunner:
         self.model = model
         self.tp: TPGroup | None = model.tp
         self.step_sink = step_sink
-        self.model.ops = make_ops(profile.ops, flashinfer)
+        self.model.ops = make_ops(profile.ops, flashinfer, profile.moe)
         if profile.fp8_gemms is not None:
             use_gemms(self.model, profile.fp8_gemms)  # FP8 weights: the profile's GEMM path
         self.req_to_token = req_to_token
@@ -133,7 +134,7 @@ class ModelRunner:
         )
         if self.graphs.capture_graphs:
             max_pages = -(-req_to_token.max_context // page_size)
-            self.backend.init_graphs(self.graphs.buckets, max_pages)
+            cast(GraphAttentionBackend, self.backend).init_graphs(self.graphs.buckets, max_pages)
 
     def prepare(self, batch: ScheduleBatch) -> ForwardBatch:
         """Host side of a step (scheduler thread): plan it, hand the plan to the other ranks (tensor
