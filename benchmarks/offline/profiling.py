@@ -129,7 +129,7 @@ def _step(engine: Any) -> Any:
     sched, runner = engine.scheduler, engine.runner
     batch = sched.schedule()
     assert batch is not None
-    sched.process(batch, runner.forward(runner.prepare(batch)).tolist())
+    sched.process(batch, runner.forward(runner.prepare(batch)).tokens.tolist())
     return batch
 
 

@@ -114,20 +114,21 @@ class _DeviceStream:
         self.stream.wait_stream(torch.cuda.current_stream(dev))  # inputs copied on the main stream
         with torch.cuda.stream(self.stream):
             mark = trace.start(fb) if trace is not None else None
-            tokens = self.runner.forward(fb)
+            result = self.runner.forward(fb)
             if mark is not None:
                 mark.record(self.stream)
-            host = tokens.to("cpu", non_blocking=True)
-            scores = fb.scores.to_host(non_blocking=True) if fb.scores is not None else None
+            host = result.tokens.to("cpu", non_blocking=True)
+            scores = result.scores.to_host(non_blocking=True) if result.scores is not None else None
             done = torch.cuda.Event()
             done.record(self.stream)
         return DeviceLaunch(host, scores, done, fb)
 
     def _forward_cpu(self, fb: ForwardBatch) -> StepOutput:
         t = time.perf_counter()
-        tokens: list[int] = self.runner.forward(fb).tolist()
+        result = self.runner.forward(fb)
+        tokens: list[int] = result.tokens.tolist()
         self._note(time.perf_counter() - t)
-        return tokens, fb.scores
+        return tokens, result.scores
 
     def ran_inline(self, seconds: float) -> None:
         """The loop ran a CPU forward itself, in ``seconds``."""
@@ -237,11 +238,11 @@ class EventLoop:
         fb = self.runner.prepare(batch)
         t1 = time.perf_counter()
         mark = self.trace.start(fb) if self.trace is not None else None
-        out = self.runner.forward(fb)
+        result = self.runner.forward(fb)
         if mark is not None:
             mark.record(torch.cuda.current_stream(self.runner.device))
-        tokens = out.tolist()
-        scores = fb.scores.to_host() if fb.scores is not None else None
+        tokens = result.tokens.tolist()
+        scores = result.scores.to_host() if result.scores is not None else None
         t2 = time.perf_counter()
         if self.stream is not None:  # the overlap loop stepping as this one (short CPU forwards)
             self.stream.ran_inline(t2 - t1)

@@ -73,9 +73,9 @@ def graph_and_eager_logits(
                 finally:
                     runner.graphs.enabled = True
                 ids = runner.futures.resolve(fb.input_ids)
-                eager = runner.model(ids, fb.positions, fb, runner.backend).float()
+                eager = runner.model(ids, fb.positions, fb, runner.backend).logits.float()
                 steps.append((batch.size, static, eager))
-            sched.process(batch, runner.forward(fb).tolist())
+            sched.process(batch, runner.forward(fb).tokens.tolist())
     return steps
 
 

@@ -288,7 +288,7 @@ def model_logits(model, backend, table: ReqToTokenPool, pages: Pages, ids: dict[
         fb.all_logits = True
         fb.input_ids = torch.cat([ids[r][s : s + n] for r, s, n in parts]).to(DEV)
         backend.prepare(fb, np.asarray([r for r, _, _ in parts]))
-        out.append(model(fb.input_ids, fb.positions, fb, backend))
+        out.append(model(fb.input_ids, fb.positions, fb, backend).logits)
     return torch.cat(out).float()
 
 

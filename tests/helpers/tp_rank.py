@@ -41,7 +41,7 @@ def run_rank(rank: int, size: int, port: int, path: str, out: str) -> None:
             np.array([start]), np.array([n]), torch.zeros(1, dtype=torch.int64), None, all_logits=True,
         )  # fmt: skip
         backend.prepare(fb, np.array([1]))
-        return model(fb.input_ids, fb.positions, fb, backend)
+        return model(fb.input_ids, fb.positions, fb, backend).logits
 
     logits = torch.cat(
         [run(0, 25, ForwardMode.EXTEND), run(25, 11, ForwardMode.EXTEND)]

@@ -73,7 +73,7 @@ def test_logits_match_hf_for_prefill_cached_extend_and_decode(model_dir, backend
             all_logits=True,
         )
         backend.prepare(fb, np.array([1]))
-        return model(fb.input_ids, fb.positions, fb, backend)
+        return model(fb.input_ids, fb.positions, fb, backend).logits
 
     ours = torch.cat(
         [run(0, 25, ForwardMode.EXTEND), run(25, 11, ForwardMode.EXTEND)]

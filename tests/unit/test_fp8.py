@@ -69,7 +69,7 @@ def engine_logits(path, quantization: str) -> tuple[torch.Tensor, torch.Tensor, 
             np.array([n]), None, None, all_logits=True,
         )  # fmt: skip
         backend.prepare(fb, np.array([1]))
-        out.append(model(fb.input_ids, fb.positions, fb, backend))
+        out.append(model(fb.input_ids, fb.positions, fb, backend).logits)
     return ids, torch.cat(out), model
 
 

@@ -12,7 +12,7 @@ import torch
 from radixserve.scheduler.batch import ForwardMode
 
 if TYPE_CHECKING:
-    from radixserve.scheduler.model.logits import LogitsStep, StepScores
+    from radixserve.scheduler.model.logits import LogitsStep
     from radixserve.scheduler.model.sampler import SamplingInfo
 
 
@@ -37,14 +37,12 @@ class ForwardBatch:
     graph_bucket: int | None = None  # decode padded to this many rows for the static path (graph_runner)
     num_real: int | None = None  # rows that are requests (the rest is padding); None: all
     logits_step: LogitsStep | None = None  # bias, penalties, mask, logprobs (model/logits.py); rank 0
-    scores: StepScores | None = None  # the step's log-probabilities (device), set by the forward
     # Prompt scoring (logprobs of prompt tokens): the last ``score_rows`` of ``last_index`` are
     # positions whose next prompt token (``score_targets``) is scored with ``score_top_k``
-    # alternatives; the model leaves (logprob, top ids, top logprobs) in ``prompt_scores``.
+    # alternatives (the model returns them: ModelOutput.prompt_scores).
     score_rows: int = 0
     score_targets: torch.Tensor | None = None
     score_top_k: int = 0
-    prompt_scores: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def batch_size(self) -> int:

@@ -38,7 +38,7 @@ from radixserve.scheduler.model.attention import AttentionBackend, GraphAttentio
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
-    from radixserve.scheduler.model.llama import CausalLM
+    from radixserve.scheduler.model.llama import CausalLM, ModelOutput
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,8 @@ class DecodeGraphRunner:
 
     def _forward(self, bucket: int, attn: object) -> torch.Tensor:
         fb = self._static_batch(bucket, attn)
-        logits: torch.Tensor = self.model(fb.input_ids, fb.positions, fb, self.backend)
-        return logits
+        out: ModelOutput = self.model(fb.input_ids, fb.positions, fb, self.backend)
+        return out.logits
 
     def run(self, fb: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits [real batch, vocab] of a decode batch padded to ``fb.graph_bucket``; ``input_ids``

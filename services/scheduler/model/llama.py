@@ -22,7 +22,7 @@ the modules are plain ``nn.Linear`` / ``nn.Embedding``: not one op more than bef
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import overload
+from typing import NamedTuple, overload
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.model.attention import AttentionBackend
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
+from radixserve.scheduler.model.logits import PromptScores
 from radixserve.scheduler.model.moe import SparseMoE
 from radixserve.scheduler.model.ops import Ops, RopeInputs, TorchOps, cos_sin_table
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
@@ -199,6 +200,14 @@ class Backbone(nn.Module):
 SCORE_SLICE = 512  # prompt positions scored per lm_head call (logprobs of a prompt)
 
 
+class ModelOutput(NamedTuple):
+    """What a forward computes: the logits to sample from, [B, vocab] (every token's with
+    ``fb.all_logits``), and the scores of the prompt positions the batch asked about."""
+
+    logits: torch.Tensor
+    prompt_scores: PromptScores | None = None
+
+
 class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int | None = None, tp: TPGroup | None = None) -> None:
         """``cfg``: the whole model's; ``tp``: this rank's group (None: the whole model here)."""
@@ -233,8 +242,9 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, backend: AttentionBackend
-    ) -> torch.Tensor:
-        """Logits of each request's last token, [B, vocab] (every token's with ``fb.all_logits``)."""
+    ) -> ModelOutput:
+        """Each request's last token's logits (every token's with ``fb.all_logits``), and the scores
+        of the prompt positions the batch scores (``fb.score_rows``)."""
         x = self.model.embed_tokens(input_ids)
         ctx = StepContext(fb, backend, self.ops, self.ops.rope_inputs(positions, self.cos_sin, x.dtype))
         residual = None
@@ -249,9 +259,8 @@ class CausalLM(nn.Module):
         x, _ = self.model.norm(x, self.ops, residual)
         if fb.score_rows:  # the trailing rows are prompt positions scored for logprobs
             n = x.shape[0] - fb.score_rows
-            fb.prompt_scores = self._score_prompt(x[n:], fb)
-            x = x[:n]
-        return self._logits(x)
+            return ModelOutput(self._logits(x[:n]), self._score_prompt(x[n:], fb))
+        return ModelOutput(self._logits(x))
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.output_weight())
@@ -259,9 +268,7 @@ class CausalLM(nn.Module):
             logits = self.tp.all_gather_vocab(logits, self.config.vocab_size)
         return logits.float()
 
-    def _score_prompt(
-        self, x: torch.Tensor, fb: ForwardBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _score_prompt(self, x: torch.Tensor, fb: ForwardBatch) -> PromptScores:
         """Each row's log-probability of its target (``fb.score_targets``) and its ``fb.score_top_k``
         most likely (ids, log-probabilities), from the raw logits. In slices: a whole prompt chunk's
         logits at once would be chunk x vocab floats (8,192 x 152k: 5 GB); a slice's are ~0.3 GB.

@@ -47,6 +47,11 @@ class LogitsStep:
     bitmask: torch.Tensor | None  # [B, W] int32 (grammar.mask_width): bit 0 = the token is refused
 
 
+# The model's scores of prompt positions: each one's log-probability of its next prompt token, and
+# its top ids and their log-probabilities.
+PromptScores = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 @dataclass(slots=True)
 class StepScores:
     """A step's log-probabilities: for ``layout.rows`` (``token_*``, ``top_*``) and ``layout.prompt``
@@ -153,10 +158,10 @@ class LogitsProcessor:
         info: SamplingInfo,
         step: LogitsStep,
         sampler: Sampler,
-        prompt_scores: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        prompt_scores: PromptScores | None = None,
     ) -> tuple[torch.Tensor, StepScores | None]:
         """``logits`` [B, V]: each request's last position; ``prompt_scores``: the model's scores of
-        ``step.layout.prompt`` (ForwardBatch.prompt_scores). Returns the sampled tokens [B] and the
+        ``step.layout.prompt`` (ModelOutput.prompt_scores). Returns the sampled tokens [B] and the
         step's scores (None when none were asked for)."""
         raw = None
         if step.logprob_rows is not None:

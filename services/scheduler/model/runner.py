@@ -32,8 +32,8 @@ from radixserve.scheduler.model.attention import GraphAttentionBackend, make_bac
 from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.graph_runner import DecodeGraphRunner, pad_rows
-from radixserve.scheduler.model.llama import CausalLM
-from radixserve.scheduler.model.logits import LogitsProcessor
+from radixserve.scheduler.model.llama import CausalLM, ModelOutput
+from radixserve.scheduler.model.logits import LogitsProcessor, StepScores
 from radixserve.scheduler.model.ops import make_ops
 from radixserve.scheduler.model.parallel import TPGroup
 from radixserve.scheduler.model.quant.linear import use_gemms
@@ -67,6 +67,15 @@ class FutureMap:
 
     def resolve(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.where(ids < 0, self.tokens.index_select(0, (-1 - ids).clamp(min=0)), ids)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """A step's sampled tokens [B] and, when a request asked, its log-probabilities (device tensors
+    until the event loop copies them to the host)."""
+
+    tokens: torch.Tensor
+    scores: StepScores | None = None
 
 
 @dataclass(slots=True)
@@ -237,32 +246,33 @@ class ModelRunner:
         return fb
 
     @torch.inference_mode()
-    def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Device side of a step: returns the sampled tokens [B] (on the device)."""
+    def forward(self, fb: ForwardBatch) -> StepResult:
+        """Device side of a step: the sampled tokens [B] and the scores asked for (on the device)."""
         ids = self.futures.resolve(fb.input_ids)
         if fb.graph_bucket is not None:
-            logits = self.graphs.run(fb, ids)
+            out = ModelOutput(self.graphs.run(fb, ids))
         else:
-            logits = self.model(ids, fb.positions, fb, self.backend)
+            out = self.model(ids, fb.positions, fb, self.backend)
         if self.tp is None:
-            tokens = self._sample(logits, fb)
+            result = self._sample(out, fb)
         else:  # rank 0 samples (its generator alone draws the unseeded rows); every rank gets them
             if fb.sampling is not None:
-                tokens = self._sample(logits, fb).to(torch.int64)
+                result = self._sample(out, fb)
+                result = StepResult(result.tokens.to(torch.int64), result.scores)
             else:
-                tokens = torch.empty(fb.real_size, dtype=torch.int64, device=self.device)
-            self.tp.broadcast(tokens)
-        self.futures.tokens.index_put_((fb.future_out.narrow(0, 0, fb.real_size),), tokens)
-        return tokens
+                result = StepResult(torch.empty(fb.real_size, dtype=torch.int64, device=self.device))
+            self.tp.broadcast(result.tokens)
+        self.futures.tokens.index_put_((fb.future_out.narrow(0, 0, fb.real_size),), result.tokens)
+        return result
 
-    def _sample(self, logits: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def _sample(self, out: ModelOutput, fb: ForwardBatch) -> StepResult:
         assert fb.sampling is not None
         if fb.logits_step is None:
-            return self.sampler(logits, fb.sampling)
-        tokens, fb.scores = self.logits.sample(
-            logits, fb.sampling, fb.logits_step, self.sampler, fb.prompt_scores
+            return StepResult(self.sampler(out.logits, fb.sampling))
+        tokens, scores = self.logits.sample(
+            out.logits, fb.sampling, fb.logits_step, self.sampler, out.prompt_scores
         )
-        return tokens
+        return StepResult(tokens, scores)
 
     def capture_graphs(self) -> float:
         """Capture the decode graphs (CUDA; nothing on CPU); returns the seconds it took."""
