@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from radixserve.common.config import Bounds, ConfigError, OneLineParser, flag_type, number_type
+from radixserve.common.demo_hybrid import HYBRID_ARCHS
 from radixserve.common.demo_model import ARCHS
 from radixserve.common.demo_moe import MOE_ARCHS
 from radixserve.common.service_config import (
@@ -405,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("make-demo-model", help="write a random-weight HF model folder (offline)")
     p.add_argument("path", help="output folder")
-    p.add_argument("--arch", choices=ARCHS + MOE_ARCHS, default="llama")
+    p.add_argument("--arch", choices=ARCHS + MOE_ARCHS + HYBRID_ARCHS, default="llama")
     p.add_argument("--size", choices=("tiny", "small"), default="tiny")
     p.add_argument("--seed", type=number_type(int, TORCH_SEED), default=0)
     p.set_defaults(func=_cmd_make_demo_model)

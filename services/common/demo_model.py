@@ -25,12 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from radixserve.common.demo_hybrid import HYBRID_ARCHS, hybrid_model_config, perturb
 from radixserve.common.demo_moe import MOE_ARCHS, moe_model_config
 
 if TYPE_CHECKING:
+    from torch import nn
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
-ARCHS = ("llama", "qwen2", "qwen3")  # dense; the mixture-of-experts ones are demo_moe.MOE_ARCHS
+ARCHS = ("llama", "qwen2", "qwen3")  # dense; demo_moe.MOE_ARCHS and demo_hybrid.HYBRID_ARCHS too
 SIZES = ("tiny", "small")
 
 VOCAB_SIZE = 2048
@@ -353,6 +355,8 @@ def model_config(
     )
     if arch in MOE_ARCHS:
         return moe_model_config(arch, size, dict(common), ids)
+    if arch in HYBRID_ARCHS:
+        return hybrid_model_config(arch, size, dict(common), ids)
     if arch == "llama":
         rope: dict[str, str | float] = {"rope_type": "default", "rope_theta": 10000.0}
         if size == "tiny":  # exercise llama3-style rope scaling
@@ -384,12 +388,13 @@ def make_demo_model(
 ) -> Path:
     """Write a random-weight HF model folder for ``arch`` / ``size`` to ``path``; return the path.
     ``thinking``: a Qwen3-style thinking model's tokenizer and template (the module's docstring)."""
-    if arch not in ARCHS + MOE_ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS + MOE_ARCHS}")
+    if arch not in ARCHS + MOE_ARCHS + HYBRID_ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS + MOE_ARCHS + HYBRID_ARCHS}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
+    adjust = perturb if arch in HYBRID_ARCHS else None
     return save_random_model(
-        path, lambda vocab, ids: model_config(arch, size, vocab, ids), "float32", seed, thinking
+        path, lambda vocab, ids: model_config(arch, size, vocab, ids), "float32", seed, thinking, adjust
     )
 
 
@@ -399,11 +404,13 @@ def save_random_model(
     dtype: str = "float32",
     seed: int = 0,
     thinking: bool = False,
+    adjust: Callable[[nn.Module], None] | None = None,
 ) -> Path:
     """Write a random-weight HF folder with the demo tokenizer: ``make_config(vocab_size,
     special_token_ids)`` returns the transformers config (benchmarks pass other shapes, e.g.
-    Qwen3-0.6B's); weights seeded with ``seed``, stored in ``dtype``. The ids are the config's
-    keyword arguments (``bos_token_id``, ``eos_token_id``, ``pad_token_id``)."""
+    Qwen3-0.6B's); weights seeded with ``seed``, stored in ``dtype``, then changed in place by
+    ``adjust`` (seeded too). The ids are the config's keyword arguments (``bos_token_id``,
+    ``eos_token_id``, ``pad_token_id``)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -421,6 +428,8 @@ def save_random_model(
     with torch.random.fork_rng(devices=[]):  # seeded weights, caller's RNG state left untouched
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+        if adjust is not None:
+            adjust(model)
     model.generation_config = GenerationConfig(**ids)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)

@@ -93,6 +93,20 @@ class EngineConfig:
         bounds=SHARE,
     )
     disable_radix_cache: bool = setting(False, "no prefix cache")
+    # Hybrid models (Qwen3-Next, Qwen3.5): the radix cache resumes a prefix from a snapshot of the
+    # linear layers' recurrent state at a tree node (scheduler/memory/hybrid_cache.py).
+    max_state_snapshots: int | None = setting(
+        None,
+        "hybrid models: recurrent-state snapshots the prefix cache holds (default: a tenth of the memory,"
+        " at most 4 per running request); 0: no prefix hits on hybrids",
+        bounds=AT_LEAST_0,
+    )
+    snapshot_interval: int = setting(
+        0,
+        "hybrid models: also snapshot every this many tokens of a prefill (0: at branch points and"
+        " prompt ends only)",
+        bounds=AT_LEAST_0,
+    )
     # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
     # the host's Python and the worker's op dispatch share one GIL: the overlap can hide host work
     # only behind long kernels, which a CPU forward of our models rarely has, so it is opt-in there.
@@ -165,6 +179,8 @@ class EngineOptions(TypedDict, total=False):
     fairness_lead: float
     init_new_token_ratio: float
     disable_radix_cache: bool
+    max_state_snapshots: int | None
+    snapshot_interval: int
     disable_overlap: bool | None
     cpu_overlap_thread_min_ms: float
     attention_backend: str

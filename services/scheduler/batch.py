@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from radixserve.scheduler.req import Req
+
+if TYPE_CHECKING:
+    from radixserve.scheduler.memory.states import StatePlan
 
 
 def _empty() -> npt.NDArray[np.int64]:
@@ -87,6 +91,7 @@ class ScheduleBatch:
     special: bool = False  # some request does (Req.special)
     scores: ScoreLayout | None = None
     constrained: bool = False
+    states: StatePlan | None = None  # a hybrid model's state copies and snapshots (memory/states.py)
 
     @property
     def size(self) -> int:

@@ -173,6 +173,8 @@ class BatchScheduler:
             if batch is not None:
                 prefill = batch.mode is ForwardMode.EXTEND
                 self.consecutive_prefills = self.consecutive_prefills + 1 if prefill else 0
+                if self.kv.states is not None:  # a hybrid model: its state copies and snapshots
+                    batch.states = self.kv.states.plan(batch)
                 self._commit(batch)
                 return batch
         return None
@@ -228,6 +230,8 @@ class BatchScheduler:
                 followers = self.policy.followers.get(id(req), ())
                 if adder.add(req, keep_wanted=keep, followers=followers) is not AddResult.ADDED:
                     break
+                if followers and self.kv.states is not None:
+                    self.kv.states.lead(req, followers)  # snapshot where they will resume
                 req.waited = now - req.queue_time  # queue_time already counts earlier waits
                 if req.admit_time is None:
                     req.admit_time = now
@@ -421,6 +425,9 @@ class BatchScheduler:
                     req.truncate_output(idx + 1)  # drop a token already pending behind the last one
                     self.running.remove(req)
                     finished.append(self._finish(req, reason))
+        if batch.states is not None and batch.states.taken:
+            assert self.kv.states is not None
+            self.kv.states.settle(batch)  # the snapshots this step took, to the tree
         return finished
 
     def _grammar_end(self, req: Req, tok: int) -> FinishReason | None:

@@ -36,6 +36,7 @@ from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.event_loop import EventLoop, Step
 from radixserve.scheduler.memory.allocator import kv_capacity
 from radixserve.scheduler.memory.manager import MemoryConfig
+from radixserve.scheduler.memory.state_pool import plan_state_memory
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.device import resolve_profile
 from radixserve.scheduler.model.loader import load_model
@@ -163,9 +164,17 @@ class Engine:
             for loaded in followers.loaded():
                 kv_tokens.append(loaded.kv_tokens)
                 weights.append(loaded.weight_bytes)
-        # Every rank's pool has the same slots: the smallest any rank can hold.
+        # Every rank's pool has the same slots: the smallest any rank can hold. A hybrid's recurrent
+        # states come out of it first (every rank holds the same number, of its own heads).
+        snapshots, kv_left = 0, min(kv_tokens)
+        local = model.local_config
+        if local.hybrid is not None:
+            snapshots, kv_left = plan_state_memory(
+                local.hybrid.state_shape(), local.dtype, cfg.max_running_requests, kv_left, per_token,
+                cfg.max_state_snapshots,
+            )  # fmt: skip
         self.scheduler = BatchScheduler(
-            self._scheduler_config(max_context, str(dev), min(kv_tokens)),
+            self._scheduler_config(max_context, str(dev), kv_left, snapshots),
             eos_token_ids=self._eos_token_ids(),
         )
         self.runner = ModelRunner(
@@ -177,17 +186,20 @@ class Engine:
             page_size=cfg.page_size,
             step_sink=followers.send if followers is not None else None,
             eos_token_ids=self._eos_token_ids(),
+            state_snapshots=snapshots,
         )
         kv = self.scheduler.kv
         if followers is not None:
             table = kv.req_to_token
             shape = (kv.allocator.pool_slots, table.max_running, table.max_context, cfg.max_running_requests)
-            followers.build(RunnerSpec(*shape, cfg.page_size))
+            followers.build(RunnerSpec(*shape, cfg.page_size, snapshots))
         self.placement: dict[str, Any] = {
             "tp_size": cfg.tp_size,
             "weight_bytes_per_rank": weights,
             "kv_tokens": kv.capacity,
             "kv_bytes_per_rank": kv.capacity * per_token,
+            "state_snapshots": snapshots,
+            "state_bytes_per_rank": self.runner.states.nbytes if self.runner.states is not None else 0,
         }
         if cfg.tp_size > 1:
             log.info(
@@ -253,9 +265,12 @@ class Engine:
             eos.add(self.tokenizer.eos_token_id)
         return sorted(eos)
 
-    def _scheduler_config(self, max_context: int, device: str, kv_tokens: int) -> SchedulerConfig:
+    def _scheduler_config(
+        self, max_context: int, device: str, kv_tokens: int, snapshots: int = 0
+    ) -> SchedulerConfig:
         """The batch scheduler's and the KV pool's settings, resolved from the engine arguments;
-        ``kv_tokens``: what the memory left after the weights holds (every rank's)."""
+        ``kv_tokens``: what the memory left after the weights holds (every rank's); ``snapshots``: a
+        hybrid model's prefix state snapshots."""
         cfg = self.config
         # No mix of requests can hold more KV than every running request at full context.
         total = cfg.max_total_tokens or min(kv_tokens, cfg.max_running_requests * max_context)
@@ -265,6 +280,9 @@ class Engine:
             max_running_requests=cfg.max_running_requests,
             max_context_len=max_context,
             disable_radix_cache=cfg.disable_radix_cache,
+            hybrid=self.model_config.hybrid is not None,
+            state_snapshots=snapshots,
+            snapshot_interval=cfg.snapshot_interval,
         )
         return SchedulerConfig(
             memory=mem,

@@ -41,6 +41,10 @@ class Req:
     cached_len: int = 0  # leading tokens whose pages the tree owns
     kv_len: int = 0  # leading tokens whose KV is written
     alloc_len: int = 0  # leading tokens that have a slot
+    # Hybrid models (memory/states.py): the state slot its row's state is copied from at its first
+    # step after admission (-1: none pending), and where its prompt left the cached KV then.
+    state_src: int = -1
+    branch_len: int = 0
 
     # Scheduling.
     match_len: int = 0  # cached prefix found by the last match (for the policy's ordering)

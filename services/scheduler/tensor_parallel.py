@@ -103,6 +103,7 @@ class RunnerSpec:
     max_context: int
     max_batch: int
     page_size: int
+    state_snapshots: int = 0  # a hybrid model's prefix snapshots (the StatePool's size)
 
 
 CAPTURE = "capture"  # capture the decode graphs now
@@ -310,7 +311,10 @@ def _serve(spec: FollowerSpec, conn: Connection) -> None:
     shape = conn.recv_bytes()
     rs: RunnerSpec = pickle.loads(shape)
     table = ReqToTokenPool(rs.table_rows, rs.max_context)
-    runner = ModelRunner(model, table, rs.pool_slots, rs.max_batch, spec.profile, page_size=rs.page_size)
+    runner = ModelRunner(
+        model, table, rs.pool_slots, rs.max_batch, spec.profile, page_size=rs.page_size,
+        state_snapshots=rs.state_snapshots,
+    )  # fmt: skip
     conn.send("built")
     while True:
         try:

@@ -4,6 +4,9 @@ hit)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -32,3 +35,15 @@ def hf_greedy(path, prompts, new=NEW):
         assert gen.shape[1] == len(ids) + new
         out.append(gen[0, len(ids) :].tolist())
     return out
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread for the block: HF's small ops (the hybrids' depthwise conv1d)
+    are 100x slower on two threads of a shared two-core machine than on one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

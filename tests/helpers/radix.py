@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from radixserve.scheduler.memory.allocator import PagedAllocator
+from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache, SnapshotSlots
 from radixserve.scheduler.memory.radix_cache import RadixCache
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 
@@ -12,6 +13,13 @@ from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 def make_cache(num_pages=64, page_size=1, cls=RadixCache):
     alloc = PagedAllocator(num_pages, page_size)
     return cls(alloc, ReqToTokenPool(4, 256))
+
+
+def make_hybrid_cache(num_pages=64, page_size=1, snapshots=4) -> HybridRadixCache:
+    """A hybrid model's cache whose snapshot slots are 100 .. 100 + snapshots - 1."""
+    return HybridRadixCache(
+        PagedAllocator(num_pages, page_size), ReqToTokenPool(4, 256), SnapshotSlots(100, snapshots)
+    )
 
 
 def put(cache: RadixCache, tokens):

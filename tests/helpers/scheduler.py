@@ -22,12 +22,37 @@ class KVEchoRunner:
     ReqToTokenPool row and must equal its tokens: a row that points at a freed and
     reused page, or at another request's page, fails here. The next token depends
     only on the sequence, so any engine feature that changes outputs is caught too.
+
+    A hybrid scheduler's recurrent states are faked too: a slot's "state" is the tuple of tokens it
+    has seen. The step's state copies run first, then every request's row must hold exactly the
+    tokens before its step, its snapshots get the tokens up to their cut, and every snapshot the
+    tree holds must be the tokens of its node's path: a snapshot resumed at the wrong prefix fails.
     """
 
     def __init__(self, scheduler: BatchScheduler) -> None:
         self.s = scheduler
         self.kv = np.full(scheduler.kv.allocator.pool_slots, -1, dtype=np.int64)
         self.futures: dict[int, int] = {}  # FutureMap: placeholder id -> sampled token
+        self.states: dict[int, tuple[int, ...]] = {}  # state slot -> the tokens it has seen
+
+    def _states(self, batch: ScheduleBatch) -> None:
+        plan, cache = batch.states, self.s.kv.cache
+        if plan is None:
+            return
+        for pairs in (plan.copies, plan.inits):
+            src, dst = np.split(pairs, 2)
+            for a, b in zip(src.tolist(), dst.tolist(), strict=True):
+                self.states[b] = self.states.get(a, ())  # a never-written slot is zeros: the empty prefix
+        for slot, node in getattr(cache, "held", {}).items():
+            assert self.states.get(slot, ()) == tuple(path_tokens(node)), f"snapshot {slot} is not its node's"
+        for i, (req, p, n) in enumerate(zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True)):
+            seq = tuple(self.resolve(req.fill_ids()[: int(p + n)]).tolist())
+            assert self.states.get(req.req_pool_idx, ()) == seq[: int(p)], (
+                f"state of {req.rid} is not its prefix"
+            )
+            for offset, slot in plan.cuts[i] if plan.cuts else ():
+                self.states[slot] = seq[: int(p) + offset]
+            self.states[req.req_pool_idx] = seq
 
     def resolve(self, ids: np.ndarray) -> np.ndarray:
         """Placeholders (-1 - future id) become the tokens an earlier forward sampled."""
@@ -38,6 +63,7 @@ class KVEchoRunner:
 
     def forward(self, batch: ScheduleBatch) -> list[int]:
         self.kv[batch.out_slots] = self.resolve(batch.input_ids)
+        self._states(batch)
         out = []
         for i, (req, p, n) in enumerate(zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True)):
             end = int(p + n)
@@ -49,6 +75,15 @@ class KVEchoRunner:
                 self.futures[int(batch.future_ids[i])] = tok
             out.append(tok)
         return out
+
+
+def path_tokens(node) -> list[int]:
+    """The tokens from the root to the end of ``node``."""
+    parts = []
+    while node.parent is not None:
+        parts.append(node.key.tolist())
+        node = node.parent
+    return [t for part in reversed(parts) for t in part]
 
 
 def next_token(seq: np.ndarray) -> int:
@@ -91,13 +126,18 @@ def make_req(rid: str, ids, max_new: int = 8, t: float = 0.0) -> Req:
     return Req(rid, list(ids), SamplingParams(max_new_tokens=max_new), arrival_time=t)
 
 
-def sched(clock=None, total=4096, page=1, rows=64, ctx=2048, no_cache=False, **kw) -> BatchScheduler:
+def sched(
+    clock=None, total=4096, page=1, rows=64, ctx=2048, no_cache=False, snapshots=None, **kw
+) -> BatchScheduler:
+    """``snapshots``: a hybrid model's scheduler with that many state snapshots (None: a dense one)."""
     mem = MemoryConfig(
         max_total_tokens=total,
         page_size=page,
         max_running_requests=rows,
         max_context_len=ctx,
         disable_radix_cache=no_cache,
+        hybrid=snapshots is not None,
+        state_snapshots=snapshots or 0,
     )
     if clock is None:
         return BatchScheduler(SchedulerConfig(memory=mem, **kw))

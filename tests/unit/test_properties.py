@@ -1,7 +1,9 @@
 """Property tests: the memory invariants hold after every operation, whatever the sequence.
 
 free + evictable + protected + held-by-running == capacity; no page has two owners or
-none; a locked node is never evicted; every request's KV reads back as its tokens.
+none; a locked node is never evicted; every request's KV reads back as its tokens. For a hybrid
+model's scheduler also: every state snapshot slot has one owner, and every request's recurrent
+state and every snapshot the tree holds is exactly its prefix's (tests/helpers/scheduler.py).
 """
 
 import numpy as np
@@ -32,8 +34,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         fairness=st.sampled_from([None, 0.0, 3.0]),
         ratio=st.sampled_from([0.0, 0.3, 0.7]),
         overlap=st.booleans(),
+        snapshots=st.sampled_from([None, 0, 2, 8]),
     )
-    def setup(self, page, pages, policy, chunk, no_cache, fairness, ratio, overlap):
+    def setup(self, page, pages, policy, chunk, no_cache, fairness, ratio, overlap, snapshots):
+        """``snapshots``: a hybrid model's scheduler (recurrent states, that many prefix snapshots)."""
         chunk = None if chunk is None else max(chunk, page)
         mem = MemoryConfig(
             max_total_tokens=pages * page,
@@ -41,6 +45,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_running_requests=6,
             max_context_len=256,
             disable_radix_cache=no_cache,
+            hybrid=snapshots is not None,
+            state_snapshots=snapshots or 0,
+            snapshot_interval=16,
         )
         self.t = 0.0
         cfg = SchedulerConfig(
@@ -120,6 +127,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.s.kv.available() == self.s.kv.capacity
         self.s.kv.cache.evict(self.s.kv.capacity)
         assert self.s.kv.allocator.free_tokens == self.s.kv.capacity
+        hybrid = self.s.kv.states.hybrid if self.s.kv.states is not None else None
+        if hybrid is not None:  # every snapshot slot free again (the rows' states: the rows, checked above)
+            assert hybrid.snapshots.num_free == hybrid.snapshots.capacity and not hybrid.copies
 
 
 TestScheduler = SchedulerMachine.TestCase

@@ -16,8 +16,11 @@ import numpy.typing as npt
 
 from radixserve.common.service_config import ENGINE_DEFAULTS
 from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator, pages_for
+from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache, SnapshotSlots
 from radixserve.scheduler.memory.radix_cache import MatchResult, NoCache, RadixCache
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+from radixserve.scheduler.memory.state_pool import first_snapshot_slot, zero_slot
+from radixserve.scheduler.memory.states import StateTracker
 from radixserve.scheduler.req import Req
 
 
@@ -28,6 +31,11 @@ class MemoryConfig:
     max_running_requests: int = ENGINE_DEFAULTS.max_running_requests
     max_context_len: int = 8192  # the engine passes the model's (or its max_context_len argument)
     disable_radix_cache: bool = ENGINE_DEFAULTS.disable_radix_cache
+    # Hybrid models: each row also holds a recurrent state; the tree holds up to ``state_snapshots``
+    # snapshots of them (memory/hybrid_cache.py), also every ``snapshot_interval`` tokens of a prefill.
+    hybrid: bool = False
+    state_snapshots: int = 0
+    snapshot_interval: int = 0
 
 
 class KVCacheManager:
@@ -37,9 +45,21 @@ class KVCacheManager:
         self.config = config
         self.page_size = config.page_size
         self.allocator = PagedAllocator(config.max_total_tokens // config.page_size, config.page_size)
-        self.req_to_token = ReqToTokenPool(config.max_running_requests, config.max_context_len)
-        cache_cls = NoCache if config.disable_radix_cache else RadixCache
-        self.cache: RadixCache = cache_cls(self.allocator, self.req_to_token)
+        rows = config.max_running_requests
+        self.req_to_token = ReqToTokenPool(rows, config.max_context_len)
+        self.cache: RadixCache
+        if config.disable_radix_cache:
+            self.cache = NoCache(self.allocator, self.req_to_token)
+        elif config.hybrid:
+            snapshots = SnapshotSlots(first_snapshot_slot(rows), config.state_snapshots)
+            self.cache = HybridRadixCache(self.allocator, self.req_to_token, snapshots)
+        else:
+            self.cache = RadixCache(self.allocator, self.req_to_token)
+        self.states = (
+            StateTracker(self.cache, zero_slot(rows), config.page_size, config.snapshot_interval)
+            if config.hybrid
+            else None
+        )
 
     # ---------------------------------------------------------------- sizes
     @property
@@ -104,6 +124,8 @@ class KVCacheManager:
         req.last_node = m.node
         req.last_match = None
         req.cached_len = req.kv_len = req.alloc_len = len(m.slots)
+        if self.states is not None:
+            self.states.admitted(req, m)
 
     def unadmit(self, req: Req) -> None:
         """Undo ``admit`` for a request that got no pages after all."""
@@ -112,6 +134,7 @@ class KVCacheManager:
         self.req_to_token.free(req.req_pool_idx)
         req.req_pool_idx = req.last_node = None
         req.cached_len = req.kv_len = req.alloc_len = 0
+        req.state_src = -1
 
     # ---------------------------------------------------------- allocation
     def _ensure_free_pages(self, n: int) -> None:
@@ -223,7 +246,7 @@ class KVCacheManager:
             row = self.req_to_token.host[r.req_pool_idx]
             if not cache.disabled:
                 # The row's cached part must be exactly the tree's slots along its path.
-                m = cache.match_prefix(r.fill_ids()[: r.cached_len])
+                m = cache.match_kv(r.fill_ids()[: r.cached_len])
                 assert len(m.slots) == r.cached_len and np.array_equal(m.slots, row[: r.cached_len])
             tail = row[r.cached_len : r.alloc_len].astype(np.int64)
             if len(tail):
@@ -244,3 +267,5 @@ class KVCacheManager:
         )
         total = alloc.free_tokens + cache.evictable_size + cache.protected_size + private * ps
         assert total == self.capacity, (total, self.capacity)
+        if self.states is not None:
+            self.states.check()

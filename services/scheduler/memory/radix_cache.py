@@ -56,7 +56,10 @@ _node_ids = itertools.count()
 
 
 class TreeNode:
-    __slots__ = ("blocks", "children", "depth", "id", "key", "last_access", "lock_ref", "parent", "value")
+    __slots__ = (
+        "blocks", "children", "depth", "id", "key", "last_access", "lock_ref", "parent", "snaps_below",
+        "snapshot", "value",
+    )  # fmt: skip
 
     def __init__(
         self, key: npt.NDArray[np.int32], value: npt.NDArray[np.int64], parent: TreeNode | None
@@ -70,6 +73,10 @@ class TreeNode:
         self.id = next(_node_ids)
         self.depth = 0  # tokens before this node on its path
         self.blocks: list[int] = []  # hashes of the full blocks whose last token is in this node
+        # Hybrid models (memory/hybrid_cache.py): the state snapshot slot at this node's end (-1:
+        # none), and how many snapshots this node's subtree holds (itself included).
+        self.snapshot = -1
+        self.snaps_below = 0
 
     def __len__(self) -> int:
         return len(self.key)
@@ -87,6 +94,7 @@ def _parent(node: TreeNode) -> TreeNode:
 class MatchResult(NamedTuple):
     slots: npt.NDArray[np.int64]  # KV slots of the matched prefix; len(slots) is the match length
     node: TreeNode  # deepest matched node: the one to lock
+    branch: int = 0  # hybrids: where the tokens leave the tree's KV (>= len(slots); memory/hybrid_cache.py)
 
 
 class InsertResult(NamedTuple):
@@ -188,12 +196,17 @@ class RadixCache:
             return MatchResult(_EMPTY_SLOTS, node)
         return MatchResult(parts[0] if len(parts) == 1 else np.concatenate(parts), node)
 
+    def match_kv(self, tokens: npt.NDArray[np.integer]) -> MatchResult:
+        """The longest prefix whose KV is cached (``match_prefix`` itself, but for a hybrid's cache)."""
+        return self.match_prefix(tokens)
+
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut ``child`` after ``n`` tokens; returns the new upper node."""
         assert child.parent is not None and 0 < n < len(child) and n % self.page_size == 0
         upper = TreeNode(child.key[:n], child.value[:n], child.parent)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
+        upper.snaps_below = child.snaps_below  # the same subtree (its snapshot stays with ``child``)
         if child in self.wanted:
             self.wanted.add(upper)
         upper.children = {self._child_key(child.key[n:]): child}
@@ -245,7 +258,12 @@ class RadixCache:
         start = (first - 1) * bs
         assert leaf.parent is not None
         leaf.blocks = chain(self._block_hash_ending_at(leaf.parent, start), tokens[start : last * bs], bs)
-        self.block_events.append(("stored", leaf.blocks))
+        self._blocks_event("stored", leaf)
+
+    def _blocks_event(self, kind: str, node: TreeNode) -> None:
+        """Record ``stored`` / ``removed`` for ``node``'s blocks (a hybrid's cache records fewer)."""
+        if node.blocks:
+            self.block_events.append((kind, node.blocks))
 
     def _block_hash_ending_at(self, node: TreeNode, end: int) -> int:
         """Hash of the block ending at ``end`` (a multiple of block_size) on ``node``'s path."""
@@ -300,8 +318,8 @@ class RadixCache:
             return 0
         wanted = self.wanted
 
-        def entry(n: TreeNode) -> tuple[bool, int, int, TreeNode]:
-            return (n in wanted, n.last_access, n.id, n)
+        def entry(n: TreeNode) -> tuple[bool, bool, int, int, TreeNode]:
+            return (n in wanted, self._evict_last(n), n.last_access, n.id, n)
 
         heap = [entry(n) for n in self._leaves() if n.lock_ref == 0]
         heapq.heapify(heap)
@@ -313,8 +331,8 @@ class RadixCache:
             self.allocator.free_slots(leaf.value)
             del parent.children[self._child_key(leaf.key)]
             wanted.discard(leaf)
-            if leaf.blocks:
-                self.block_events.append(("removed", leaf.blocks))
+            self._evicting(leaf)
+            self._blocks_event("removed", leaf)
             self.evictable_size -= len(leaf)
             freed += len(leaf)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
@@ -322,6 +340,13 @@ class RadixCache:
         if freed:
             self.version += 1
         return freed
+
+    def _evict_last(self, leaf: TreeNode) -> bool:
+        """Among equally wanted leaves, whether ``leaf`` goes after those that return False."""
+        return False
+
+    def _evicting(self, leaf: TreeNode) -> None:
+        """``leaf`` leaves the tree (its pages are freed already)."""
 
     def _leaves(self) -> list[TreeNode]:
         out, stack = [], [self.root]

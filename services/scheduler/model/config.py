@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from radixserve.scheduler.model.hybrid_config import HybridConfig, hybrid_config
 from radixserve.scheduler.model.moe_config import MoEConfig, moe_config
 from radixserve.scheduler.model.quant.formats import WeightQuant, checkpoint_format, requested
 
@@ -21,12 +22,16 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "MixtralForCausalLM": "mixtral",
+    # hybrids: Gated DeltaNet and gated full-attention layers (model/hybrid_config.py)
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    arch: str  # llama | qwen2 | qwen3 | qwen3_moe | qwen2_moe | mixtral
+    arch: str  # llama | qwen2 | qwen3 | qwen3_moe | qwen2_moe | mixtral | qwen3_next | qwen3_5 | qwen3_5_moe
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -47,6 +52,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     quantization: WeightQuant | None = None  # FP8 weights (model/quant/); None: none
     moe: MoEConfig | None = None  # experts and routing of a mixture-of-experts model; None: dense
+    hybrid: HybridConfig | None = None  # linear-attention layers of a hybrid model; None: none
 
     @classmethod
     def from_pretrained(
@@ -69,6 +75,9 @@ class ModelConfig:
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         attn_bias = bool(getattr(hf, "attention_bias", False))
         family = "llama" if arch == "mixtral" else arch.removesuffix("_moe")  # attention and norms
+        hybrid = hybrid_config(hf, arch, hf.num_hidden_layers, head_dim)
+        if hybrid is not None:
+            family = "qwen3"  # per-head q/k norms, no q/k/v bias
         eos = getattr(hf, "eos_token_id", None)
         try:
             gen_eos = GenerationConfig.from_pretrained(str(path)).eos_token_id
@@ -98,12 +107,23 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             quantization=requested(checkpoint_format(getattr(hf, "quantization_config", None)), quantization),
             moe=moe_config(hf, arch, hf.num_hidden_layers),
+            hybrid=hybrid,
         )
 
     def kv_bytes_per_token(self) -> int:
         from radixserve.scheduler.memory.allocator import kv_bytes_per_token
 
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype.itemsize)
+        return kv_bytes_per_token(self.num_kv_layers, self.num_kv_heads, self.head_dim, self.dtype.itemsize)
+
+    @property
+    def rotary_dim(self) -> int:
+        """Features of each attention head that RoPE turns (a hybrid's ``partial_rotary_factor``)."""
+        return self.head_dim if self.hybrid is None else self.hybrid.rotary_dim
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers with a KV cache: all of them, but only the full-attention ones of a hybrid."""
+        return self.num_layers if self.hybrid is None else len(self.hybrid.full_layers)
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, hf: Any) -> torch.dtype:

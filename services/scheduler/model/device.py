@@ -16,7 +16,9 @@ From the engine's arguments and what the device and checkpoint are, ``resolve_pr
   the weights dequantized per matmul elsewhere (always a note: what runs, and why);
 * a mixture-of-experts model's experts (model/moe_ops.py): ``grouped_mm`` where torch has grouped
   GEMM kernels for the device and dtype (CUDA SM90 / SM100, bfloat16), else the torch reference,
-  whose host read of the expert counts turns CUDA graphs off. Always a note, so the log says which.
+  whose host read of the expert counts turns CUDA graphs off. Always a note, so the log says which;
+* a hybrid model's gated delta rule (model/linear_kernels.py): flash-linear-attention's kernels on
+  CUDA in fp16/bf16 when ``fla`` imports, else the torch implementation. Always a note.
 
 Every choice that differs from what was asked, or that a user may not expect, is a line in
 ``notes``, which the engine logs at start: never a silent fallback per request.
@@ -31,6 +33,7 @@ import torch
 from radixserve.scheduler.model.attention import BACKENDS, choose_backend
 from radixserve.scheduler.model.attention.flashinfer_backend import unsupported_reason
 from radixserve.scheduler.model.config import DTYPES, ModelConfig
+from radixserve.scheduler.model.linear_kernels import fla_unavailable
 from radixserve.scheduler.model.moe_ops import grouped_mm_unsupported
 from radixserve.scheduler.model.quant.gemm import Fp8Gemms, device_gemms, projection_shapes
 
@@ -46,6 +49,8 @@ class DeviceProfile:
     notes: tuple[str, ...] = field(default=())
     fp8_gemms: Fp8Gemms | None = None  # the model's FP8 weights' GEMM paths; None: no FP8 weights
     moe: str = "torch"  # torch | grouped_mm: an MoE model's experts (model/moe_ops.py)
+    # torch | fla: a hybrid model's gated delta rule (model/linear_kernels.py)
+    linear_attention: str = "torch"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -140,7 +145,12 @@ def resolve_profile(
     if cuda_graph and model.moe is not None and moe == "torch":
         graph_bs, cuda_graph = 0, False
         notes.append("CUDA graphs off: the torch MoE experts read their row counts on the host")
-    return DeviceProfile(dev, chosen, backend, ops, max(graph_bs, 0), cuda_graph, tuple(notes), gemms, moe)
+    linear, linear_note = linear_kernels(model, dev, chosen)
+    if linear_note is not None:
+        notes.append(linear_note)
+    return DeviceProfile(
+        dev, chosen, backend, ops, max(graph_bs, 0), cuda_graph, tuple(notes), gemms, moe, linear
+    )
 
 
 def cuda_capability(dev: torch.device) -> tuple[int, int] | None:
@@ -158,3 +168,14 @@ def moe_experts(model: ModelConfig, dev: torch.device, dtype: torch.dtype) -> tu
     if reason is None:
         return "grouped_mm", "MoE experts: grouped GEMMs (torch.nn.functional.grouped_mm), CUDA-graph safe"
     return "torch", f"MoE experts: the torch reference, one matmul pair per expert ({reason})"
+
+
+def linear_kernels(model: ModelConfig, dev: torch.device, dtype: torch.dtype) -> tuple[str, str | None]:
+    """A hybrid model's gated delta rule kernels on ``dev`` in ``dtype``, and the note that says so
+    (None for a model without linear-attention layers)."""
+    if model.hybrid is None:
+        return "torch", None
+    reason = fla_unavailable(dev, dtype)
+    if reason is None:
+        return "fla", "linear attention: flash-linear-attention's Triton kernels (fla-core)"
+    return "torch", f"linear attention: the torch gated delta rule ({reason})"

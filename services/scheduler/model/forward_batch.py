@@ -12,6 +12,7 @@ import torch
 from radixserve.scheduler.batch import ForwardMode
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.model.linear_attention import LinearStep
     from radixserve.scheduler.model.logits import LogitsStep
     from radixserve.scheduler.model.sampler import SamplingInfo
 
@@ -43,6 +44,7 @@ class ForwardBatch:
     score_rows: int = 0
     score_targets: torch.Tensor | None = None
     score_top_k: int = 0
+    linear: LinearStep | None = None  # a hybrid model's state slots and snapshots (linear_attention.py)
 
     @property
     def batch_size(self) -> int:

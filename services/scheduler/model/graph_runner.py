@@ -36,8 +36,11 @@ import torch
 from radixserve.scheduler.batch import ForwardMode
 from radixserve.scheduler.model.attention import AttentionBackend, GraphAttentionBackend
 from radixserve.scheduler.model.forward_batch import ForwardBatch
+from radixserve.scheduler.model.linear_attention import LinearStep
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.memory.state_pool import StatePool
+    from radixserve.scheduler.model.linear_kernels import DeltaRule
     from radixserve.scheduler.model.llama import CausalLM, ModelOutput
 
 log = logging.getLogger(__name__)
@@ -53,9 +56,16 @@ def decode_buckets(max_bs: int) -> list[int]:
 
 class DecodeGraphRunner:
     def __init__(
-        self, model: CausalLM, backend: AttentionBackend, device: torch.device, max_bs: int, capture: bool
+        self,
+        model: CausalLM,
+        backend: AttentionBackend,
+        device: torch.device,
+        max_bs: int,
+        capture: bool,
+        linear: tuple[StatePool, DeltaRule] | None = None,
     ) -> None:
-        """``max_bs`` 0 turns the static path off (every decode runs eagerly, unpadded)."""
+        """``max_bs`` 0 turns the static path off (every decode runs eagerly, unpadded). ``linear``: a
+        hybrid model's state pool and delta-rule kernels (its rows' state slots get a static buffer)."""
         self.model = model
         self.backend = backend
         self.device = device
@@ -66,6 +76,8 @@ class DecodeGraphRunner:
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.out_slots = torch.zeros(n, dtype=torch.int64, device=device)  # 0: the scratch slot
+        self.linear = linear
+        self.state_slots = torch.zeros(n, dtype=torch.int64, device=device)  # hybrid: rows' state slots
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by the backend's graph key
         self.logits: torch.Tensor | None = None  # [max_bs, vocab]: every graph's output (capture)
         # counters (tests, benchmarks): graph replays, eager static runs (CPU), batches that were padded
@@ -89,6 +101,7 @@ class DecodeGraphRunner:
             future_out=self.out_slots[:0],
             sampling=None,
             attn=attn,
+            linear=None if self.linear is None else LinearStep(*self.linear, self.state_slots[:bucket]),
         )
 
     def _forward(self, bucket: int, attn: object) -> torch.Tensor:
@@ -105,6 +118,8 @@ class DecodeGraphRunner:
         self.input_ids[:bucket].copy_(input_ids)
         self.positions[:bucket].copy_(fb.positions)
         self.out_slots[:bucket].copy_(fb.out_slots)
+        if fb.linear is not None:
+            self.state_slots[:bucket].copy_(fb.linear.slots)
         if self.capture_graphs:
             key = cast(GraphAttentionBackend, self.backend).plan_graph(fb)
             self.graphs[key].replay()

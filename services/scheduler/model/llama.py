@@ -21,6 +21,7 @@ the modules are plain ``nn.Linear`` / ``nn.Embedding``: not one op more than bef
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple, overload
 
@@ -184,8 +185,19 @@ class DecoderLayer(nn.Module):
         return self.mlp(x, ctx.ops), residual
 
 
+LayerFactory = Callable[[ModelConfig, int, "TPGroup | None"], nn.Module]
+
+
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig, layout: ShardLayout, tp: TPGroup | None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layout: ShardLayout,
+        tp: TPGroup | None,
+        layer: LayerFactory = DecoderLayer,
+        norm: type[RMSNorm] = RMSNorm,
+    ) -> None:
+        """``layer`` / ``norm``: the decoder layer and the final norm (model/hybrid.py passes its own)."""
         super().__init__()
         self.embed_tokens: nn.Module = (
             nn.Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -193,8 +205,8 @@ class Backbone(nn.Module):
             else VocabParallelEmbedding(layout.vocab_rows, cfg.hidden_size, layout.vocab_start, tp)
         )
         local = layout.local_config(cfg)
-        self.layers = nn.ModuleList(DecoderLayer(local, i, tp) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(layer(local, i, tp) for i in range(cfg.num_layers))
+        self.norm = norm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 SCORE_SLICE = 512  # prompt positions scored per lm_head call (logprobs of a prompt)
@@ -216,7 +228,7 @@ class CausalLM(nn.Module):
         self.tp = tp if tp is not None and tp.size > 1 else None
         self.layout = self.tp.layout if self.tp is not None else ShardLayout.of(cfg)
         self.local_config = self.layout.local_config(cfg)  # this rank's heads: its KV pool's shape
-        self.model = Backbone(cfg, self.layout, self.tp)
+        self.model = self.backbone(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, self.layout.vocab_rows, bias=False)
         self.ops: Ops = TorchOps()
@@ -224,14 +236,17 @@ class CausalLM(nn.Module):
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
         self.init_rope()
 
+    def backbone(self, cfg: ModelConfig) -> Backbone:
+        return Backbone(cfg, self.layout, self.tp)
+
     def init_rope(self) -> None:
         """(Re)build the rotary table (float32 whatever the model's dtype): at init and after loading,
         since building the model on the meta device leaves buffers empty."""
         cfg = self.config
-        inv = inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        inv = inv_frequencies(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
         device = next(self.model.embed_tokens.parameters()).device
         if device.type == "meta":
-            self.cos_sin = torch.empty(self.max_positions, cfg.head_dim, device="meta")
+            self.cos_sin = torch.empty(self.max_positions, cfg.rotary_dim, device="meta")
         else:
             self.cos_sin = cos_sin_table(inv.to(device), self.max_positions)
 

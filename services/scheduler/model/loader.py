@@ -13,7 +13,8 @@ scales, weights quantized while loading), placed and sliced by the functions her
 
 Mixture-of-experts checkpoints store every expert's matrices apart: model/expert_weights.py places
 them (and Mixtral's router, named apart from ours) into each layer's stacked tensors. Qwen2-MoE's
-shared expert is a dense MLP to the functions here, gate and up merged, its columns split.
+shared expert is a dense MLP to the functions here, gate and up merged, its columns split. A hybrid's
+linear-attention tensors are placed by model/linear_weights.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from safetensors import safe_open
 
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.expert_weights import missing_tensor, moe_placement
+from radixserve.scheduler.model.hybrid import causal_lm
+from radixserve.scheduler.model.linear_weights import linear_placement
 from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
 from radixserve.scheduler.model.quant.load import Fp8Loading, plan
@@ -49,6 +52,7 @@ def merged_target(name: str, cfg: ModelConfig) -> tuple[str, int, int] | None:
     """(our parameter, first row, row count) for a checkpoint tensor that is one part of a merged
     projection (weight or bias: both stack along dim 0), else None."""
     q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    q *= 2 if cfg.hybrid is not None else 1  # a hybrid's q_proj also holds each head's output gate
     shared = cfg.moe.shared_intermediate_size if cfg.moe is not None else 0  # Qwen2-MoE's shared expert
     parts = {
         ".self_attn.q_proj.": (".self_attn.qkv_proj.", 0, q),
@@ -70,9 +74,10 @@ def checkpoint_slice(name: str, cfg: ModelConfig, layout: ShardLayout) -> tuple[
     if not layout.sharded:
         return None
     hd = cfg.head_dim
+    qd = 2 * hd if cfg.hybrid is not None else hd  # a hybrid's query heads carry their output gate
     shared = layout.share(cfg.moe.shared_intermediate_size) if cfg.moe is not None else (0, 0)
     rows = {  # column-parallel: output rows (weights and biases)
-        ".self_attn.q_proj.": (layout.q_head_start * hd, layout.q_heads * hd),
+        ".self_attn.q_proj.": (layout.q_head_start * qd, layout.q_heads * qd),
         ".self_attn.k_proj.": (layout.kv_head_start * hd, layout.kv_heads * hd),
         ".self_attn.v_proj.": (layout.kv_head_start * hd, layout.kv_heads * hd),
         ".mlp.gate_proj.": (layout.intermediate_start, layout.intermediate),
@@ -107,7 +112,7 @@ def load_model(
     model's max_position_embeddings. ``tp``: load this rank's shard only."""
     path = Path(path)
     with torch.device("meta"):
-        model = CausalLM(cfg, max_positions, tp)
+        model = causal_lm(cfg, max_positions, tp)
     # The dtype set on the meta device: memory is allocated once, in it (a conversion on the device
     # would leave the first copy in torch's cache, where the KV sizing cannot see it as free).
     model = model.to(cfg.dtype)
@@ -138,7 +143,8 @@ def load_model(
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
-                placed = moe_placement(name, cfg, layout)  # an MoE expert's (or Mixtral's router)
+                # an MoE expert's (or Mixtral's router), or a hybrid's linear-attention tensor
+                placed = moe_placement(name, cfg, layout) or linear_placement(name, cfg, layout)
                 if placed is not None:
                     tensor = placed.read(name, f.get_slice(name))
                     _fill(name, tensor, placed.param, placed.index, params, unfilled, file.name)

@@ -10,6 +10,9 @@ Three architectures, three spellings of the same few facts:
   ``shared_expert_intermediate_size`` on every sparse layer, scaled by a sigmoid gate.
 * Mixtral (``MixtralForCausalLM``): ``num_local_experts``, every layer sparse, each expert
   ``intermediate_size`` wide, the top-k weights always renormalised.
+* The hybrids' MoE layers (model/hybrid_config.py): Qwen3-Next spells them as Qwen3-MoE does, with
+  Qwen2-MoE's shared expert; Qwen3.5-MoE has no ``decoder_sparse_step`` / ``norm_topk_prob``:
+  every layer sparse, the top-k weights always renormalised, a shared expert.
 
 What cannot be served is refused here, at load, in one line: a top-k outside 1..experts, and
 sliding-window attention (the attention backends attend to the whole context).
@@ -20,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "qwen3_next", "qwen3_5_moe")
+SHARED_EXPERT_ARCHS = ("qwen2_moe", "qwen3_next", "qwen3_5_moe")  # a shared expert behind a sigmoid gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +67,12 @@ def moe_config(hf: Any, arch: str, num_layers: int) -> MoEConfig | None:
         sparse = tuple(range(num_layers))
     else:
         experts, width = hf.num_experts, hf.moe_intermediate_size
-        renormalize = bool(hf.norm_topk_prob)
-        shared = int(getattr(hf, "shared_expert_intermediate_size", 0) or 0) if arch == "qwen2_moe" else 0
+        renormalize = bool(getattr(hf, "norm_topk_prob", True))  # Qwen3.5-MoE: always renormalised
+        shared = (
+            int(getattr(hf, "shared_expert_intermediate_size", 0) or 0) if arch in SHARED_EXPERT_ARCHS else 0
+        )
         dense_only = set(getattr(hf, "mlp_only_layers", None) or ())
-        step = hf.decoder_sparse_step
+        step = getattr(hf, "decoder_sparse_step", 1)
         sparse = tuple(
             i for i in range(num_layers) if experts > 0 and i not in dense_only and (i + 1) % step == 0
         )

@@ -16,9 +16,12 @@ Contracts (both classes):
 * ``add_rms_norm(x, residual, w, eps)`` -> ``(rms_norm(residual + x), residual + x)``; may reuse
   ``x`` and ``residual``'s storage (flashinfer works in place): callers own both.
 * ``silu_and_mul(x)``: ``[T, 2I]`` -> ``silu(x[:, :I]) * x[:, I:]``.
+* ``rms_norm_offset`` / ``add_rms_norm_offset``: the two norms above with the weight stored as
+  ``w - 1`` (Qwen3-Next and Qwen3.5's norms: ``norm(x) * (1 + w)``; flashinfer's Gemma RMSNorm).
 * ``rope_inputs(positions, cos_sin)`` once per forward, then ``rope(q, k, inputs)`` per layer on
   q ``[T, H, D]`` and k ``[T, Hkv, D]`` (neox / rotate-half layout); returns the rotated pair,
-  which may be q and k themselves.
+  which may be q and k themselves. A table narrower than the head turns only its first features
+  (partial rotary: the hybrids' ``partial_rotary_factor``).
 
 * ``moe(x, router_logits, gate_up, down, top_k, renormalize)``: a mixture-of-experts block's
   routed experts, ``[T, H]`` -> ``[T, H]`` (model/moe_ops.py has the contract). Routing is the same
@@ -52,6 +55,9 @@ def cos_sin_table(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    if cos.shape[-1] < x.shape[-1]:  # partial rotary (the hybrids): the other features pass through
+        rot = cos.shape[-1]
+        return torch.cat([_rotate(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
@@ -99,6 +105,19 @@ class TorchOps(MoEOp):
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def rms_norm_offset(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm whose weight is stored as ``w - 1`` (the hybrids' norms): ``norm(x) * (1 + w)``, the
+        product taken in float32 before the cast, as HF computes it."""
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return (x32 * (1.0 + weight.float())).to(x.dtype)
+
+    def add_rms_norm_offset(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = residual + x
+        return self.rms_norm_offset(residual, weight, eps), residual
+
     def rope_inputs(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> RopeInputs:
         half = cos_sin.shape[-1] // 2
         cs = cos_sin.index_select(0, positions)
@@ -134,6 +153,17 @@ class FlashInferOps(MoEOp):
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.fi.activation.silu_and_mul(x)
         return out
+
+    def rms_norm_offset(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # flashinfer's Gemma RMSNorm computes norm(x) * (1 + w); it takes rows, so heads are flattened
+        out: torch.Tensor = self.fi.norm.gemma_rmsnorm(x.reshape(-1, x.shape[-1]), weight, eps)
+        return out.view(x.shape)
+
+    def add_rms_norm_offset(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.fi.norm.gemma_fused_add_rmsnorm(x, residual, weight, eps)  # residual += x; x = norm(residual)
+        return x, residual
 
     def rope_inputs(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> RopeInputs:
         return positions, cos_sin

@@ -48,6 +48,8 @@ def tp_problem(cfg: ModelConfig, size: int) -> str | None:
         return f"tp_size {size} does not divide the model's MLP size {inter}"
     if cfg.moe is not None and (experts := cfg.moe.tp_problem(size)) is not None:
         return experts
+    if cfg.hybrid is not None and (linear := cfg.hybrid.tp_problem(size)) is not None:
+        return linear
     return block_problem(cfg, size)  # FP8 checkpoints in blocks: each rank holds whole blocks
 
 
@@ -89,12 +91,14 @@ class ShardLayout:
     def local_config(self, cfg: ModelConfig) -> ModelConfig:
         """``cfg`` with this rank's head and MLP counts: what its layers and KV pool are sized by."""
         moe = None if cfg.moe is None else cfg.moe.split(self.size)
+        hybrid = None if cfg.hybrid is None else cfg.hybrid.split(self.size)
         return replace(
             cfg,
             num_heads=self.q_heads,
             num_kv_heads=self.kv_heads,
             intermediate_size=self.intermediate,
             moe=moe,
+            hybrid=hybrid,
         )
 
     def share(self, columns: int) -> tuple[int, int]:

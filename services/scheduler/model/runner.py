@@ -28,10 +28,12 @@ import torch
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, ScoreLayout
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+from radixserve.scheduler.memory.state_pool import StatePool
 from radixserve.scheduler.model.attention import GraphAttentionBackend, make_backend
 from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.graph_runner import DecodeGraphRunner, pad_rows
+from radixserve.scheduler.model.linear_kernels import make_delta_rule
 from radixserve.scheduler.model.llama import CausalLM, ModelOutput
 from radixserve.scheduler.model.logits import LogitsProcessor, StepScores
 from radixserve.scheduler.model.ops import make_ops
@@ -39,6 +41,7 @@ from radixserve.scheduler.model.parallel import TPGroup
 from radixserve.scheduler.model.quant.linear import use_gemms
 from radixserve.scheduler.model.sampler import Sampler, SamplingInfo
 from radixserve.scheduler.model.staging import Staging
+from radixserve.scheduler.model.state_step import linear_step, run_copies, state_arrays
 
 
 class FutureMap:
@@ -105,12 +108,14 @@ class ModelRunner:
         flashinfer: ModuleType | None = None,
         step_sink: Callable[[StepPlan], None] | None = None,
         eos_token_ids: Sequence[int] = (),
+        state_snapshots: int = 0,
     ) -> None:
         """``model``: loaded on ``profile.device`` (model/loader.py), the whole model or one rank's
         shard (``model.tp``). ``flashinfer``: the module the fused ops, attention and sampling call
         (None: imported when the profile needs it); the CPU tests pass a stand-in to count the CUDA
         path's launches. ``step_sink``: rank 0 of a tensor-parallel group: gets every step's plan.
-        ``eos_token_ids``: the model's end tokens (the sampler holds them back before min_new_tokens)."""
+        ``eos_token_ids``: the model's end tokens (the sampler holds them back before min_new_tokens).
+        ``state_snapshots``: a hybrid model's prefix snapshots beside its rows' states (StatePool)."""
         self.profile = profile
         self.device = profile.device
         self.config = model.config
@@ -122,7 +127,14 @@ class ModelRunner:
         if profile.fp8_gemms is not None:
             use_gemms(self.model, profile.fp8_gemms)  # FP8 weights: the profile's GEMM path
         self.req_to_token = req_to_token
-        self.kv_pool = KVPool(pool_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, mc.dtype, self.device)
+        self.kv_pool = KVPool(
+            pool_slots, mc.num_kv_layers, mc.num_kv_heads, mc.head_dim, mc.dtype, self.device
+        )
+        self.states: StatePool | None = None  # a hybrid model's recurrent states (memory/state_pool.py)
+        if mc.hybrid is not None:
+            rows = req_to_token.max_running
+            self.states = StatePool(mc.hybrid.state_shape(), rows, state_snapshots, mc.dtype, self.device)
+            self.delta_rule = make_delta_rule(profile.linear_attention, mc.dtype)
         self.backend = make_backend(
             profile.attention_backend, self.kv_pool, req_to_token, mc.num_heads, mc.head_dim, page_size,
             flashinfer=flashinfer,
@@ -139,8 +151,9 @@ class ModelRunner:
         self.futures = FutureMap(4 * max_batch + 8, self.device)
         self.staging = Staging(self.device)
         self.graphs = DecodeGraphRunner(
-            self.model, self.backend, self.device, profile.graph_max_bs, profile.cuda_graph
-        )
+            self.model, self.backend, self.device, profile.graph_max_bs, profile.cuda_graph,
+            linear=(self.states, self.delta_rule) if self.states is not None else None,
+        )  # fmt: skip
         if self.graphs.capture_graphs:
             max_pages = -(-req_to_token.max_context // page_size)
             cast(GraphAttentionBackend, self.backend).init_graphs(self.graphs.buckets, max_pages)
@@ -184,6 +197,8 @@ class ModelRunner:
                 rows=self.req_to_token.scratch_row, prefix_lens=0, extend_lens=1,
             )  # fmt: skip
             host = pad_rows(host, bucket, pads)
+        if self.states is not None:
+            host.update(state_arrays(batch))  # not padded: they name batch rows and slots
         top_k = 0
         layout = batch.scores
         if layout is not None and layout.prompt:  # prompt positions scored (logprobs): every rank
@@ -213,7 +228,8 @@ class ModelRunner:
             # prompt positions scored for logprobs (the model scores those: llama.py)
             last = np.cumsum(host["extend_lens"]) - 1
             arrays.append(last if scored is None else np.concatenate([last, scored]))
-        arrays += [*staged_host.values(), *([sync] if sync is not None else [])]
+        hybrid = [rows, host["state_copies"], host["state_inits"]] if self.states is not None else []
+        arrays += [*hybrid, *staged_host.values(), *([sync] if sync is not None else [])]
         dev = self.staging.send(arrays)
         if sync is not None:
             self.req_to_token.apply_pending(dev[-1])
@@ -224,6 +240,13 @@ class ModelRunner:
             score_targets, k = dev[4], 5
         last_index = dev[k] if mode is not ForwardMode.DECODE else None
         k += last_index is not None
+        linear = None
+        if self.states is not None:  # rows as state slots, then the copies to run first
+            prefill = mode is not ForwardMode.DECODE
+            linear = linear_step(
+                self.states, self.delta_rule, dev[k : k + 3], rows, host["state_cuts"], prefill
+            )
+            k += 3
         fb = ForwardBatch(
             mode=mode,
             input_ids=ids,
@@ -241,6 +264,7 @@ class ModelRunner:
             score_rows=0 if scored is None else len(scored),
             score_targets=score_targets,
             score_top_k=plan.score_top_k,
+            linear=linear,
         )
         self.backend.prepare(fb, rows)
         return fb
@@ -249,6 +273,8 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> StepResult:
         """Device side of a step: the sampled tokens [B] and the scores asked for (on the device)."""
         ids = self.futures.resolve(fb.input_ids)
+        if fb.linear is not None:  # hybrid: the state copies the scheduler planned, before the step
+            run_copies(fb.linear)
         if fb.graph_bucket is not None:
             out = ModelOutput(self.graphs.run(fb, ids))
         else:
