@@ -213,8 +213,11 @@ def test_a_vocabulary_that_does_not_divide_is_padded_and_cut_off(tmp_path):
             torch.testing.assert_close(torch.from_numpy(np.load(out)), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_tp2_block_fp8_serves_hf_greedy_tokens_with_half_the_weights_per_rank(tmp_path):
-    fp8, ref = write_fp8(source_model(tmp_path / "src", "qwen3"), tmp_path / "block", "block")
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_tp2_block_fp8_serves_hf_greedy_tokens_with_half_the_weights_per_rank(tmp_path, arch):
+    """The block format (the official FP8 checkpoints'; Qwen3-30B-A3B-FP8's for qwen3_moe, its
+    experts 256 wide here: each rank holds one 128-column block of every expert, and its scales)."""
+    fp8, ref = write_fp8(source_model(tmp_path / "src", arch), tmp_path / "block", "block")
     prompts, new = PROMPTS[:3], 8  # short: every step is a round of gloo collectives per layer
     greedy = SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True)
     with Engine(fp8, tp_size=2, device="cpu", max_total_tokens=1024, warmup=False) as engine:
@@ -222,4 +225,5 @@ def test_tp2_block_fp8_serves_hf_greedy_tokens_with_half_the_weights_per_rank(tm
         per_rank = engine.placement["weight_bytes_per_rank"]
     assert [o["token_ids"] for o in outs] == hf_greedy(ref, prompts, new)
     whole, _ = expected_bytes(ref, "block", dtype_bytes=4)  # the model on one rank
+    print(f"{arch} block FP8, tp 2: each rank {[round(b / whole, 3) for b in per_rank]} of the whole")
     assert len(per_rank) == 2 and all(0.49 < b / whole < 0.52 for b in per_rank), per_rank
