@@ -31,7 +31,7 @@ class Group:
 GPU = "tests/gpu/"
 GROUPS = (
     Group(
-        "kernels",  # flashinfer attention, fused ops, staging, the mirror, logits processing
+        "kernels",  # flashinfer attention, fused ops, staging, the mirror, logits processing, FP8 GEMMs
         {
             GPU + "test_gpu_attention.py": (
                 "test_flashinfer_matches_torch_backend",
@@ -48,6 +48,7 @@ GROUPS = (
             ),
             GPU + "test_gpu_logits.py": ("test_bitmask_and_penalties_equal_the_cpu_results",),
             GPU + "test_gpu_fp8.py": ("test_fp8_gemm_agrees_with_the_dequantized_matmul",),
+            GPU + "test_gpu_fp8_moe.py": ("test_fp8_grouped_experts_agree_with_the_dequantized_reference",),
         },
         per_test_s=120,
         limit_s=180,
@@ -91,6 +92,7 @@ GROUPS = (
                 "test_block_fp8_checkpoint_agrees_with_its_dequantized_weights",
                 "test_quantization_fp8_on_cuda_graphs_agrees_with_bf16_and_leaves_no_cache",
             ),
+            GPU + "test_gpu_fp8_moe.py": ("test_fp8_moe_checkpoints_agree_with_their_dequantized_weights",),
         },
         per_test_s=150,
         limit_s=300,

@@ -17,7 +17,10 @@ The reference folder beside each holds the same model with every projection dequ
 (``weight * scale``) and no quantization_config: what HF transformers runs.
 
 Shapes are multiples of 128 (the blocks) and split in two on whole blocks (tensor parallelism):
-hidden 256, 2 heads and 2 KV heads of 128, MLP 512, 4 layers.
+hidden 256, 2 heads and 2 KV heads of 128, MLP 512, 4 layers. The mixture-of-experts architectures
+(qwen3_moe, qwen2_moe, mixtral: demo_moe.py's tiny ones, 4 experts, 2 per token) get experts 256
+wide (``MOE_SHAPE``; Qwen2-MoE's shared expert too): every expert tensor (``mlp.experts.{e}.*_proj``,
+Mixtral's ``w1``/``w3``/``w2``) is quantized like a projection, the routers are not.
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ SHAPE = dict(
     hidden_size=256, num_attention_heads=2, num_key_value_heads=2, head_dim=128,
     intermediate_size=512, num_hidden_layers=4, initializer_range=0.1,
 )  # fmt: skip
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+MOE_SHAPE = {
+    "qwen3_moe": dict(moe_intermediate_size=256),
+    "qwen2_moe": dict(moe_intermediate_size=256, shared_expert_intermediate_size=256),
+    "mixtral": dict(intermediate_size=256),  # Mixtral's experts are intermediate_size wide
+}
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
 IGNORED = "model.layers.3.mlp.down_proj"  # the channel format's llm-compressor ignore entry
 
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -76,7 +84,7 @@ def source_model(path: Path, arch: str) -> Path:
     def make(vocab: int, ids: dict[str, Any]) -> Any:
         tiny = model_config(arch, "tiny", vocab, ids).to_dict()
         tiny.pop("layer_types", None)  # derived from the layer count: rebuilt for ours
-        return AutoConfig.for_model(**{**tiny, **SHAPE})
+        return AutoConfig.for_model(**{**tiny, **SHAPE, **MOE_SHAPE.get(arch, {})})
 
     return save_random_model(path, make)
 
@@ -154,18 +162,31 @@ def edit_checkpoint(src: Path, dst: Path, edit: Any, config: dict[str, Any] | No
     return dst
 
 
-def expected_bytes(ref, fmt: str, dtype_bytes: int) -> tuple[int, int]:
-    """(the FP8 model's weight bytes, its projections' bytes in bf16) from the reference tensors:
-    FP8 projections at 1 byte plus float32 scales (blocks: one per 128x128; else one per row, the
-    merged q/k/v and gate/up included), everything else at ``dtype_bytes``."""
-    total = bf16 = 0
+def _fp8_tensors(ref: Path, fmt: str):
+    """Each tensor of reference folder ``ref`` and, if ``fmt`` holds it in FP8, its bytes there:
+    1 a parameter plus float32 scales (blocks: one per 128x128; else one per row, the merged
+    q/k/v and gate/up and the stacked experts included); None: kept in high precision."""
     for name, t in load_file(str(ref / "model.safetensors")).items():
         module = name.removesuffix(".weight")
         fp8 = name.endswith(".weight") and module.rpartition(".")[2] in PROJECTIONS
         if not fp8 or (fmt == "channel" and module == IGNORED):
-            total += t.numel() * dtype_bytes
+            yield t, None
             continue
         blocks = -(-t.shape[0] // 128) * -(-t.shape[1] // 128)
-        total += t.numel() + 4 * (blocks if fmt == "block" else t.shape[0])
-        bf16 += 2 * t.numel()
+        yield t, t.numel() + 4 * (blocks if fmt == "block" else t.shape[0])
+
+
+def expected_bytes(ref, fmt: str, dtype_bytes: int) -> tuple[int, int]:
+    """(the FP8 model's weight bytes, its projections' bytes in bf16) from the reference tensors:
+    FP8 projections (and experts) as ``_fp8_tensors`` says, everything else at ``dtype_bytes``."""
+    total = bf16 = 0
+    for t, fp8 in _fp8_tensors(ref, fmt):
+        total += t.numel() * dtype_bytes if fp8 is None else fp8
+        bf16 += 0 if fp8 is None else 2 * t.numel()
     return total, bf16
+
+
+def projection_bytes(ref, fmt: str) -> tuple[int, int]:
+    """(the FP8 projections' (and experts') bytes with their scales, the same in bf16)."""
+    fp8 = [(size, 2 * t.numel()) for t, size in _fp8_tensors(ref, fmt) if size is not None]
+    return sum(f for f, _ in fp8), sum(b for _, b in fp8)

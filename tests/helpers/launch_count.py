@@ -31,7 +31,7 @@ from radixserve.scheduler.model.moe import SparseMoE
 from radixserve.scheduler.model.ops import FlashInferOps
 from radixserve.scheduler.model.quant.fp8 import ScaleLayout
 from radixserve.scheduler.model.quant.gemm import SCALED_MM, Fp8Gemms
-from radixserve.scheduler.model.quant.linear import quantize_modules
+from radixserve.scheduler.model.quant.linear import quantize_experts, quantize_modules
 from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.model.staging import Staging
 from radixserve.scheduler.req import Req
@@ -175,11 +175,14 @@ def decode_step_launches(
             sched.process(batch, [7] * batch.size)
 
 
-def moe_block_launches(tokens: int, experts: str) -> Counter[str]:
-    """One Qwen3-30B-A3B MoE block's launches on ``tokens`` tokens, fake CUDA tensors."""
+def moe_block_launches(tokens: int, experts: str, fp8: ScaleLayout | None = None) -> Counter[str]:
+    """One Qwen3-30B-A3B MoE block's launches on ``tokens`` tokens, fake CUDA tensors; ``fp8``: its
+    experts FP8 with this scale layout."""
     fi = StandInFlashInfer()
     with torch.device("meta"):
         block = SparseMoE(QWEN3_30B_A3B.hidden_size, QWEN3_30B_A3B.moe).to(torch.bfloat16)
+    if fp8 is not None:
+        quantize_experts(block, {"experts": fp8})
     block.requires_grad_(False)
     with FakeTensorMode(allow_non_fake_inputs=True):
         block.to_empty(device="cuda")

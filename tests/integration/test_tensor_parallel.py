@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from radixserve import Engine, SamplingParams
-from radixserve.common.demo_model import make_demo_model, model_config, save_random_model
+from radixserve.common.demo_model import model_config, save_random_model
 from radixserve.common.demo_moe import MOE_ARCHS
 from radixserve.common.sampling import Constraint
 from radixserve.launcher import free_port
@@ -99,9 +99,9 @@ def test_tp2_greedy_equals_tp1_and_hf_with_chunking_radix_cache_and_overlap(mode
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
-def test_tp2_moe_greedy_equals_hf_with_chunking_radix_cache_overlap_and_static_decode(tmp_path, arch):
+def test_tp2_moe_greedy_equals_hf_with_chunking_radix_cache_overlap_and_static_decode(demo_model, arch):
     """Every expert's columns split over two ranks, one all-reduce per MoE block (model/moe.py)."""
-    path = make_demo_model(tmp_path / arch, arch=arch, size="tiny")
+    path = demo_model(arch)
     ref = hf_greedy(path, PROMPTS)
     whole = weight_bytes(load_model(path, ModelConfig.from_pretrained(path), "cpu"))
     with Engine(
@@ -119,8 +119,8 @@ def test_tp2_moe_greedy_equals_hf_with_chunking_radix_cache_overlap_and_static_d
         assert 0.49 < b / whole < 0.52, (b, whole)
 
 
-def test_tp2_greedy_equals_hf_under_decode_retraction(tmp_path):
-    path = make_demo_model(tmp_path / "llama", arch="llama", size="tiny")
+def test_tp2_greedy_equals_hf_under_decode_retraction(demo_model):
+    path = demo_model("llama")
     ref = hf_greedy(path, PROMPTS)
     with Engine(
         path, tp_size=2, device="cpu", max_total_tokens=96, init_new_token_ratio=0.0, page_size=16,
@@ -132,10 +132,10 @@ def test_tp2_greedy_equals_hf_under_decode_retraction(tmp_path):
         assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
 
 
-def test_tp2_seeded_sampling_equals_tp1(tmp_path):
+def test_tp2_seeded_sampling_equals_tp1(demo_model):
     """Also with what rank 0 alone does after the logits: logprobs (and the prompt positions every
     rank computes logits for), penalties and a grammar mask."""
-    path = make_demo_model(tmp_path / "qwen3", arch="qwen3", size="tiny")
+    path = demo_model("qwen3")
     params = [
         SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=50, seed=s, ignore_eos=True)
         for s in range(len(PROMPTS))
@@ -157,8 +157,8 @@ def test_tp2_seeded_sampling_equals_tp1(tmp_path):
                 assert a[0] == pytest.approx(b[0], abs=1e-4) and a[1] == b[1]
 
 
-def test_a_model_that_does_not_split_is_refused_before_any_process_starts(tmp_path):
-    path = make_demo_model(tmp_path / "llama", arch="llama", size="tiny")  # 4 heads
+def test_a_model_that_does_not_split_is_refused_before_any_process_starts(demo_model):
+    path = demo_model("llama")  # 4 heads
     with pytest.raises(ValueError, match="tp_size 8 does not divide the model's 4 attention heads"):
         Engine(path, tp_size=8, device="cpu")
 
@@ -213,8 +213,11 @@ def test_a_vocabulary_that_does_not_divide_is_padded_and_cut_off(tmp_path):
             torch.testing.assert_close(torch.from_numpy(np.load(out)), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_tp2_block_fp8_serves_hf_greedy_tokens_with_half_the_weights_per_rank(tmp_path):
-    fp8, ref = write_fp8(source_model(tmp_path / "src", "qwen3"), tmp_path / "block", "block")
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_tp2_block_fp8_serves_hf_greedy_tokens_with_half_the_weights_per_rank(tmp_path, arch):
+    """The block format (the official FP8 checkpoints'; Qwen3-30B-A3B-FP8's for qwen3_moe, its
+    experts 256 wide here: each rank holds one 128-column block of every expert, and its scales)."""
+    fp8, ref = write_fp8(source_model(tmp_path / "src", arch), tmp_path / "block", "block")
     prompts, new = PROMPTS[:3], 8  # short: every step is a round of gloo collectives per layer
     greedy = SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True)
     with Engine(fp8, tp_size=2, device="cpu", max_total_tokens=1024, warmup=False) as engine:
@@ -222,4 +225,5 @@ def test_tp2_block_fp8_serves_hf_greedy_tokens_with_half_the_weights_per_rank(tm
         per_rank = engine.placement["weight_bytes_per_rank"]
     assert [o["token_ids"] for o in outs] == hf_greedy(ref, prompts, new)
     whole, _ = expected_bytes(ref, "block", dtype_bytes=4)  # the model on one rank
+    print(f"{arch} block FP8, tp 2: each rank {[round(b / whole, 3) for b in per_rank]} of the whole")
     assert len(per_rank) == 2 and all(0.49 < b / whole < 0.52 for b in per_rank), per_rank

@@ -1,8 +1,8 @@
 """The device profile (model/device.py): dtype, backend, fused ops, graphs and an MoE model's
-experts decided in one place, every surprising choice said in a note. CUDA is out of reach here, so
-the CUDA cases resolve with a CUDA device named but absent (``resolve_device`` stood in: the GPU is
-outside this machine, and for MoE models its compute capability, ``cuda_capability``); tests/gpu
-checks the same choices on a real GPU."""
+experts (FP8 ones too) decided in one place, every surprising choice said in a note. CUDA is out of
+reach here, so the CUDA cases resolve with a CUDA device named but absent (``resolve_device`` stood
+in: the GPU is outside this machine, and for MoE models its compute capability, ``cuda_capability``,
+and the FP8 grouped GEMM's probe); tests/gpu checks the same choices on a real GPU."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import torch
 
 from radixserve.scheduler.model import device as device_mod
 from radixserve.scheduler.model.device import resolve_device, resolve_profile
+from radixserve.scheduler.model.quant.formats import Fp8Format, WeightQuant
+from radixserve.scheduler.model.quant.gemm import Fp8Gemms
 from tests.helpers.shapes import QWEN3_06B, QWEN3_30B_A3B
 
 FP32 = dataclasses.replace(QWEN3_06B, dtype=torch.float32)
@@ -92,3 +94,44 @@ def test_an_moe_model_on_cuda_runs_grouped_gemms_where_torch_has_them(on_cuda, m
     assert "CUDA graphs off: the torch MoE experts read their row counts on the host" in a100.notes
     dense = resolve_profile(QWEN3_06B, device="cuda")
     assert dense.cuda_graph and not any("MoE" in n for n in dense.notes)
+
+
+BLOCKS = WeightQuant(Fp8Format("fp8", "block", "weight_scale_inv", (128, 128)))
+A3B_ROWS = dataclasses.replace(QWEN3_30B_A3B, quantization=WeightQuant(None, at_load=True))
+A3B_BLOCKS = dataclasses.replace(QWEN3_30B_A3B, quantization=BLOCKS)
+
+
+def test_fp8_experts_on_cpu_dequantize_each_routed_expert_and_say_so():
+    p = resolve_profile(A3B_BLOCKS, device="cpu")
+    assert p.moe == "torch"
+    assert (
+        "MoE experts in FP8 (128x128 blocks): the torch reference, each routed expert dequantized to"
+        " bfloat16 per matmul (FP8 grouped GEMM kernels need a CUDA device)"
+    ) in p.notes
+
+
+def test_fp8_experts_on_cuda_take_the_fp8_grouped_gemm_where_it_runs(on_cuda, monkeypatch):
+    monkeypatch.setattr(device_mod, "device_gemms", lambda *a: (Fp8Gemms(), []))  # test_fp8_ops.py's
+    monkeypatch.setattr(device_mod, "cuda_capability", lambda dev: (9, 0))  # an H100
+    monkeypatch.setattr(device_mod, "probe_scaled_grouped_mm", lambda dev: None)
+    h100 = resolve_profile(A3B_ROWS, device="cuda")
+    assert (h100.moe, h100.cuda_graph) == ("scaled_grouped_mm", True)
+    assert any(
+        n.startswith("MoE experts in FP8 (per output row): torch.nn.functional.scaled_grouped_mm")
+        and n.endswith("CUDA-graph safe")
+        for n in h100.notes
+    )
+    blocks = resolve_profile(A3B_BLOCKS, device="cuda")  # Qwen3-30B-A3B-FP8: no blockwise kernel
+    assert (blocks.moe, blocks.cuda_graph) == ("torch", False)
+    assert any("(torch has no blockwise FP8 grouped GEMM)" in n for n in blocks.notes)
+    assert "CUDA graphs off: the torch MoE experts read their row counts on the host" in blocks.notes
+    fp16 = resolve_profile(A3B_ROWS, device="cuda", dtype="float16")
+    assert fp16.moe == "torch" and any(
+        "writes bfloat16; this model serves in float16" in n for n in fp16.notes
+    )
+    monkeypatch.setattr(device_mod, "probe_scaled_grouped_mm", lambda dev: "it failed a probe call: no")
+    probed = resolve_profile(A3B_ROWS, device="cuda")
+    assert probed.moe == "torch" and any(n.endswith("(it failed a probe call: no)") for n in probed.notes)
+    monkeypatch.setattr(device_mod, "cuda_capability", lambda dev: (10, 0))  # a B200
+    b200 = resolve_profile(A3B_ROWS, device="cuda")
+    assert b200.moe == "torch" and any("built for SM90, not SM100" in n for n in b200.notes)

@@ -16,6 +16,7 @@ from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.expert_weights import moe_placement
 from radixserve.scheduler.model.loader import load_model
 from radixserve.scheduler.model.parallel import ShardLayout
+from tests.helpers.moe_checkpoints import stack_experts
 
 
 @pytest.fixture(scope="module")
@@ -72,18 +73,6 @@ def qwen2_moe_dir(demo_model):  # every layer sparse, with a shared expert
 @pytest.fixture(scope="module")
 def mixtral_dir(demo_model):  # block_sparse_moe.experts.{e}.w1 / w3 / w2
     return demo_model("mixtral")
-
-
-def stack_experts(tensors: dict[str, torch.Tensor]) -> None:
-    """Qwen per-expert tensors -> HF's fused layout (``mlp.experts.gate_up_proj`` / ``down_proj``)."""
-    for layer in sorted({n.split(".mlp.experts.")[0] for n in tensors if ".mlp.experts." in n}):
-        each = {
-            proj: [tensors.pop(f"{layer}.mlp.experts.{e}.{proj}.weight") for e in range(4)]
-            for proj in ("gate_proj", "up_proj", "down_proj")
-        }
-        gate_up = [torch.cat(pair) for pair in zip(each["gate_proj"], each["up_proj"], strict=True)]
-        tensors[f"{layer}.mlp.experts.gate_up_proj"] = torch.stack(gate_up)
-        tensors[f"{layer}.mlp.experts.down_proj"] = torch.stack(each["down_proj"])
 
 
 @pytest.mark.parametrize(
@@ -174,20 +163,6 @@ def test_a_broken_moe_checkpoint_is_refused_in_one_line_naming_the_tensor(
     with pytest.raises(ValueError, match=error) as e:
         load_model(path, ModelConfig.from_pretrained(path), "cpu")
     assert "\n" not in str(e.value)
-
-
-def test_fp8_experts_are_refused_naming_the_tensor(mixtral_dir, tmp_path):
-    """An FP8 checkpoint of an MoE model: its attention would load as FP8 (model/quant/), its experts
-    cannot yet, and say so before their scales are found unexpected."""
-    name = "model.layers.1.block_sparse_moe.experts.0.w1.weight"
-    path = rewrite(
-        mixtral_dir, tmp_path, lambda t: t.update({name: torch.zeros(32, 64, dtype=torch.float8_e4m3fn)})
-    )
-    config = json.loads((path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
-    (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=f"^{name}: FP8 expert weights are not served yet$"):
-        load_model(path, ModelConfig.from_pretrained(path), "cpu")
 
 
 def test_an_architecture_not_served_is_refused_listing_those_that_are(qwen2_moe_dir, tmp_path):

@@ -20,7 +20,8 @@ from radixserve.scheduler.model.loader import load_model
 from radixserve.scheduler.model.moe_config import MoEConfig, moe_config
 from radixserve.scheduler.model.moe_ops import EXPERTS, route
 from radixserve.scheduler.model.ops import TorchOps
-from radixserve.scheduler.model.quant.linear import Fp8Linear
+from radixserve.scheduler.model.quant.fp8 import ScaleLayout
+from radixserve.scheduler.model.quant.linear import Fp8Experts, Fp8Linear
 from tests.helpers.hf import NEW, PROMPTS, hf_greedy
 
 
@@ -159,17 +160,21 @@ def test_greedy_equals_hf_under_decode_retraction(moe_dir, moe_ref):
         assert engine.scheduler.kv.available() == engine.scheduler.kv.capacity
 
 
-def test_quantization_fp8_quantizes_every_projection_but_the_experts(moe_dir):
-    """``--quantization fp8`` on an MoE model: attention, the dense layers' MLPs and Qwen2-MoE's
-    shared expert become FP8; the experts and the routers stay in the checkpoint's precision (FP8
-    experts are not served yet: docs/models.md)."""
+def test_quantization_fp8_quantizes_every_projection_and_the_experts_but_not_the_routers(moe_dir):
+    """``--quantization fp8`` on an MoE model: attention, the dense layers' MLPs, Qwen2-MoE's shared
+    expert and every layer's experts become FP8 (per output row); the routers (and Qwen2-MoE's
+    shared-expert gate) stay in the checkpoint's precision. test_fp8_moe.py holds the numbers."""
     cfg = ModelConfig.from_pretrained(moe_dir, quantization="fp8")
     model = load_model(moe_dir, cfg, "cpu")
     sparse = model.model.layers[cfg.moe.sparse_layers[0]]
     assert isinstance(sparse.self_attn.qkv_proj, Fp8Linear)
-    assert sparse.mlp.experts.gate_up_proj.dtype == sparse.mlp.gate.weight.dtype == cfg.dtype
+    experts = sparse.mlp.experts
+    assert isinstance(experts, Fp8Experts) and experts.down_proj.layout == ScaleLayout()
+    assert experts.gate_up_proj.weight.dtype == torch.float8_e4m3fn
+    assert sparse.mlp.gate.weight.dtype == cfg.dtype
     if cfg.moe.shared_intermediate_size:
         assert isinstance(sparse.mlp.shared_expert.gate_up_proj, Fp8Linear)
+        assert sparse.mlp.shared_expert_gate.weight.dtype == cfg.dtype
     with Engine(moe_dir, max_total_tokens=1024, quantization="fp8") as engine:
         outs = engine.generate(
             prompt=PROMPTS[:2], sampling_params=SamplingParams(max_new_tokens=4, ignore_eos=True)

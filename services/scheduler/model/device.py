@@ -16,7 +16,10 @@ From the engine's arguments and what the device and checkpoint are, ``resolve_pr
   the weights dequantized per matmul elsewhere (always a note: what runs, and why);
 * a mixture-of-experts model's experts (model/moe_ops.py): ``grouped_mm`` where torch has grouped
   GEMM kernels for the device and dtype (CUDA SM90 / SM100, bfloat16), else the torch reference,
-  whose host read of the expert counts turns CUDA graphs off. Always a note, so the log says which;
+  whose host read of the expert counts turns CUDA graphs off. FP8 experts (a model with FP8
+  weights: model/quant/grouped.py): ``scaled_grouped_mm`` where torch's FP8 grouped GEMM runs
+  (SM90, bfloat16, experts scaled per row, a probe call passing), else the torch reference, each
+  routed expert dequantized per matmul. Always a note, so the log says which;
 * a hybrid model's gated delta rule (model/linear_kernels.py): flash-linear-attention's kernels on
   CUDA in fp16/bf16 when ``fla`` imports, else the torch implementation. Always a note.
 
@@ -36,6 +39,7 @@ from radixserve.scheduler.model.config import DTYPES, ModelConfig
 from radixserve.scheduler.model.linear_kernels import fla_unavailable
 from radixserve.scheduler.model.moe_ops import grouped_mm_unsupported
 from radixserve.scheduler.model.quant.gemm import Fp8Gemms, device_gemms, projection_shapes
+from radixserve.scheduler.model.quant.grouped import choose_experts, probe_scaled_grouped_mm
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +52,7 @@ class DeviceProfile:
     cuda_graph: bool  # ... and replay captured CUDA graphs
     notes: tuple[str, ...] = field(default=())
     fp8_gemms: Fp8Gemms | None = None  # the model's FP8 weights' GEMM paths; None: no FP8 weights
-    moe: str = "torch"  # torch | grouped_mm: an MoE model's experts (model/moe_ops.py)
+    moe: str = "torch"  # torch | grouped_mm | scaled_grouped_mm: an MoE model's experts (model/moe_ops.py)
     # torch | fla: a hybrid model's gated delta rule (model/linear_kernels.py)
     linear_attention: str = "torch"
 
@@ -164,6 +168,11 @@ def moe_experts(model: ModelConfig, dev: torch.device, dtype: torch.dtype) -> tu
     if model.moe is None:
         return "torch", None
     widths = (model.hidden_size, model.moe.intermediate_size, model.moe.shared_intermediate_size)
+    if model.quantization is not None:  # the experts are FP8 with the rest
+        return choose_experts(
+            dev, dtype, model.quantization, widths[:2], cuda_capability(dev),
+            lambda: probe_scaled_grouped_mm(dev),
+        )  # fmt: skip
     reason = grouped_mm_unsupported(dev, dtype, cuda_capability(dev), widths)
     if reason is None:
         return "grouped_mm", "MoE experts: grouped GEMMs (torch.nn.functional.grouped_mm), CUDA-graph safe"

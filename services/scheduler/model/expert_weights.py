@@ -41,6 +41,7 @@ PROJECTIONS = {
     "down": ("down_proj", "w2"),
 }  # Qwen, Mixtral
 ROLES = {proj: role for role, names in PROJECTIONS.items() for proj in names}
+STACKS = ("gate_up_proj", "down_proj")  # our experts module's (model/moe.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,12 @@ class Placement:
     shape: tuple[int, ...]  # the checkpoint tensor's whole shape
     reads: tuple[tuple[slice, ...], ...]  # this rank's parts of the tensor, concatenated along cat_dim
     cat_dim: int = 0
+
+    @property
+    def experts(self) -> str | None:
+        """Our experts module whose stack this tensor fills (None: not an expert's: Mixtral's router)."""
+        module, _, stack = self.param.rpartition(".")
+        return module if module.endswith(".mlp.experts") and stack in STACKS else None
 
     def read(self, name: str, lazy: Any) -> torch.Tensor:
         """This rank's part of checkpoint tensor ``name`` from its safetensors slice ``lazy``."""
@@ -92,13 +99,15 @@ def moe_placement(name: str, cfg: ModelConfig, layout: ShardLayout) -> Placement
 
 def missing_tensor(param: str, unfilled: torch.Tensor, arch: str) -> str:
     """What the checkpoint lacked, for our parameter ``param`` with rows ``unfilled`` still empty:
-    for an expert stack, the first missing expert's own tensor; else ``param`` itself."""
+    for an expert stack (an FP8 stack's weight or scales too), the first missing expert's own
+    weight; else ``param`` itself."""
+    name = param.removesuffix(".weight").removesuffix(".weight_scale")  # an FP8 stack's parts
     for stack, role in ((".mlp.experts.gate_up_proj", "gate"), (".mlp.experts.down_proj", "down")):
-        if param.endswith(stack) and unfilled.dim() == 2:
-            e, row = (int(i) for i in unfilled.nonzero()[0])
+        if name.endswith(stack) and unfilled.dim() >= 2:
+            e, row = (int(i) for i in unfilled.nonzero()[0][:2])  # rows, or block rows of scales
             if role == "gate" and row >= unfilled.shape[1] // 2:
                 role = "up"
             mixtral = arch == "mixtral"
             block, proj = ("block_sparse_moe" if mixtral else "mlp"), PROJECTIONS[role][mixtral]
-            return f"{param.removesuffix(stack)}.{block}.experts.{e}.{proj}.weight"
+            return f"{name.removesuffix(stack)}.{block}.experts.{e}.{proj}.weight"
     return param

@@ -7,9 +7,10 @@ its merged parameter and the rows it fills; every row of every parameter must be
 Tensor parallelism (model/parallel.py): a rank reads only its slice of each sharded tensor
 (``checkpoint_slice``), through safetensors' lazy slices, so no process ever holds the whole model.
 
-FP8 weights (model/quant/): ``quant.load.plan`` makes the FP8 projections ``Fp8Linear`` before the
-model gets memory, and ``Fp8Loading`` takes the tensors that are FP8's business (FP8 weights, their
-scales, weights quantized while loading), placed and sliced by the functions here.
+FP8 weights (model/quant/): ``quant.load.plan`` makes the FP8 projections ``Fp8Linear`` (and FP8
+experts ``Fp8Experts``) before the model gets memory, and ``Fp8Loading`` takes the tensors that are
+FP8's business (FP8 weights, their scales, weights quantized while loading), placed and sliced by
+the functions here and model/expert_weights.py's.
 
 Mixture-of-experts checkpoints store every expert's matrices apart: model/expert_weights.py places
 them (and Mixtral's router, named apart from ours) into each layer's stacked tensors. Qwen2-MoE's
@@ -26,11 +27,12 @@ import torch
 from safetensors import safe_open
 
 from radixserve.scheduler.model.config import ModelConfig
-from radixserve.scheduler.model.expert_weights import missing_tensor, moe_placement
+from radixserve.scheduler.model.expert_weights import Placement, missing_tensor, moe_placement
 from radixserve.scheduler.model.hybrid import causal_lm
 from radixserve.scheduler.model.linear_weights import linear_placement
 from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
+from radixserve.scheduler.model.quant.checkpoint import fill
 from radixserve.scheduler.model.quant.load import Fp8Loading, plan
 
 
@@ -122,12 +124,18 @@ def load_model(
     def place(name: str) -> tuple[str, int, int | None]:
         return merged_target(name, local) or (name, 0, None)
 
-    fp8 = plan(model, files, cfg, place)  # FP8 projections become Fp8Linear (still on meta)
+    def place_moe(name: str) -> Placement | None:
+        return moe_placement(name, cfg, layout)
+
+    fp8 = plan(model, files, cfg, place, place_moe)  # FP8 projections become Fp8Linear (still on meta)
     model.to_empty(device=device)
     params = dict(model.named_parameters())
-    # rows still to fill: of each output row (1-D, 2-D), of each expert's rows (3-D expert stacks)
+    # still to fill: each output row (1-D, 2-D), each expert's rows (3-D expert stacks), each scale
     unfilled = {
-        name: torch.ones(p.shape[: max(1, p.dim() - 1)], dtype=torch.bool) for name, p in params.items()
+        name: torch.ones(
+            p.shape if name.endswith(".weight_scale") else p.shape[: max(1, p.dim() - 1)], dtype=torch.bool
+        )
+        for name, p in params.items()
     }
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         real = layout.vocab_end(cfg) - layout.vocab_start
@@ -138,18 +146,20 @@ def load_model(
     loading = (
         None
         if fp8 is None
-        else Fp8Loading(fp8, params, unfilled, place, lambda n: checkpoint_slice(n, cfg, layout), read_part)
+        else Fp8Loading(
+            fp8, params, unfilled, place, lambda n: checkpoint_slice(n, cfg, layout), read_part, place_moe
+        )
     )
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
+                if loading is not None and loading.load(f, name):
+                    continue
                 # an MoE expert's (or Mixtral's router), or a hybrid's linear-attention tensor
-                placed = moe_placement(name, cfg, layout) or linear_placement(name, cfg, layout)
+                placed = place_moe(name) or linear_placement(name, cfg, layout)
                 if placed is not None:
                     tensor = placed.read(name, f.get_slice(name))
                     _fill(name, tensor, placed.param, placed.index, params, unfilled, file.name)
-                    continue
-                if loading is not None and loading.load(f, name):
                     continue
                 target_name, start, rows = place(name)
                 if target_name not in params:
@@ -163,7 +173,7 @@ def load_model(
                     rows = part[2] - part[1]  # a vocabulary slice: the last rank's is short
                 index = () if rows is None else (slice(start, start + rows),)
                 _fill(name, read_part(f, name, part), target_name, index, params, unfilled, file.name)
-    missing = sorted(missing_tensor(name, rows, cfg.arch) for name, rows in unfilled.items() if rows.any())
+    missing = sorted({missing_tensor(name, rows, cfg.arch) for name, rows in unfilled.items() if rows.any()})
     if missing:
         raise ValueError(f"checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     model.init_rope()  # buffers built on the meta device are empty: rebuild on the real one
@@ -184,16 +194,7 @@ def _fill(
     """Copy checkpoint tensor ``name`` into ``params[target_name][index]``, once."""
     if target_name not in params:
         raise ValueError(f"unexpected tensor {name!r} in {file}")
-    target = params[target_name][index]
-    if tensor.shape != target.shape:
-        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}")
-    filled = unfilled[target_name][index]
-    if not filled.all():
-        at = ", ".join(f"{i.start}:{i.stop}" if isinstance(i, slice) else str(i) for i in index)
-        raise ValueError(f"{name}: {target_name}{f'[{at}]' if at else ''} given twice")
-    with torch.no_grad():
-        target.copy_(tensor)  # in the model's dtype
-    filled.zero_()
+    fill(params, unfilled, target_name, index, tensor, name)  # in the model's dtype
 
 
 def read_part(f: object, name: str, part: tuple[int, int, int] | None) -> torch.Tensor:

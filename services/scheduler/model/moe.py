@@ -6,7 +6,9 @@ Module names mirror Hugging Face's so the checkpoint's tensors load by name: ``g
 routed expert's weights stacked in two tensors, HF's fused layout (``gate_up_proj`` ``[E, 2I, H]``:
 gate rows then up rows; ``down_proj`` ``[E, H, I]``). Checkpoints store each expert's matrices
 apart; the loader stacks them into these (model/expert_weights.py): two tensors a layer, not
-hundreds of modules, and what a grouped GEMM reads.
+hundreds of modules, and what a grouped GEMM reads. With FP8 experts (model/quant/) the loader swaps
+``experts`` for an ``Fp8Experts`` (the same two stacks, FP8 with their scales); the MoE op takes
+either.
 
 Tensor parallelism: the router is whole on every rank (all ranks route alike); each expert's and
 the shared expert's MLP columns are split as the dense MLP's are, so every rank computes a partial
@@ -22,6 +24,7 @@ from torch import nn
 from radixserve.scheduler.model.moe_config import MoEConfig
 from radixserve.scheduler.model.ops import Ops
 from radixserve.scheduler.model.parallel import TPGroup
+from radixserve.scheduler.model.quant.linear import Fp8Experts
 
 
 class Experts(nn.Module):
@@ -41,7 +44,7 @@ class SparseMoE(nn.Module):
         rank's columns that does not all-reduce its own output (this block does, once)."""
         super().__init__()
         self.gate = nn.Linear(hidden, moe.num_experts, bias=False)
-        self.experts = Experts(moe.num_experts, hidden, moe.intermediate_size)
+        self.experts: Experts | Fp8Experts = Experts(moe.num_experts, hidden, moe.intermediate_size)
         self.shared_expert = shared_expert
         if shared_expert is not None:
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)

@@ -26,6 +26,14 @@ the device profile picks once (model/device.py ``moe_experts``):
 
 Both finish alike (``_combine``): each row's output goes back to its (token, slot) place, and one
 batched matmul with the weights sums a token's k rows.
+
+FP8 experts (``Fp8Experts``, model/quant/): each stack is an ``Fp8Weight`` instead of a tensor, and
+every implementation takes either (``Stack``). The torch reference dequantizes the experts that
+have rows, one at a time, per call; ``grouped_mm`` dequantizes the whole stack per call (correct,
+but a layer's experts in the serving dtype for a moment: the profile never picks it for FP8
+experts); a third, ``scaled_grouped_mm`` (quant/grouped.py), runs FP8 x FP8 grouped GEMMs, the
+same sorted rows and device-side group ends as ``grouped_mm``, and hands high-precision stacks to
+it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from radixserve.scheduler.model.quant.grouped import SCALED_GROUPED, scaled_grouped_mm
+from radixserve.scheduler.model.quant.linear import Fp8Weight
 
 Activation = Callable[[torch.Tensor], torch.Tensor]  # [rows, 2I] -> [rows, I]: ops.silu_and_mul
 
@@ -51,7 +62,22 @@ class Routing:
     experts: torch.Tensor  # [T*k]: each sorted row's expert, ascending
 
 
-Experts = Callable[[torch.Tensor, Routing, torch.Tensor, torch.Tensor, Activation], torch.Tensor]
+Stack = torch.Tensor | Fp8Weight  # a layer's experts' weights stacked [E, N, K]: as served, or FP8
+Experts = Callable[[torch.Tensor, Routing, Stack, Stack, Activation], torch.Tensor]
+
+
+def _expert(stack: Stack, e: int, dtype: torch.dtype) -> torch.Tensor:
+    return stack[e] if isinstance(stack, torch.Tensor) else stack.expert(e, dtype)
+
+
+def _whole(stack: Stack, dtype: torch.dtype) -> torch.Tensor:
+    return stack if isinstance(stack, torch.Tensor) else stack.dequantize(dtype)
+
+
+def _group_ends(r: Routing, num_experts: int) -> torch.Tensor:
+    """Where each expert's rows end among the sorted rows (int32, on the device: no host read)."""
+    every = torch.arange(num_experts, device=r.experts.device, dtype=r.experts.dtype)
+    return torch.searchsorted(r.experts, every, right=True, out_int32=True)
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> Routing:
@@ -71,34 +97,50 @@ def _combine(rows_out: torch.Tensor, r: Routing) -> torch.Tensor:
     return mixed.squeeze(1)
 
 
-def torch_experts(
-    x: torch.Tensor, r: Routing, gate_up: torch.Tensor, down: torch.Tensor, act: Activation
-) -> torch.Tensor:
+def torch_experts(x: torch.Tensor, r: Routing, gate_up: Stack, down: Stack, act: Activation) -> torch.Tensor:
     rows = x.index_select(0, r.token)
-    counts = torch.bincount(r.experts, minlength=gate_up.shape[0]).tolist()  # the one host read
-    out = torch.empty(rows.shape[0], down.shape[1], dtype=x.dtype, device=x.device)
+    num, hidden = gate_up.shape[0], down.shape[1]
+    counts = torch.bincount(r.experts, minlength=num).tolist()  # the one host read
+    out = torch.empty(rows.shape[0], hidden, dtype=x.dtype, device=x.device)
     start = 0
     for e, n in enumerate(counts):
         if n:
             block = rows[start : start + n]
-            out[start : start + n] = F.linear(act(F.linear(block, gate_up[e])), down[e])
+            inner = act(F.linear(block, _expert(gate_up, e, x.dtype)))
+            out[start : start + n] = F.linear(inner, _expert(down, e, x.dtype))
         start += n
     return _combine(out, r)
 
 
 def grouped_mm_experts(
-    x: torch.Tensor, r: Routing, gate_up: torch.Tensor, down: torch.Tensor, act: Activation
+    x: torch.Tensor, r: Routing, gate_up: Stack, down: Stack, act: Activation
 ) -> torch.Tensor:
-    every = torch.arange(gate_up.shape[0], device=x.device, dtype=r.experts.dtype)
-    ends = torch.searchsorted(r.experts, every, right=True, out_int32=True)  # group e ends at ends[e]
+    ends = _group_ends(r, gate_up.shape[0])  # group e ends at ends[e]
     rows = x.index_select(0, r.token)
     # grouped_mm computes a @ b per group with b [E, K, N]; our [E, N, K] weights, transposed, are
     # the column-major operand its kernels want, without a copy.
-    hidden = act(F.grouped_mm(rows, gate_up.transpose(1, 2), offs=ends))
-    return _combine(F.grouped_mm(hidden, down.transpose(1, 2), offs=ends), r)
+    hidden = act(F.grouped_mm(rows, _whole(gate_up, x.dtype).transpose(1, 2), offs=ends))
+    return _combine(F.grouped_mm(hidden, _whole(down, x.dtype).transpose(1, 2), offs=ends), r)
 
 
-EXPERTS: dict[str, Experts] = {"torch": torch_experts, "grouped_mm": grouped_mm_experts}
+def scaled_grouped_mm_experts(
+    x: torch.Tensor, r: Routing, gate_up: Stack, down: Stack, act: Activation
+) -> torch.Tensor:
+    """FP8 experts scaled per output row on FP8 grouped GEMMs (quant/grouped.py); others as
+    ``grouped_mm``."""
+    if not (isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight) and gate_up.layout.block is None):
+        return grouped_mm_experts(x, r, gate_up, down, act)
+    ends = _group_ends(r, gate_up.shape[0])
+    rows = x.index_select(0, r.token)
+    hidden = act(scaled_grouped_mm(rows, gate_up.weight, gate_up.weight_scale, ends))
+    return _combine(scaled_grouped_mm(hidden, down.weight, down.weight_scale, ends), r)
+
+
+EXPERTS: dict[str, Experts] = {
+    "torch": torch_experts,
+    "grouped_mm": grouped_mm_experts,
+    SCALED_GROUPED: scaled_grouped_mm_experts,
+}
 
 
 def grouped_mm_unsupported(

@@ -26,7 +26,9 @@ Contracts (both classes):
 * ``moe(x, router_logits, gate_up, down, top_k, renormalize)``: a mixture-of-experts block's
   routed experts, ``[T, H]`` -> ``[T, H]`` (model/moe_ops.py has the contract). Routing is the same
   torch code in both classes; the experts run through the implementation the device profile chose
-  (``make_ops``' ``moe``: the torch reference, or ``grouped_mm`` on GPUs with grouped GEMM kernels).
+  (``make_ops``' ``moe``: the torch reference, ``grouped_mm`` on GPUs with grouped GEMM kernels,
+  or ``scaled_grouped_mm`` for FP8 experts on GPUs with FP8 grouped GEMM kernels); the stacks are
+  tensors, or FP8 ``Fp8Weight``s.
 
 ``cos_sin`` is ``[max_positions, D]`` float32: cos of each position's angles in the first half,
 sin in the second (flashinfer's layout; the torch path reads the same table).
@@ -40,7 +42,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from radixserve.scheduler.model.moe_ops import EXPERTS, route
+from radixserve.scheduler.model.moe_ops import EXPERTS, Stack, route
 
 # What rope_inputs computes once per forward for rope to use in every layer: (cos, sin) rows for
 # the torch path, (positions, the cos/sin table) for flashinfer's kernel.
@@ -79,8 +81,8 @@ class MoEOp:
         self,
         x: torch.Tensor,
         router_logits: torch.Tensor,
-        gate_up: torch.Tensor,
-        down: torch.Tensor,
+        gate_up: Stack,
+        down: Stack,
         top_k: int,
         renormalize: bool,
     ) -> torch.Tensor:

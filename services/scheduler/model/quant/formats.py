@@ -154,21 +154,26 @@ def requested(stored: Fp8Format | None, quantization: str) -> WeightQuant | None
 def block_problem(cfg: ModelConfig, size: int) -> str | None:
     """Why a checkpoint's FP8 blocks cannot be held ``size`` ways (None: they can). A rank holds
     whole blocks: its rows of q/k/v and gate/up, and its columns of o_proj and down_proj, must be
-    whole blocks (size 1: q, k, v and gate, up are merged, so each starts on a block)."""
+    whole blocks (size 1: q, k, v and gate, up are merged, so each starts on a block); so must an
+    MoE model's experts' and shared expert's (their gate/up rows are merged too)."""
     quant = cfg.quantization
     fmt = quant.stored if quant is not None else None
     if fmt is None or fmt.block is None:
         return None
     bn, bk = fmt.block
     kv_heads = cfg.num_kv_heads // size if cfg.num_kv_heads >= size else 1
-    q_rows, inter = cfg.num_heads // size * cfg.head_dim, cfg.intermediate_size // size
-    checks = [
-        ("q_proj rows", q_rows, bn),
-        ("k_proj/v_proj rows", kv_heads * cfg.head_dim, bn),
-        ("gate_proj/up_proj rows", inter, bn),
-    ]
+    q_rows = cfg.num_heads // size * cfg.head_dim
+    mlps = [("", cfg.intermediate_size)]  # (what, width) of each kind of MLP the model has
+    if cfg.moe is not None:
+        moe = cfg.moe
+        dense = mlps if len(moe.sparse_layers) < cfg.num_layers else []
+        shared = [("shared expert ", moe.shared_intermediate_size)] if moe.shared_intermediate_size else []
+        mlps = [*dense, ("expert ", moe.intermediate_size), *shared]
+    checks = [("q_proj rows", q_rows, bn), ("k_proj/v_proj rows", kv_heads * cfg.head_dim, bn)]
+    checks += [(f"{what}gate_proj/up_proj rows", width // size, bn) for what, width in mlps]
     if size > 1:
-        checks += [("o_proj columns", q_rows, bk), ("down_proj columns", inter, bk)]
+        checks.append(("o_proj columns", q_rows, bk))
+        checks += [(f"{what}down_proj columns", width // size, bk) for what, width in mlps]
     for what, n, block in checks:
         if n % block:
             if size > 1:

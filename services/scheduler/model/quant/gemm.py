@@ -103,26 +103,43 @@ def probe_scaled_mm(device: torch.device, layout: ScaleLayout) -> str | None:
     dequantized matmul), from one small call whose rows and column blocks have unequal scales (a
     kernel reading them in another layout gives other numbers)."""
     g = torch.Generator().manual_seed(0)
-    n = k = 256
-    uneven = torch.linspace(0.5, 2, n)[:, None] * (1 + 3 * (torch.arange(k) >= 128))
-    w = torch.randn(n, k, generator=g) * uneven
+    w = uneven_weight(g, 256, 256)
     q, scale = quantize_rows(w) if layout.block is None else quantize_blocks(w, layout.block)
-    x = torch.randn(16, k, generator=g).to(torch.bfloat16)
+    x = torch.randn(16, 256, generator=g).to(torch.bfloat16)
     want = x.float() @ dequantize(q, scale, layout, torch.float32).t()
+
+    def run() -> torch.Tensor:
+        return scaled_mm(x.to(device), q.to(device), kernel_scales(scale.to(device), layout), layout)
+
+    return probe_verdict(_api(), run, want)
+
+
+def uneven_weight(g: torch.Generator, n: int, k: int) -> torch.Tensor:
+    """A probe's weight ``[n, k]`` whose rows and 128-column blocks differ in size (so do their
+    scales: a kernel that read them in another layout would give other numbers)."""
+    uneven = torch.linspace(0.5, 2, n)[:, None] * (1 + 3 * (torch.arange(k) >= 128))
+    return torch.randn(n, k, generator=g) * uneven
+
+
+def probe_verdict(api: str, run: Callable[[], torch.Tensor], want: torch.Tensor) -> str | None:
+    """Why the probe call ``run`` of ``api`` fails (None: it runs and is within 5% of the largest of
+    ``want``, the dequantized matmul's result: the activations' FP8 rounding, not a wrong layout)."""
     try:
-        on = kernel_scales(scale.to(device), layout)
-        got = scaled_mm(x.to(device), q.to(device), on, layout).float().cpu()
+        got = run().float().cpu()
     except (RuntimeError, ValueError, TypeError, AttributeError) as e:
-        return f"{_api()} failed a probe call: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        return f"{api} failed a probe call: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
     err = float((got - want).abs().max() / want.abs().max())
-    return None if err < 0.05 else f"{_api()} was {err:.0%} off the dequantized matmul in a probe call"
+    return None if err < 0.05 else f"{api} was {err:.0%} off the dequantized matmul in a probe call"
 
 
 def projection_shapes(cfg: ModelConfig) -> list[tuple[int, int]]:
-    """(rows, columns) of the decoder layers' projections (this rank's): qkv, o, gate_up, down."""
+    """(rows, columns) of the decoder layers' projections (this rank's): qkv, o, gate_up, down, and
+    an MoE model's shared expert (its routed experts are quant/grouped.py's)."""
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     hidden, inter = cfg.hidden_size, cfg.intermediate_size
-    return [(q + 2 * kv, hidden), (hidden, q), (2 * inter, hidden), (hidden, inter)]
+    shapes = [(q + 2 * kv, hidden), (hidden, q), (2 * inter, hidden), (hidden, inter)]
+    shared = cfg.moe.shared_intermediate_size if cfg.moe is not None else 0
+    return shapes + ([(2 * shared, hidden), (hidden, shared)] if shared else [])  # Qwen2-MoE's
 
 
 def device_gemms(

@@ -3,7 +3,10 @@
 ``Fp8Weight`` holds ``weight`` (float8_e4m3fn, ``[..., N, K]``) and ``weight_scale`` (float32,
 ``ScaleLayout``'s shape) as parameters, so the loader fills them by name like any other and the
 engine counts their bytes. 2-D for a linear layer; the same container holds a layer's experts
-stacked ``[E, N, K]`` (``dequantize`` and the layouts work on any leading dimensions).
+stacked ``[E, N, K]`` (``dequantize`` and the layouts work on any leading dimensions): ``Fp8Experts``
+is model/moe.py's ``Experts`` with an ``Fp8Weight`` for each of its two stacks, swapped in by
+``quantize_experts`` as ``quantize_modules`` swaps the projections; the MoE op (model/moe_ops.py)
+reads it.
 
 ``Fp8Linear`` replaces a model's ``nn.Linear`` or ``RowParallelLinear`` (model/llama.py) with the
 same ``weight`` / ``bias`` names, ``weight_scale`` beside them: ``quantize_modules`` swaps them in
@@ -35,8 +38,26 @@ class Fp8Weight(nn.Module):
         scales = layout.scale_shape(shape)
         self.weight_scale = nn.Parameter(torch.empty(*scales, dtype=torch.float32), requires_grad=False)
 
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         return dequantize(self.weight, self.weight_scale, self.layout, dtype)
+
+    def expert(self, e: int, dtype: torch.dtype) -> torch.Tensor:
+        """Expert ``e``'s matrix of a stack ``[E, N, K]``, dequantized: ``[N, K]`` in ``dtype``."""
+        return dequantize(self.weight[e], self.weight_scale[e], self.layout, dtype)
+
+
+class Fp8Experts(nn.Module):
+    """One layer's routed experts in FP8: model/moe.py ``Experts``' two stacks as ``Fp8Weight``s
+    (``gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``), one scale layout for both."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, layout: ScaleLayout) -> None:
+        super().__init__()
+        self.gate_up_proj = Fp8Weight((num_experts, 2 * intermediate, hidden), layout)
+        self.down_proj = Fp8Weight((num_experts, hidden, intermediate), layout)
 
 
 class Fp8Linear(Fp8Weight):
@@ -82,6 +103,19 @@ def quantize_modules(model: nn.Module, layouts: Mapping[str, ScaleLayout], dtype
         tp = getattr(old, "tp", None)  # RowParallelLinear's group; nn.Linear has none
         with torch.device("meta"):
             new = Fp8Linear(weight.shape[1], weight.shape[0], old.bias is not None, layout, dtype, tp)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, new)
+
+
+def quantize_experts(model: nn.Module, layouts: Mapping[str, ScaleLayout]) -> None:
+    """Replace each named ``Experts`` module of ``model`` (built on the meta device) by an
+    ``Fp8Experts`` of the same shape."""
+    for name, layout in layouts.items():
+        stack = model.get_submodule(name).gate_up_proj
+        assert isinstance(stack, torch.Tensor) and stack.dim() == 3, name
+        num, rows, hidden = stack.shape
+        with torch.device("meta"):
+            new = Fp8Experts(num, hidden, rows // 2, layout)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, new)
 
