@@ -75,6 +75,7 @@ class BatchScheduler:
         self.consecutive_prefills = 0
         self.num_retractions = 0
         self.num_fairness_preemptions = 0
+        self.prefill_tokens = 0  # prompt tokens computed (not served from the prefix cache), all told
         self.in_flight: list[ScheduleBatch] = []  # scheduled, results not processed yet
         self._next_future = 0  # FutureMap ids, never reused (the runner maps them onto a ring)
 
@@ -188,6 +189,8 @@ class BatchScheduler:
         token_index, future_ids, epochs = [], [], []
         fid = self._next_future
         extend = batch.mode is ForwardMode.EXTEND
+        if extend:
+            self.prefill_tokens += int(batch.extend_lens.sum())
         for req, n in zip(batch.reqs, batch.extend_lens.tolist(), strict=True):
             epochs.append(req.retractions)
             req.kv_len += n
