@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from radixserve.scheduler.model.hybrid_config import HybridConfig, hybrid_config
 from radixserve.scheduler.model.moe_config import MoEConfig, moe_config
@@ -61,7 +62,10 @@ class ModelConfig:
         """``quantization``: --quantization (fp8: quantize what the checkpoint holds in high precision)."""
         from transformers import AutoConfig, GenerationConfig
 
-        hf = AutoConfig.from_pretrained(str(path))
+        try:
+            hf = AutoConfig.from_pretrained(str(path))
+        except (ValueError, TypeError, StrictDataclassError) as e:  # transformers' own checks: a few lines
+            raise ValueError(f"config.json: {_last_line(e)}") from e
         arch = next((ARCHITECTURES[a] for a in (hf.architectures or []) if a in ARCHITECTURES), None)
         if arch is None:
             raise ValueError(
@@ -124,6 +128,12 @@ class ModelConfig:
     def num_kv_layers(self) -> int:
         """Layers with a KV cache: all of them, but only the full-attention ones of a hybrid."""
         return self.num_layers if self.hybrid is None else len(self.hybrid.full_layers)
+
+
+def _last_line(e: Exception) -> str:
+    """The innermost reason of a (possibly multi-line) transformers config error, on one line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    return lines[-1].removeprefix("ValueError: ")
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, hf: Any) -> torch.dtype:
