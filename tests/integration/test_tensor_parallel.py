@@ -27,7 +27,7 @@ from radixserve.scheduler.model.loader import load_model
 from radixserve.scheduler.model.parallel import ShardLayout, tp_problem
 from radixserve.scheduler.tensor_parallel import weight_bytes
 from tests.helpers.fp8_models import expected_bytes, source_model, write_fp8
-from tests.helpers.hf import NEW, PROMPTS, hf_greedy
+from tests.helpers.hf import NEW, PROMPTS, hf_greedy, one_thread
 
 REPO = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
@@ -117,6 +117,29 @@ def test_tp2_moe_greedy_equals_hf_with_chunking_radix_cache_overlap_and_static_d
         per_rank = engine.placement["weight_bytes_per_rank"]
     for b in per_rank:  # each rank holds about half (the norms and the routers are whole on both)
         assert 0.49 < b / whole < 0.52, (b, whole)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+def test_tp2_hybrid_greedy_equals_hf_with_chunking_snapshots_overlap_and_static_decode(demo_model, arch):
+    """Gated DeltaNet heads split over two ranks (Qwen3-Next's per-key-head grouped projections
+    too), each rank holding its heads' recurrent states; the second round resumes from the
+    snapshots the first left (Qwen3.5-MoE: the same layers over model/moe.py's experts)."""
+    path = demo_model(arch)
+    with one_thread():
+        ref = hf_greedy(path, PROMPTS)
+    with Engine(
+        path, tp_size=2, device="cpu", max_total_tokens=2048, page_size=16, chunked_prefill_size=16,
+        disable_overlap=False, cpu_overlap_thread_min_ms=0, max_running_requests=8, cpu_static_decode=True,
+        cuda_graph_max_bs=4,
+    ) as engine:  # fmt: skip
+        for _ in range(2):
+            outs = engine.generate(prompt=PROMPTS, sampling_params=GREEDY)
+            assert [o["token_ids"] for o in outs] == ref
+        assert sum(o["meta_info"]["cached_tokens"] for o in outs) > 0
+        assert engine.runner.graphs.eager_static > 0 and engine.placement["state_bytes_per_rank"] > 0
+        kv = engine.scheduler.kv
+        kv.check([])
+        assert kv.available() == kv.capacity
 
 
 def test_tp2_greedy_equals_hf_under_decode_retraction(demo_model):
