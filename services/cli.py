@@ -4,7 +4,8 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
 ``add_parser`` block in ``build_parser``. Heavy imports stay inside the ``_cmd_*`` functions so
 ``radixserve --help`` is instant.
 
-    radixserve make-demo-model PATH [--arch llama|qwen2|qwen3|qwen3_moe|qwen2_moe|mixtral] [--size tiny|small]
+    radixserve make-demo-model PATH [--arch llama|qwen2|qwen3|qwen3_moe|qwen2_moe|mixtral|qwen3_5|qwen3_next
+        |qwen3_5_moe] [--size tiny|small]
         [--seed N]
     radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [vLLM's flags] [-- scheduler flags]
     radixserve bench NAME [its flags]     (offline, serving, gpu, routing, ...; NAME --help lists them)
@@ -80,6 +81,7 @@ BENCHMARKS = {
     "tensor_parallel": "offline throughput with the model split over 1 vs 2 processes (tensor parallelism)",
     "logits_features": "what logprobs, penalties and JSON constraints cost, and free requests beside them",
     "moe": "MoE offline throughput on CPU (a small Qwen3-MoE) vs HF generate, and the MoE layer's launches",
+    "hybrid": "prefix caching on a hybrid (Qwen3.5): state snapshots on vs off, hit rate vs a dense model",
 }
 
 

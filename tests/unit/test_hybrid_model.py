@@ -24,7 +24,7 @@ from radixserve.scheduler.model.attention import TorchAttention
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.forward_batch import ForwardBatch
 from radixserve.scheduler.model.linear_attention import LinearStep
-from radixserve.scheduler.model.linear_kernels import TorchDeltaRule
+from radixserve.scheduler.model.linear_kernels import FlaDeltaRule, TorchDeltaRule, fla_unavailable
 from radixserve.scheduler.model.loader import load_model
 from tests.helpers.hf import NEW, PROMPTS, SYSTEM, hf_greedy, one_thread
 
@@ -113,6 +113,55 @@ def test_causal_conv_in_one_go_equals_token_by_token_and_gives_the_state_at_any_
     torch.testing.assert_close(
         gated_delta.conv_extend(x, torch.zeros(6, 3), weight)[0], hf, atol=1e-5, rtol=1e-5
     )
+
+
+class FlaStandIn:
+    """flash-linear-attention's two entry points as its documentation gives them (q, k, v
+    ``[B, T, H, K|V]``, g and beta ``[B, T, H]``, ``scale``, ``initial_state`` ``[N, H, K, V]``,
+    ``output_final_state``, ``cu_seqlens`` for packed sequences with B 1), computed by HF's torch
+    functions: a stand-in for the Triton kernels, which need a GPU, to hold our calls to it."""
+
+    @staticmethod
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+        assert q.shape[0] == 1 and output_final_state and len(cu_seqlens) == len(initial_state) + 1
+        outs, finals = [], []
+        for i, (a, b) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True)):
+            o, s = hf_next.torch_chunk_gated_delta_rule(
+                q[:, a:b] * scale * q.shape[-1] ** 0.5, k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b],
+                initial_state=initial_state[i : i + 1], output_final_state=True,
+            )  # fmt: skip
+            outs.append(o)
+            finals.append(s)
+        return torch.cat(outs, dim=1), torch.cat(finals)
+
+    @staticmethod
+    def fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state):
+        assert q.shape[1] == 1 and output_final_state
+        return hf_next.torch_recurrent_gated_delta_rule(
+            q * scale * q.shape[-1] ** 0.5,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=initial_state,
+            output_final_state=True,
+        )
+
+
+def test_fla_path_passes_packed_sequences_and_states_as_its_api_documents():
+    """Our FlaDeltaRule over the stand-in equals the torch path: three packed sequences (one longer
+    than a chunk) from their own states, then a decode step of three rows."""
+    q, k, v, g, beta, _ = random_inputs(106, heads=4, dk=16, dv=16, seed=3)
+    states = torch.randn(3, 4, 16, 16, generator=torch.Generator().manual_seed(4))
+    fla, ref = FlaDeltaRule(torch.float32, FlaStandIn), TorchDeltaRule()
+    lens = [37, 64, 5]
+    packed = (q, k, v, g, beta, lens, states)
+    for got, want in zip(fla.extend(*packed), ref.extend(*packed), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    rows = [x[:3] for x in (q, k, v, g, beta)]
+    for got, want in zip(fla.decode(*rows, states), ref.decode(*rows, states), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert fla_unavailable(torch.device("cpu"), torch.float32) == "flash-linear-attention needs CUDA"
 
 
 # ------------------------------------------------------------------------------ config
