@@ -224,8 +224,9 @@ def test_logits_match_hf_for_prefill_extend_decode_and_a_request_resumed_from_a_
 def test_greedy_equals_hf_with_chunking_radix_cache_overlap_and_the_padded_static_decode(
     hybrid_dir, hybrid_ref, page
 ):
-    """Prefill chunks of 48 cut through the delta rule's 64-token chunks; decode buckets 1, 2, 4 pad
-    a batch of 3 to 4; the second and third rounds resume from the snapshots the first left."""
+    """Prefill chunks of 48 cut through the delta rule's 64-token chunks; decode buckets 1, 2, 4, 8
+    pad the batches of 5 to 7 that the requests' staggered ends leave; the second and third rounds
+    resume from the snapshots the first left."""
     prompts = PROMPTS + LONG
     greedy = [
         SamplingParams(max_new_tokens=NEW - i % 6, temperature=0, ignore_eos=True)
@@ -234,7 +235,7 @@ def test_greedy_equals_hf_with_chunking_radix_cache_overlap_and_the_padded_stati
     want = [ref[: NEW - i % 6] for i, ref in enumerate(hybrid_ref)]
     with Engine(
         hybrid_dir, max_total_tokens=4096, page_size=page, chunked_prefill_size=48, disable_overlap=False,
-        cpu_overlap_thread_min_ms=0, max_running_requests=8, cpu_static_decode=True, cuda_graph_max_bs=4,
+        cpu_overlap_thread_min_ms=0, max_running_requests=8, cpu_static_decode=True, cuda_graph_max_bs=8,
     ) as engine:  # fmt: skip
         assert engine.profile.linear_attention == "torch"  # CPU: flash-linear-attention needs CUDA
         for _ in range(3):

@@ -170,11 +170,12 @@ def test_random_inserts_matches_and_evictions_keep_the_snapshot_bound_and_invari
 # ------------------------------------------------------------------- the engine, 1,000 tokens
 @pytest.mark.parametrize("page", [1, 16])
 def test_a_shared_1000_token_prefix_is_resumed_and_only_the_suffix_computed(demo_model, page):
-    """Page 1: the first request leaves its KV and a snapshot at its prompt's end; the second
-    leaves the tree where the prefix ends, before that snapshot, so it computes from scratch but
-    snapshots there (its branch point); every later one resumes there and computes only its suffix.
-    Page 16: the prefix's last whole page (992) is already on the first's path. Every output is
-    exactly a cold run's; the pools return to their free sizes."""
+    """Prefill chunks of 256: the first request leaves its KV, a snapshot at each chunk end and one
+    at its prompt's end. Page 1: the second leaves the tree where the prefix ends (1000), resumes
+    from the chunk end before it and snapshots there (its branch point); every later one resumes
+    there and computes only its suffix. Page 16: the first's prompt-end snapshot (its last whole
+    page, 992) already lies on the prefix. Every output is exactly a cold run's; the pools return
+    to their free sizes."""
     path = demo_model("qwen3_5")
     rng = np.random.default_rng(0)
     prefix = rng.integers(10, 2000, 1000).tolist()
@@ -192,10 +193,12 @@ def test_a_shared_1000_token_prefix_is_resumed_and_only_the_suffix_computed(demo
             out = engine.generate(input_ids=p, sampling_params=greedy)
             computed.append(s.prefill_tokens - before)
             assert out["token_ids"] == w
-        if page == 1:  # the second leaves the tree past the first's snapshots: it computes everything
-            assert computed[:2] == [len(prompts[0]), len(prompts[1])]
+        if page == 1:
+            # the second resumes at the first's last chunk end before the prefix ends (768) and
+            # snapshots where it leaves the tree (1000), where every later one resumes
+            assert computed[:2] == [len(prompts[0]), len(prompts[1]) - 768]
             assert computed[2:] == [len(p) - 1000 for p in prompts[2:]]
-        else:  # the first's prompt-end snapshot (page 62 of its 63) already lies on the prefix
+        else:  # the first's prompt-end snapshot (its last whole page, 992) already lies on the prefix
             assert computed == [len(prompts[0])] + [len(p) - 992 for p in prompts[1:]]
         kv, states = s.kv, s.kv.states
         kv.check([])

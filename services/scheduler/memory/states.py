@@ -20,6 +20,9 @@ The snapshot policy, for a prefill that extends a request from ``s`` to ``e`` to
   leaves there resumes from it: with a shared system prompt, from the third request on;
 * the end of the prompt on a page boundary, one token short of it (a repeated prompt matches all
   but its last token): the next turn of a chat resumes from it;
+* the end of each chunk of a chunked prefill: a later prompt that leaves this one's path resumes
+  at most a chunk before where it leaves, already the second request of a shared system prompt
+  (LRU keeps the pool bounded; the snapshots nobody resumes from age out first);
 * every ``interval`` tokens of a long prompt (0: none).
 
 A request's end adds one more (cache_finished_req): where its KV ends, if that is a page boundary.
@@ -114,6 +117,8 @@ class StateTracker:
             end = (req.seq_len - 1) - (req.seq_len - 1) % ps
             if end > s:
                 points.add(end)
+        elif e % ps == 0:  # a chunk of a longer prompt ends here: its KV goes to the tree now
+            points.add(e)
         if self.interval:
             points.update(range(s - s % self.interval + self.interval, e + 1, self.interval))
         return sorted(points)
