@@ -4,9 +4,8 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
 ``add_parser`` block in ``build_parser``. Heavy imports stay inside the ``_cmd_*`` functions so
 ``radixserve --help`` is instant.
 
-    radixserve make-demo-model PATH [--arch llama|qwen2|qwen3|qwen3_moe|qwen2_moe|mixtral|qwen3_5|qwen3_next
-        |qwen3_5_moe] [--size tiny|small]
-        [--seed N]
+    radixserve make-demo-model PATH [--arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_next|... (--help)]
+        [--size tiny|small] [--seed N]
     radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [vLLM's flags] [-- scheduler flags]
     radixserve bench NAME [its flags]     (offline, serving, gpu, routing, ...; NAME --help lists them)
     radixserve fetch-model URI --cache DIR [--size-limit Q] [--sha256 HEX] | --digest DIR
