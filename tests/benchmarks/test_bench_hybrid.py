@@ -11,7 +11,7 @@ from pathlib import Path
 from radixserve.cli import main
 
 COMMITTED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "hybrid.json"
-TINY = ["--quick", "--num-requests", "6", "--concurrency", "2", "--system-len", "64", "--new-tokens", "2"]
+TINY = ["--quick", "--num-requests", "4", "--concurrency", "2", "--system-len", "48", "--new-tokens", "2"]
 
 
 def test_a_tiny_run_reports_prefill_tokens_hit_rates_ttft_and_throughput(tmp_path):
