@@ -18,7 +18,8 @@ model, in one run on CPU.
 * Per system: prompt tokens computed (``BatchScheduler.prefill_tokens``), the hit rate (cached /
   prompt tokens, as ``cached_tokens`` reports them), TTFT per request (from its wave's start to
   the step that sampled its first token), the run's wall time and output tokens per second.
-  Greedy outputs of the two hybrid systems must be equal (``outputs_equal``).
+  Greedy outputs of the two hybrid systems must be equal (``outputs_equal``). Each engine is warmed
+  up first (untimed) on a wave like the workload's, and torch runs ``--threads`` threads (1).
 
     .venv/bin/python benchmarks/hybrid.py [--quick] [--out DIR] [flags below]
     radixserve bench hybrid [same flags]
@@ -41,7 +42,7 @@ import _common as common
 from _machine import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
-FULL = dict(size="small", num_requests=16, concurrency=4, system_len=512, user_range=(16, 64), new_tokens=16)
+FULL = dict(size="small", num_requests=16, concurrency=4, system_len=600, user_range=(16, 64), new_tokens=16)
 QUICK = dict(size="tiny", num_requests=12, concurrency=3, system_len=160, user_range=(8, 24), new_tokens=4)
 SYSTEMS = ("hybrid_snapshots", "hybrid_no_snapshots", "dense")
 # the hit rates again with one request at a time: no wave for a leader to snapshot for
@@ -60,6 +61,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--chunked-prefill-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else FULL
     for key, value in preset.items():
@@ -81,6 +83,23 @@ def workload(args: argparse.Namespace, vocab: int) -> list[list[int]]:
     ]
 
 
+def warm(engine: Any, args: argparse.Namespace, vocab: int) -> None:
+    """Untimed: the short warm-up of every benchmark, then a wave like the workload's (prompts longer
+    than a prefill chunk, sharing a prefix) on other tokens: the first chunked prefill, snapshot cut
+    and resume of a process cost several times a later one's, and would land on the first system."""
+    import numpy as np
+
+    from radixserve import SamplingParams
+
+    common.warm_engine(engine, vocab)
+    rng = np.random.default_rng(args.seed + 1)
+    shared = common.random_token_ids(rng, vocab, args.chunked_prefill_size + 40)
+    prompts = [shared + common.random_token_ids(rng, vocab, 20) for _ in range(2)]
+    greedy = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
+    for _ in range(2):  # cold, then resumed
+        engine.generate(input_ids=prompts, sampling_params=greedy)
+
+
 def serve(
     path: Path, prompts: list[list[int]], args: argparse.Namespace, concurrency: int, **engine_args: Any
 ) -> dict:
@@ -94,7 +113,7 @@ def serve(
         path, device="cpu", page_size=args.page_size, chunked_prefill_size=args.chunked_prefill_size,
         max_running_requests=max(8, concurrency), **engine_args,
     ) as engine:  # fmt: skip
-        common.warm_engine(engine, common.model_vocab_size(path))
+        warm(engine, args, common.model_vocab_size(path))
         s = engine.scheduler
         computed0 = s.prefill_tokens
         first: dict[str, float] = {}
@@ -141,8 +160,13 @@ def serve(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
     from radixserve.common.demo_model import make_demo_model
 
+    # One thread, as bench offline: on a shared 2-core machine two OpenMP threads spin against the
+    # other processes, and the small ops of the linear layers' prefill then take seconds each.
+    torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="radixserve-bench-hybrid-") as tmp:
         hybrid = make_demo_model(Path(tmp) / "hybrid", arch="qwen3_5", size=args.size, seed=0)
@@ -174,6 +198,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "chunked_prefill_size": args.chunked_prefill_size,
             "seed": args.seed,
             "device": "cpu",
+            "torch_threads": args.threads,
         },
         "machine": machine_info(),
         "results": results,
