@@ -103,8 +103,8 @@ class EngineConfig:
     )
     snapshot_interval: int = setting(
         0,
-        "hybrid models: also snapshot every this many tokens of a prefill (0: at branch points and"
-        " prompt ends only)",
+        "hybrid models: also snapshot every this many tokens of a prefill (0: at branch points, chunk"
+        " ends and prompt ends only)",
         bounds=AT_LEAST_0,
     )
     # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
