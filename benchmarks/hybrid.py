@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # One thread, as bench offline: on a shared 2-core machine two OpenMP threads spin against the
     # other processes, and the small ops of the linear layers' prefill then take seconds each.
     torch.set_num_threads(args.threads)
-    t_start = time.perf_counter()
+    t_start, machine = time.perf_counter(), machine_info()
     with tempfile.TemporaryDirectory(prefix="radixserve-bench-hybrid-") as tmp:
         hybrid = make_demo_model(Path(tmp) / "hybrid", arch="qwen3_5", size=args.size, seed=0)
         dense = make_demo_model(Path(tmp) / "dense", arch="qwen3", size=args.size, seed=0)
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "device": "cpu",
             "torch_threads": args.threads,
         },
-        "machine": machine_info(),
+        "machine": machine,
         "results": results,
         "summary": {
             "outputs_equal": equal,
