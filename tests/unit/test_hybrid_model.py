@@ -3,7 +3,7 @@ tiny random-weight folders, HF transformers the reference: the gated delta rule 
 against their step-by-step definitions and HF's functions, each architecture's config, the logits of
 prefill, extend, decode and of a request resumed from a snapshot, and the engine's greedy tokens with
 every engine feature on. The prefix cache's snapshots are test_hybrid_prefix.py's, the loader's
-errors test_hybrid_loader.py's, tensor parallelism test_tensor_parallel.py's."""
+errors test_hybrid_loader.py's, tensor parallelism tests/integration/test_tensor_parallel.py's."""
 
 from __future__ import annotations
 

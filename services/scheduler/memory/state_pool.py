@@ -12,7 +12,7 @@ to 16 bits each step drifts). The slots, laid out once:
 
 So a request needs no state allocation of its own: holding a table row is holding a state, and
 whatever frees the row (finish, abort, retraction) frees the state. The scheduler decides every
-copy between slots on the host (memory/snapshots.py ``StatePlan``); the runner runs them on the
+copy between slots on the host (memory/states.py ``StatePlan``); the runner runs them on the
 device before the step, in stream order, and the layers write snapshots during the step.
 """
 
