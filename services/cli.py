@@ -124,15 +124,11 @@ def _cmd_bench(name: str, argv: list[str]) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
     from radixserve.common.config import resolve_model
+    from radixserve.common.stop_signal import StopSignal
     from radixserve.launcher import StartFailed
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignal().install()  # its handler takes no lock (stop_signal.py says why)
     try:
         cluster = serve_cluster(args)
         cluster.check()  # every service's settings and ports: nothing has started yet

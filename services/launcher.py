@@ -90,6 +90,7 @@ class Service:
     fast_crashes: int = 0  # exits in a row, each soon after its start
     restart_at: float | None = None  # exited; to be started again then
     tail: bytearray = field(default_factory=bytearray)  # the end of its stderr since its last start
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)  # every process, restarts too
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -103,6 +104,7 @@ class Service:
             stderr=subprocess.PIPE,  # passed on as it comes (``_relay``); its end says why it exited
             start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the children in order
         )
+        self.started.append(self.proc)
         assert self.proc.stderr is not None
         threading.Thread(
             target=_relay, args=(self.proc.stderr, self.tail), name=f"{self.name}-stderr", daemon=True
@@ -147,8 +149,23 @@ class Service:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            _kill_group(self.proc)
+
+    def reap(self) -> None:
+        """Every process this service ever started is gone and waited for: one still running (a
+        stop that did not end it) is killed with its process group (a scheduler's tensor-parallel
+        ranks)."""
+        for p in self.started:
+            if p.poll() is None:
+                _kill_group(p)
+
+
+def _kill_group(p: subprocess.Popen[bytes]) -> None:
+    # Each child leads its own session (start_new_session): its group is it and what it started.
+    # Only while it is not yet waited for: its pid (the group's id) cannot have been reused.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
 
 
 @dataclass
@@ -234,6 +251,8 @@ class Cluster:
         self.detokenizer.stop(10)
         if self.supervisor is not None:
             self.supervisor.stop()
+        for s in self.services:  # restarted ones' earlier processes included
+            s.reap()
 
 
 def counter_by(url: str, family: str, label: str) -> dict[str, float]:
