@@ -6,7 +6,8 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
 
     radixserve make-demo-model PATH [--arch llama|qwen2|qwen3|qwen3_moe|qwen2_moe|mixtral] [--size tiny|small]
         [--seed N]
-    radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [vLLM's flags] [-- scheduler flags]
+    radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [--detokenizers N] [vLLM's flags]
+        [-- scheduler flags]
     radixserve bench NAME [its flags]     (offline, serving, gpu, routing, ...; NAME --help lists them)
     radixserve fetch-model URI --cache DIR [--size-limit Q] [--sha256 HEX] | --digest DIR
 
@@ -181,6 +182,7 @@ def serve_cluster(args: argparse.Namespace) -> Cluster:
         host=args.host,
         grpc_port=args.grpc_port,
         schedulers=args.schedulers,
+        detokenizers=args.detokenizers,
         scheduler_args=[*_vllm_scheduler_args(args), *args.scheduler_args],  # after --: they win
         gateway_args=["--router", args.router, *_vllm_gateway_args(args)],
         torch_threads=args.torch_threads,
@@ -443,6 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="gateway gRPC port for Generate (default: a free one)",
     )
     p.add_argument("--schedulers", type=number_type(int, Bounds(1)), default=1, help="scheduler processes")
+    p.add_argument(
+        "--detokenizers",
+        type=number_type(int, Bounds(1)),
+        default=1,
+        help="detokenizer processes: replicas, a stream whose one dies goes on through another",
+    )
     p.add_argument(
         "--tp-size",
         type=flag_type(EngineConfig, "tp_size"),

@@ -212,7 +212,12 @@ class TLSConfig:
 class SchedulerPodConfig:
     """``python -m radixserve.scheduler``: the engine plus its gRPC server, Redis publisher, metrics."""
 
-    detokenizer: str = setting("", "HOST:PORT of the detokenizer", required=True)
+    detokenizer: str = setting(
+        "",
+        "HOST:PORT of the detokenizer; several, comma-separated: replicas, the next one used while one"
+        " is down",
+        required=True,
+    )
     host: str = setting("0.0.0.0", "listen address")
     port: int = setting(50051, "gRPC port", bounds=PORT)
     advertise_address: str | None = setting(

@@ -9,6 +9,9 @@ waits for a lock its own thread must release: the process hangs for good, deaf t
 store) and writes one byte to a non-blocking pipe (``os.write``, a system call). ``wait`` sleeps in
 ``select`` on the pipe's other end, so the main loop wakes at once. Other threads (an engine that
 failed) stop the process the same way.
+
+``exit_until_ready``: until ``ready()`` (a service still loading: nothing to drain or flush yet) the
+signal ends the process at once, as if no handler were installed, instead of after the load.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopSignal:
-    def __init__(self) -> None:
+    def __init__(self, exit_until_ready: bool = False) -> None:
+        self._ready = not exit_until_ready
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
@@ -37,8 +41,16 @@ class StopSignal:
             signal.signal(sig, self.handler)
         return self
 
+    def ready(self) -> None:
+        """From now on a signal asks the main loop to stop (it has something to stop in order)."""
+        self._ready = True
+
     def handler(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler: no lock, no allocation beyond a few objects, returns at once."""
+        if not self._ready:  # the default action: the process ends by this signal
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         if self.signum is None:
             self.signum = signum
         self.set()

@@ -34,7 +34,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s detokenizer %(levelname)s %(message)s")
-    stop = StopSignal().install()  # first: a SIGTERM during the start stops it too
+    stop = StopSignal(exit_until_ready=True).install()  # until it serves, a signal ends it
     try:  # every setting, the model folder and the ports, before the tokenizer loads
         args, cfg = load_service(build_parser(RaisingParser), DetokenizerConfig, argv)
         check_listen(cfg.host, cfg.listens())  # a port in use: one line, not gRPC's bind error
@@ -59,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         start_http_server(cfg.metrics_port, addr=cfg.host, registry=service.metrics.registry)
     logging.info("serving on %s:%d", cfg.host, cfg.port)
+    stop.ready()
     while not stop.wait(1.0):
         pass
     server.stop(grace=2).wait()

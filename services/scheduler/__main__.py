@@ -51,7 +51,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
-    stop = StopSignal().install()  # first: a SIGTERM while the model loads stops it once loaded
+    stop = StopSignal(exit_until_ready=True).install()  # until the engine is up, a signal ends it
     try:  # every setting, the model folder and the ports, before torch is imported and the model loads
         args, cfg = load_service(build_parser(RaisingParser), SchedulerPodConfig, argv, weights=True)
         check_listen(cfg.host, cfg.listens())  # a port in use: one line, not gRPC's bind error
@@ -76,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine = Engine(resolve_model(args.model), cfg.engine)
     except (ValueError, TPFailure) as e:  # a setting the model or the devices cannot meet
         return _failed(f"cannot start the engine: {e}")
+    stop.ready()  # from here a stop drains
     failures: list[str] = []
 
     def on_failure(reason: str) -> None:

@@ -25,6 +25,7 @@ def start_cluster(
     gateway_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     discover: bool = False,
+    detokenizers: int = 1,
 ) -> Cluster:
     """``discover``: the gateway finds the schedulers by their heartbeats (``--schedulers discover``;
     ``prefix_index`` must be a Redis URL) instead of being given their addresses."""
@@ -39,6 +40,7 @@ def start_cluster(
         torch_threads=1,
         prefix_index=prefix_index,
         env=env,
+        detokenizers=detokenizers,
     )
     cluster.start(timeout=180)
     return cluster

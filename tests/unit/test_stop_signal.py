@@ -95,6 +95,7 @@ def test_each_services_stop_handler_returns_while_its_stop_primitives_locks_are_
         handler = signal.getsignal(sig)
         stop = getattr(handler, "__self__", None)
         assert isinstance(stop, StopSignal), handler
+        stop.ready()  # as once it serves (before that the signal's default action ends the process)
         assert returns_while_locked(handler, stop)  # type: ignore[arg-type]
         assert stop.is_set() and stop.wait(0)
 
@@ -105,6 +106,20 @@ def test_a_burst_of_signals_at_a_waiting_loop_wakes_it_and_never_blocks(restore_
     for _ in range(10_000):  # far more than the pipe holds: a full pipe drops the byte, not the stop
         os.kill(os.getpid(), signal.SIGTERM)
     assert stop.wait(5) and stop.signum == signal.SIGTERM
+
+
+def test_a_signal_before_ready_ends_the_process_at_once() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, time\n"
+        "from radixserve.common.stop_signal import StopSignal\n"
+        "StopSignal(exit_until_ready=True).install()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(30)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=20).returncode == -signal.SIGTERM
 
 
 def test_a_stop_from_another_thread_wakes_the_main_loop() -> None:
