@@ -46,6 +46,17 @@ log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------ messages in
 @dataclass(frozen=True, slots=True)
+class Continuation:
+    """A request going on from output a client already has (the gateway moved it here: its pod or
+    detokenizer died). It runs as if it had generated ``output_ids`` here: the token budget, min
+    tokens, penalties, grammar state and seeded draws (seeded by output position) count them, so a
+    greedy or seeded continuation yields what the undisturbed request would have."""
+
+    output_ids: tuple[int, ...]
+    text_chars: int  # characters of their text the client got (the detokenizer sends on from there)
+
+
+@dataclass(frozen=True, slots=True)
 class DetokenizeOptions:
     """What the detokenizer needs to know of a request; sent with its first tokens."""
 
@@ -55,6 +66,7 @@ class DetokenizeOptions:
     trace_context: dict[str, str] | None = None
     include_stop: bool = False  # SamplingParams.include_stop_str
     min_tokens: int = 0  # SamplingParams.min_new_tokens: stop strings wait for them
+    continuation: Continuation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +77,7 @@ class Submit:
     reply_to: str  # the gateway the detokenizer delivers this request's text to
     skip_special_tokens: bool = True
     trace_context: dict[str, str] | None = None  # W3C headers when the request is traced
+    continuation: Continuation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +227,8 @@ class EngineWorker:
         req = Req(msg.rid, ids.astype(np.int32), msg.sampling)
         self.scheduler.check_admissible(req)  # reads the config only
         self.engine.attach_grammar(req)  # compiles on the grammar threads; this caller waits, not the engine
+        if msg.continuation is not None:
+            req = self._continued(req, msg.continuation)
         with self._lock:
             if msg.rid in self._rids:
                 raise AlreadyHere(f"request {msg.rid} is already here")
@@ -230,8 +245,26 @@ class EngineWorker:
             trace_context=trace,
             include_stop=msg.sampling.include_stop_str,
             min_tokens=msg.sampling.min_new_tokens,
+            continuation=msg.continuation,
         )
-        self._put(_Live(req, msg.reply_to, options))
+        self._put(_Live(req, msg.reply_to, options, sent=len(req.output_ids)))
+
+    def _continued(self, req: Req, c: Continuation) -> Req:
+        """``req`` with the output a client already has, as if generated here; ValueError if it
+        cannot go on (nothing left of its budget, a token outside the vocabulary or its grammar)."""
+        out = list(c.output_ids)
+        if len(out) >= req.sampling.max_new_tokens:
+            raise ValueError(f"continuation: {len(out)} output tokens leave nothing of max_new_tokens")
+        if out:
+            self.engine.check_vocab(out, SamplingParams())
+        if req.grammar is not None:  # replayed: the constraint goes on from where the output is
+            for i, t in enumerate(out):
+                if not req.grammar.accept(t):
+                    raise ValueError(f"continuation: output token {i} ({t}) breaks the request's constraint")
+        # Logprobs were sent with those tokens: placeholders keep the new ones aligned (never sent).
+        placeholders: list[TokenLogprob] = [(float("nan"), [], [])] * len(out)
+        req.output_ids, req.output_logprobs = out, placeholders
+        return req
 
     def abort(self, rids: list[str], reason: str) -> int:
         """End these requests (those still here); returns how many were here."""
