@@ -73,6 +73,7 @@ BENCHMARKS = {
     "gpu": "GPU decode: step time vs the memory floor, kernels per step, offline throughput vs HF",
     "routing": "cache-aware vs least-load vs round-robin routing over 4 scheduler processes",
     "spread": "1 vs 2 scheduler pods on prompts that share nothing",
+    "failover": "continuation TTFT after a scheduler SIGKILL, with and without the prefix on the other pod",
     "policy_sim": "hit rate and queue wait of each schedule policy (cost model, virtual time)",
     "scheduler_overhead": "CPU time of one scheduling step at 64 / 256 / 1024 requests",
     "decode_attention": "the CPU decode-attention kernel against the torch reference",

@@ -327,6 +327,12 @@ class GatewayConfig:
         " (one it ended whose response never came is failed with 503, not left hanging); 0: off",
         bounds=AT_LEAST_0,
     )
+    max_failovers: int = setting(
+        2,
+        "times a stream whose scheduler or detokenizer died mid-way is continued on another one (from"
+        " the tokens its client has) before it fails with 503; 0: never",
+        bounds=AT_LEAST_0,
+    )
     scheduler_stale_after: float = setting(
         5.0,
         "seconds without a load report after which a scheduler counts as down: its requests move"

@@ -17,6 +17,12 @@ def _stat(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()  # fields after "pid (comm) "
 
 
+def proc(pid: int) -> Proc | None:
+    """The process ``pid`` now, None if there is none."""
+    st = _stat(pid)
+    return None if st is None else (pid, int(st[19]))
+
+
 def children(pid: int) -> set[Proc]:
     out = set()
     for d in os.listdir("/proc"):

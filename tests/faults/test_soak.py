@@ -1,0 +1,142 @@
+"""A short chaos soak (issue 44): streaming clients for ~25 s while a scheduler and a detokenizer
+are SIGKILLed in turn (two of each, supervised as ``radixserve serve`` does). No request fails while
+one scheduler and one detokenizer are alive; afterwards every pod's KV is free, and once the cluster
+stops no process of it is left, the restarted ones and the killed ones included.
+
+Prints one ``SOAK {...}`` line of figures (``pytest tests/faults/test_soak.py -s``);
+docs/reliability.md quotes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import time
+
+import grpc
+import httpx
+
+from radixserve.common.rpc import pb, pb_grpc
+from radixserve.launcher import Cluster, RestartPolicy, Service
+from tests.helpers.cluster import MODEL_NAME, failovers, read_stream, start_cluster
+from tests.helpers.procs import Proc, descendants, proc, running
+
+CLIENTS = 8
+SOAK_S = 24.0
+KILL_EVERY_S = 5.0
+
+
+def _loads(cluster: Cluster) -> list[pb.Load]:
+    out = []
+    for s in cluster.schedulers:
+        with grpc.insecure_channel(s.grpc_address or "") as ch:
+            out.append(pb_grpc.SchedulerStub(ch).GetLoad(pb.LoadRequest(), timeout=5))
+    return out
+
+
+def _kill(s: Service, killed: list[str]) -> None:
+    assert s.proc is not None
+    s.proc.send_signal(signal.SIGKILL)
+    killed.append(s.name)
+
+
+def test_a_chaos_soak_fails_no_request_and_leaves_nothing_behind(model_dir) -> None:
+    cluster = start_cluster(model_dir, schedulers=2, router="cache-aware", detokenizers=2)
+    cluster.supervise(RestartPolicy(backoff_s=0.5))
+    procs: set[Proc] = set()
+    rng = random.Random(44)
+    killed: list[str] = []
+    try:
+
+        def remember() -> None:
+            for s in cluster.services:
+                for p in s.started:
+                    me = proc(p.pid)
+                    if me is not None:
+                        procs.update(descendants(p.pid) | {me})
+
+        async def client(h: httpx.AsyncClient, i: int, until: float, results: list[dict]) -> None:
+            n = 0
+            while time.monotonic() < until:
+                body = {
+                    "model": MODEL_NAME,
+                    "prompt": f"soak client {i} request {n}",
+                    "max_tokens": rng.randint(40, 300),
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "stream_options": {"include_usage": True},
+                }
+                r = await read_stream(h, body)
+                r["max_tokens"] = body["max_tokens"]
+                results.append(r)
+                n += 1
+
+        async def chaos(until: float) -> None:
+            victims = [cluster.schedulers[0], cluster.detokenizers[1], cluster.schedulers[1]]
+            for v in victims:
+                await asyncio.sleep(KILL_EVERY_S)
+                if time.monotonic() > until - 2:
+                    return
+                # one of each kind stays alive: the victim's peer is up (a killed one is back first)
+                peers = cluster.schedulers if v in cluster.schedulers else cluster.detokenizers
+                await asyncio.to_thread(_wait_up, cluster, peers, 60)
+                remember()
+                _kill(v, killed)
+
+        async def go() -> list[dict]:
+            results: list[dict] = []
+            until = time.monotonic() + SOAK_S
+            async with httpx.AsyncClient(base_url=cluster.url, timeout=120) as h:
+                await asyncio.gather(chaos(until), *(client(h, i, until, results) for i in range(CLIENTS)))
+            return results
+
+        results = asyncio.run(go())
+        failed = [r["error"] for r in results if r["error"] is not None]
+        short = [
+            r for r in results if r["error"] is None and r["usage"]["completion_tokens"] != r["max_tokens"]
+        ]
+        assert not failed, failed
+        assert not short, short
+        assert len(killed) >= 2, killed
+        # every pod's KV back to free: no request left running anywhere (the moved ones' first runs
+        # were aborted), the cache holding only evictable prefixes
+        _wait_until(
+            "the schedulers idle with no KV held",
+            lambda: all(x.waiting + x.running == 0 and x.kv_used_tokens == 0 for x in _loads(cluster)),
+            15,
+        )
+        moved = failovers(cluster)
+        remember()
+        cluster.stop(drain_timeout=2)
+        _wait_until("no process of the cluster left", lambda: not [p for p in procs if running(p)], 10)
+        print(
+            "SOAK",
+            json.dumps(
+                {
+                    "seconds": SOAK_S,
+                    "clients": CLIENTS,
+                    "requests": len(results),
+                    "failed": len(failed),
+                    "killed": killed,
+                    "failovers": moved,
+                }
+            ),
+        )
+    finally:
+        cluster.stop(drain_timeout=2)
+
+
+def _wait_up(cluster: Cluster, peers: list[Service], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (all(p.alive() and p.healthy() for p in peers) and cluster.gateway_connected() == 2):
+        assert time.monotonic() < deadline, "a killed service did not come back"
+        time.sleep(0.2)
+
+
+def _wait_until(what: str, check, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(0.2)
