@@ -395,10 +395,8 @@ class Gateway:
                 else:
                     self._spawn(self._resend(c, c.scheduler, why, avoid=False))
                 continue
-            if c.failovers:
-                t.cached_tokens = (
-                    c.cached_tokens
-                )  # the usage's: the first run's prompt, not the continuation's
+            if c.failovers:  # the usage's cached tokens: the first run's prompt, not the continuation's
+                t.cached_tokens = c.cached_tokens
             else:
                 c.cached_tokens = t.cached_tokens
             c.output_ids.extend(t.token_ids)
