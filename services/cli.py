@@ -446,12 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="gateway gRPC port for Generate (default: a free one)",
     )
     p.add_argument("--schedulers", type=number_type(int, Bounds(1)), default=1, help="scheduler processes")
-    p.add_argument(
-        "--detokenizers",
-        type=number_type(int, Bounds(1)),
-        default=1,
-        help="detokenizer processes: replicas, a stream whose one dies goes on through another",
-    )
+    p.add_argument("--detokenizers", type=number_type(int, Bounds(1)), default=1, help="detokenizer replicas")
     p.add_argument(
         "--tp-size",
         type=flag_type(EngineConfig, "tp_size"),

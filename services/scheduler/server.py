@@ -26,19 +26,13 @@ from radixserve.common.stream_sender import StreamSender
 from radixserve.common.tls import TLS
 from radixserve.common.wire import logprobs_to_proto, sampling_from_proto
 from radixserve.scheduler.batch_scheduler import QueueFullError
+from radixserve.scheduler.continuation import Continuation
 from radixserve.scheduler.engine import Engine
 from radixserve.scheduler.kv_events import EventSubscriber, RedisPublisher
 from radixserve.scheduler.liveness import LivenessWatch
 from radixserve.scheduler.metrics import SchedulerMetrics
 from radixserve.scheduler.tracing import SchedulerTracer
-from radixserve.scheduler.worker import (
-    AlreadyHere,
-    Continuation,
-    EngineWorker,
-    ShuttingDown,
-    Submit,
-    TokenUpdate,
-)
+from radixserve.scheduler.worker import AlreadyHere, EngineWorker, ShuttingDown, Submit, TokenUpdate
 
 log = logging.getLogger(__name__)
 

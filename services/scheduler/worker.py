@@ -34,6 +34,7 @@ import torch
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, root_hash
 from radixserve.common.sampling import SamplingParams
 from radixserve.scheduler.batch_scheduler import QueueFullError
+from radixserve.scheduler.continuation import Continuation, continued
 from radixserve.scheduler.engine import Engine
 from radixserve.scheduler.event_loop import ProcessedBatch
 from radixserve.scheduler.kv_events import EventHub
@@ -45,17 +46,6 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------ messages in
-@dataclass(frozen=True, slots=True)
-class Continuation:
-    """A request going on from output a client already has (the gateway moved it here: its pod or
-    detokenizer died). It runs as if it had generated ``output_ids`` here: the token budget, min
-    tokens, penalties, grammar state and seeded draws (seeded by output position) count them, so a
-    greedy or seeded continuation yields what the undisturbed request would have."""
-
-    output_ids: tuple[int, ...]
-    text_chars: int  # characters of their text the client got (the detokenizer sends on from there)
-
-
 @dataclass(frozen=True, slots=True)
 class DetokenizeOptions:
     """What the detokenizer needs to know of a request; sent with its first tokens."""
@@ -228,7 +218,7 @@ class EngineWorker:
         self.scheduler.check_admissible(req)  # reads the config only
         self.engine.attach_grammar(req)  # compiles on the grammar threads; this caller waits, not the engine
         if msg.continuation is not None:
-            req = self._continued(req, msg.continuation)
+            continued(req, msg.continuation, self.engine)
         with self._lock:
             if msg.rid in self._rids:
                 raise AlreadyHere(f"request {msg.rid} is already here")
@@ -248,23 +238,6 @@ class EngineWorker:
             continuation=msg.continuation,
         )
         self._put(_Live(req, msg.reply_to, options, sent=len(req.output_ids)))
-
-    def _continued(self, req: Req, c: Continuation) -> Req:
-        """``req`` with the output a client already has, as if generated here; ValueError if it
-        cannot go on (nothing left of its budget, a token outside the vocabulary or its grammar)."""
-        out = list(c.output_ids)
-        if len(out) >= req.sampling.max_new_tokens:
-            raise ValueError(f"continuation: {len(out)} output tokens leave nothing of max_new_tokens")
-        if out:
-            self.engine.check_vocab(out, SamplingParams())
-        if req.grammar is not None:  # replayed: the constraint goes on from where the output is
-            for i, t in enumerate(out):
-                if not req.grammar.accept(t):
-                    raise ValueError(f"continuation: output token {i} ({t}) breaks the request's constraint")
-        # Logprobs were sent with those tokens: placeholders keep the new ones aligned (never sent).
-        placeholders: list[TokenLogprob] = [(float("nan"), [], [])] * len(out)
-        req.output_ids, req.output_logprobs = out, placeholders
-        return req
 
     def abort(self, rids: list[str], reason: str) -> int:
         """End these requests (those still here); returns how many were here."""

@@ -28,7 +28,7 @@ from radixserve.tokenizer.auth import ApiKeys
 from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.openai_api.response_store import ResponseStore, open_store
-from radixserve.tokenizer.routing.failover import Failover
+from radixserve.tokenizer.routing.failover import Failover, failover_error
 from radixserve.tokenizer.routing.router import Router, make_router
 from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle, SchedulerPool, discovers
 from radixserve.tokenizer.routing.scheduler_request import (
@@ -182,14 +182,11 @@ class Gateway:
         self._unregister(c)
         self._abort(c.scheduler, [c.rid], "response lost")  # a no-op unless it is somehow still there
         self.metrics.lost_responses.inc()
-        msg = (
-            "the response was lost between the gateway's services (a detokenizer restart?); retry the request"
-        )
-        if c.streamed:
-            self.failover.move(c, None, "lost", "its final message never came", retryable(msg))
+        if c.streamed:  # some of its text reached the client: it goes on from there
+            self.failover.move(c, None, "lost", "its final message never came")
             return
         log.warning("request %s: its scheduler ended it but the response never came; failing it", c.rid)
-        c.queue.put_nowait((c.index, retryable(msg)))
+        c.queue.put_nowait((c.index, failover_error("lost", None, "")))
 
     def candidates(self) -> list[SchedulerHandle]:
         healthy = self.pool.healthy()
@@ -389,18 +386,12 @@ class Gateway:
                 self._unregister(c)
                 if t.ended_early:
                     early.setdefault(c.scheduler, []).append(t.rid)
-                why = "the detokenizer lost its start"
                 if c.streamed:
-                    self.failover.move(c, None, "detokenizer", why, retryable(f"{why}; retry the request"))
+                    self.failover.move(c, None, "detokenizer", "the detokenizer lost its start")
                 else:
-                    self._spawn(self._resend(c, c.scheduler, why, avoid=False))
+                    self._spawn(self._resend(c, c.scheduler, "the detokenizer lost its start", avoid=False))
                 continue
-            if c.failovers:  # the usage's cached tokens: the first run's prompt, not the continuation's
-                t.cached_tokens = c.cached_tokens
-            else:
-                c.cached_tokens = t.cached_tokens
-            c.output_ids.extend(t.token_ids)
-            c.text_chars += len(t.text)
+            c.delivered(t)
             c.queue.put_nowait((c.index, t))
             c.heard_at, c.via = now, via
             if t.finish_reason:
@@ -412,15 +403,13 @@ class Gateway:
 
     def delivery_broke(self, via: object) -> None:
         """A detokenizer's stream to this gateway ended: the requests whose text was coming through
-        it lost their place (the detokenizer's incremental state, and whatever was in flight), so
-        they are aborted on their schedulers and continued from what their clients have (through
-        whichever detokenizer their new scheduler talks to; routing/failover.py). Those with no text
-        yet are left alone: their start reaches whichever detokenizer their scheduler talks to next."""
+        it lost their place (its state, what was in flight): aborted on their schedulers, continued
+        from what their clients have (routing/failover.py). Those with no text yet are left alone:
+        their start reaches whichever detokenizer their scheduler talks to next."""
         lost = [c for c in self.choices.values() if c.via is via]
         if not lost:
             return
         log.warning("a detokenizer stream ended: continuing the %d requests it was delivering", len(lost))
-        err = retryable("the detokenizer delivering this response went away mid-request; retry the request")
         by_pod: dict[SchedulerHandle, list[str]] = {}
         for c in lost:
             self._unregister(c)
@@ -428,7 +417,7 @@ class Gateway:
         for h, rids in by_pod.items():
             self._abort(h, rids, "its detokenizer went away")
         for c in lost:
-            self.failover.move(c, None, "detokenizer", "its detokenizer went away", err)
+            self.failover.move(c, None, "detokenizer", "its detokenizer went away")
 
     def scheduler_up(self, h: SchedulerHandle) -> None:
         """``h`` reports again: what could not be aborted on it while it was away is aborted now (a
@@ -484,7 +473,7 @@ class Gateway:
         """Re-send the submitted choices no result of which came yet, once; continue the streaming
         ones from what their clients have (routing/failover.py); fail the others with a retryable
         error. (A choice still being submitted is left to its Submit call.)"""
-        moved, streams = [], []
+        moved, streams = [], []  # aborted there; continued elsewhere
         for c in choices:
             if not c.submitted:
                 continue
@@ -499,9 +488,7 @@ class Gateway:
         if moved:  # a pod that only went quiet may come back: it must not run them too
             self._abort(h, moved, f"its gateway gave up on this scheduler ({why})")
         for c in streams:
-            self.failover.move(
-                c, h, "scheduler", f"scheduler {h.address} went away ({why})", _went_away(h, why)
-            )
+            self.failover.move(c, h, "scheduler", why)
 
 
 def _went_away(h: SchedulerHandle, why: str) -> ApiError:

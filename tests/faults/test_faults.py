@@ -314,14 +314,7 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
             async with httpx.AsyncClient(base_url=cluster.url, timeout=120) as h:
                 first = [asyncio.Event(), asyncio.Event()]
                 # long enough to be running at the kill on a fast machine (~1 ms a token here); traced
-                body = {
-                    "model": MODEL_NAME,
-                    "prompt": "victim's running one",
-                    "max_tokens": 1950,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                    "stream_options": {"include_usage": True},
-                }
+                body = _greedy("victim's running one", 1950)
                 traced = {"traceparent": f"00-{'f' * 32}-{1:016x}-01"}
                 running = [asyncio.create_task(read_stream(h, body, first[0], traced))]
                 await first[0].wait()  # one at a time: round-robin sends them in this order
@@ -373,17 +366,35 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
             assert a["radixserve.retry.from"] == victim.grpc_address
             assert a["radixserve.retry.to"] == survivor.grpc_address
         # the streaming one's trace shows its failover: from the victim to the survivor, mid-stream
-        _wait("the failover's span", lambda: [s for _, s in receiver.trace(bytes.fromhex("f" * 32))], 10)
-        spans = [s for _, s in receiver.trace(bytes.fromhex("f" * 32)) if s.name == "failover"]
-        assert len(spans) == 1, [s.name for _, s in receiver.trace(bytes.fromhex("f" * 32))]
-        a = attrs(spans[0])
-        assert a["radixserve.failover.cause"] == "scheduler"
-        assert a["radixserve.failover.from"] == victim.grpc_address
-        assert a["radixserve.failover.to"] == survivor.grpc_address
-        assert 0 < a["radixserve.failover.delivered_tokens"] < 1950
+        _check_failover_span(receiver, "f" * 32, victim.grpc_address, survivor.grpc_address, 1950)
     finally:
         cluster.stop(drain_timeout=2)
         otlp.stop(0)
+
+
+def _greedy(prompt: str, max_tokens: int) -> dict:
+    return {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def _check_failover_span(receiver, trace_id: str, source: str, target: str, max_tokens: int) -> None:
+    from tests.otlp import attrs
+
+    def spans() -> list:
+        return [s for _, s in receiver.trace(bytes.fromhex(trace_id)) if s.name == "failover"]
+
+    _wait("the failover's span", spans, 10)
+    assert len(spans()) == 1
+    a = attrs(spans()[0])
+    assert a["radixserve.failover.cause"] == "scheduler"
+    assert a["radixserve.failover.from"] == source and a["radixserve.failover.to"] == target
+    assert 0 < a["radixserve.failover.delivered_tokens"] < max_tokens
 
 
 def test_a_stopped_scheduler_is_given_up_on_and_its_clients_do_not_wait_forever(model_dir):

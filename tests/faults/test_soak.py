@@ -58,24 +58,6 @@ def test_a_chaos_soak_fails_no_request_and_leaves_nothing_behind(model_dir) -> N
                     if me is not None:
                         procs.update(descendants(p.pid) | {me})
 
-        async def client(h: httpx.AsyncClient, i: int, until: float, results: list[dict]) -> None:
-            n = 0
-            while time.monotonic() < until:
-                body = {
-                    "model": MODEL_NAME,
-                    "prompt": f"soak client {i} request {n}",
-                    "max_tokens": rng.randint(40, 300),
-                    "temperature": 0,
-                    "ignore_eos": True,
-                    "stream_options": {"include_usage": True},
-                }
-                live[0] += 1
-                r = await read_stream(h, body)
-                live[0] -= 1
-                r["max_tokens"] = body["max_tokens"]
-                results.append(r)
-                n += 1
-
         async def chaos(until: float) -> None:
             t0 = time.monotonic()
             for v, at in zip([cluster.detokenizers[1], cluster.schedulers[0]], KILLS_AT_S, strict=True):
@@ -91,16 +73,12 @@ def test_a_chaos_soak_fails_no_request_and_leaves_nothing_behind(model_dir) -> N
             results: list[dict] = []
             until = time.monotonic() + SOAK_S
             async with httpx.AsyncClient(base_url=cluster.url, timeout=120) as h:
-                await asyncio.gather(chaos(until), *(client(h, i, until, results) for i in range(CLIENTS)))
+                clients = [_client(h, i, until, results, live, rng) for i in range(CLIENTS)]
+                await asyncio.gather(chaos(until), *clients)
             return results
 
         results = asyncio.run(go())
-        failed = [r["error"] for r in results if r["error"] is not None]
-        short = [
-            r for r in results if r["error"] is None and r["usage"]["completion_tokens"] != r["max_tokens"]
-        ]
-        assert not failed, failed
-        assert not short, short
+        failed = _check_every_request_served(results)
         assert killed == ["detokenizer-1", "scheduler-0"], killed
         # every pod's KV back to free (the killed one back first): no request left running anywhere
         # (the moved ones' first runs were aborted), the cache holding only evictable prefixes
@@ -128,6 +106,36 @@ def test_a_chaos_soak_fails_no_request_and_leaves_nothing_behind(model_dir) -> N
         _wait_until("no process of the cluster left", lambda: not [p for p in procs if running(p)], 10)
     finally:
         cluster.stop(drain_timeout=2)
+
+
+async def _client(
+    h: httpx.AsyncClient, i: int, until: float, results: list[dict], live: list[int], rng: random.Random
+) -> None:
+    """Streams one request after another until ``until``; ``live[0]`` counts the open streams."""
+    n = 0
+    while time.monotonic() < until:
+        body = {
+            "model": MODEL_NAME,
+            "prompt": f"soak client {i} request {n}",
+            "max_tokens": rng.randint(40, 300),
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
+        live[0] += 1
+        r = await read_stream(h, body)
+        live[0] -= 1
+        r["max_tokens"] = body["max_tokens"]
+        results.append(r)
+        n += 1
+
+
+def _check_every_request_served(results: list[dict]) -> list[str]:
+    failed = [r["error"] for r in results if r["error"] is not None]
+    assert not failed, failed
+    short = [r for r in results if r["usage"]["completion_tokens"] != r["max_tokens"]]
+    assert not short, short
+    return failed
 
 
 def _wait_up(cluster: Cluster, peers: list[Service], timeout: float) -> None:

@@ -13,8 +13,9 @@ import pytest
 
 from radixserve import Engine, SamplingParams
 from radixserve.common.sampling import Constraint
+from radixserve.scheduler.continuation import Continuation
 from radixserve.scheduler.metrics import SchedulerMetrics
-from radixserve.scheduler.worker import Continuation, EngineWorker, Submit, TokenUpdate
+from radixserve.scheduler.worker import EngineWorker, Submit, TokenUpdate
 
 PROMPT = [5, 17, 23, 42, 9, 11, 64, 3]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}}

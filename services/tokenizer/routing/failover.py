@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from radixserve.common.rpc import pb
-from radixserve.tokenizer.errors import ApiError, error_from_grpc
+from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
 from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle
 from radixserve.tokenizer.routing.scheduler_request import SchedulerRequest
 
@@ -59,6 +59,19 @@ def failover_rid(rid: str, n: int) -> str:
 _FAILOVER_SUFFIX = re.compile(r"\.f\d+$")
 
 
+def failover_error(cause: str, failed: SchedulerHandle | None, why: str) -> ApiError:
+    """What a stream that cannot move ends with (a retryable 503 / SSE error / UNAVAILABLE)."""
+    if cause == "scheduler" and failed is not None:
+        return retryable(f"scheduler {failed.address} went away mid-request ({why}); retry the request")
+    if cause == "lost":
+        return retryable(
+            "the response was lost between the gateway's services (a detokenizer restart?); retry the request"
+        )
+    return retryable(
+        f"the detokenizer delivering this response went away mid-request ({why}); retry the request"
+    )
+
+
 def continuation_request(c: SchedulerRequest, rid: str) -> pb.TokenizedRequest:
     """``c``'s request going on from what its client has."""
     r = pb.TokenizedRequest()
@@ -76,13 +89,12 @@ class Failover:
         self.gateway = gateway
         self.max_failovers = max_failovers
 
-    def move(
-        self, c: SchedulerRequest, failed: SchedulerHandle | None, cause: str, why: str, error: ApiError
-    ) -> None:
-        """Continue ``c`` (already unregistered by the caller) elsewhere, or end it with ``error``
-        (what it ended with before failover existed). ``failed``: the pod not to send it to (its
-        own, when that died)."""
+    def move(self, c: SchedulerRequest, failed: SchedulerHandle | None, cause: str, why: str) -> None:
+        """Continue ``c`` (already unregistered by the caller) elsewhere, or end it with the error it
+        ended with before failover existed. ``failed``: the pod that died (``cause`` scheduler), not
+        to send it to."""
         gw = self.gateway
+        error = failover_error(cause, failed, why)
         if c.released:
             return
         if c.failovers >= self.max_failovers:
@@ -136,8 +148,9 @@ class Failover:
             return
         gw.metrics.failovers.labels(cause, "moved").inc()
         log.info(
-            "request %s: %s after %d tokens; continued on %s as %s",
+            "request %s: %s (%s) after %d tokens; continued on %s as %s",
             c.rid,
+            cause,
             why,
             len(c.output_ids),
             h.address,

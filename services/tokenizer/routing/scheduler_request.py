@@ -64,6 +64,16 @@ class SchedulerRequest:
     cached_tokens: int = 0  # prompt tokens its first run found cached (the usage keeps this one)
     failovers: int = 0  # times it was continued elsewhere
 
+    def delivered(self, t: pb.RequestText) -> None:
+        """``t`` goes to the client: remembered for a failover. A continuation's usage keeps the
+        first run's cached tokens (the continuation's own count its delivered tokens as prompt)."""
+        if self.failovers:
+            t.cached_tokens = self.cached_tokens
+        else:
+            self.cached_tokens = t.cached_tokens
+        self.output_ids.extend(t.token_ids)
+        self.text_chars += len(t.text)
+
     @property
     def streamed(self) -> bool:
         """Its client has seen some of it: it can only go on as a continuation, never start again."""
