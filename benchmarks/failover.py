@@ -4,11 +4,11 @@ held by that pod and without.
 
 Workload: ``--streams`` greedy streams of ``--output-len`` tokens (EOS ignored), prompts of
 ``--prompt-len`` random token ids (no two share a first block), on 2 scheduler pods with round-robin
-routing: started one at a time, so even streams are on pod 0, the victim. Once each has its first
+routing: sent in order 20 ms apart, so even streams are on pod 0, the victim. Once each has its first
 token and ``--kill-delay`` more seconds have passed, pod 0 is SIGKILLed; the gateway continues its
 streams on pod 1 from the tokens their clients have (prompt + delivered tokens prefilled there).
 
-Configurations, each on a fresh ``launcher.build_cluster``:
+Configurations, each ``--repeats`` times on a fresh ``launcher.build_cluster`` (the figures pool them):
 
 - ``prefix on the survivor``: every prompt was sent to both pods before (a 1-token request each,
   round-robin), so the survivor's radix cache holds it and only the delivered tokens are prefilled;
@@ -16,8 +16,8 @@ Configurations, each on a fresh ``launcher.build_cluster``:
 
 Reported per configuration: continuation TTFT p50 / p90 / max over the moved streams (death -> next
 non-empty chunk after the stall: chunks already on their way from the dead pod come before it), the
-other pod's streams' figure the same way (they are not moved), failed streams, and the gateway's
-failover counters.
+survivor's own streams' pause the same way (no decode step runs while it prefills the moved ones),
+failed streams, and the gateway's failover counters (``scheduler/moved`` = the victim's streams).
 
     .venv/bin/python benchmarks/failover.py [--quick] [--out DIR] [--streams N] ...
 
@@ -46,10 +46,11 @@ CONFIGS = ("prefix on the survivor", "no prefix")
 FULL, QUICK = common.presets(
     (  # (setting, full run, --quick)
         ("model_size", "tiny", "tiny"),
-        ("streams", 16, 8),
+        ("streams", 8, 8),
         ("prompt_len", 1024, 256),
-        ("output_len", 400, 200),
-        ("kill_delay", 1.0, 0.5),
+        ("output_len", 1000, 1500),  # still streaming at the kill; prompt + output within 2,048
+        ("kill_delay", 0.2, 0.5),
+        ("repeats", 3, 1),
     )
 )
 
@@ -66,13 +67,14 @@ def build_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]
 async def run_streams(url: str, prompts: list[list[int]], output_len: int, kill: Any, delay: float) -> tuple:
     reqs = [{"input_ids": p, "output_len": output_len, "arrival": 0.0} for p in prompts]
     async with common.http_client(len(reqs), 600) as client:
-        tasks = []
-        for r in reqs:  # one at a time: round-robin puts stream k on pod k % 2
-            first = asyncio.Event()
-            tasks.append(
-                asyncio.create_task(common.stream_completion(client, url, r, time.perf_counter(), first))
-            )
-            await first.wait()
+        tasks, firsts = [], []
+        for r in reqs:  # in order, 20 ms apart: round-robin puts stream k on pod k % 2
+            firsts.append(asyncio.Event())
+            stream = common.stream_completion(client, url, r, time.perf_counter(), firsts[-1])
+            tasks.append(asyncio.create_task(stream))
+            await asyncio.sleep(0.02)
+        for f in firsts:
+            await f.wait()
         await asyncio.sleep(delay)
         killed_at = time.perf_counter()
         kill()
@@ -80,7 +82,8 @@ async def run_streams(url: str, prompts: list[list[int]], output_len: int, kill:
     return killed_at, streams
 
 
-def run_config(model: Path, config: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
+def run_once(model: Path, config: str, prompts: list[list[int]], args: argparse.Namespace) -> tuple:
+    """One fresh cluster, one kill: (the kill's time, the streams, the gateway's failover counters)."""
     import httpx
 
     from radixserve.launcher import build_cluster, free_port
@@ -114,7 +117,7 @@ def run_config(model: Path, config: str, prompts: list[list[int]], args: argpars
         moved = failovers(cluster.url)
     finally:
         cluster.stop(drain_timeout=2)
-    return summarize(streams, killed_at, args.output_len, moved)
+    return killed_at, streams, moved
 
 
 def failovers(url: str) -> dict[str, float]:
@@ -132,28 +135,41 @@ def failovers(url: str) -> dict[str, float]:
     }
 
 
-def summarize(streams: list[common.Stream], killed_at: float, output_len: int, moved: dict) -> dict:
-    def gap(s: common.Stream) -> float | None:
-        # the chunk after the largest pause following the kill: chunks already on their way from the
-        # dead pod (through the detokenizer) come before the pause
-        after = [killed_at, *(t for t in s.times if t > killed_at)]
-        if len(after) == 1:
-            return None
-        k = max(range(1, len(after)), key=lambda i: after[i] - after[i - 1])
-        return after[k] - killed_at
+def resumed(s: common.Stream, killed_at: float) -> float | None:
+    """How long after the kill the stream's chunks resumed: the chunk after the largest pause that
+    follows the kill counts (chunks already on their way from the dead pod come before the pause).
+    None: no chunk came after the kill."""
+    after = [killed_at, *(t for t in s.times if t > killed_at)]
+    if len(after) == 1:
+        return None
+    k = max(range(1, len(after)), key=lambda i: after[i] - after[i - 1])
+    return after[k] - killed_at
 
-    on_victim = [g for s in streams[0::2] if (g := gap(s)) is not None]
-    on_survivor = [g for s in streams[1::2] if (g := gap(s)) is not None]
+
+def summarize(runs: list[tuple], output_len: int) -> dict:
+    """The runs' moved streams (even ones, on the victim) and the survivor's own, pooled."""
+    on_victim, on_survivor, delivered, streams, moved = [], [], [], [], 0.0
+    for killed_at, ss, counters in runs:
+        on_victim += [g for s in ss[0::2] if (g := resumed(s, killed_at)) is not None]
+        # the survivor's own streams pause too while it prefills the moved ones (no decode step then)
+        on_survivor += [g for s in ss[1::2] if (g := resumed(s, killed_at)) is not None]
+        delivered += [
+            sum(t <= killed_at for t in s.times) for s in ss[0::2] if s.times and s.times[-1] > killed_at
+        ]
+        streams += ss
+        moved += counters.get("scheduler/moved", 0.0)
     ok = [s for s in streams if s.error is None and s.usage and s.usage["completion_tokens"] == output_len]
     return {
+        "runs": len(runs),
         "streams": len(streams),
         "ok": len(ok),
         "failed": len(streams) - len(ok),
         "errors": sorted({s.error for s in streams if s.error})[:5],
+        "moved": moved,  # the gateway's count: the victim's streams still running at the kill
+        "delivered_tokens_at_kill_p50": common.percentile(delivered, 50),
         **common.ms_percentiles("continuation_ttft", on_victim, (50, 90)),
         "continuation_ttft_ms_max": max(on_victim) * 1000 if on_victim else float("nan"),
-        "survivor_next_token_ms_max": max(on_survivor) * 1000 if on_survivor else float("nan"),
-        "failovers": moved,
+        **common.ms_percentiles("survivor_pause", on_survivor, (50, 90)),
     }
 
 
@@ -178,6 +194,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=None, help=f"tokens ({FULL['prompt_len']})")
     p.add_argument("--output-len", type=int, default=None, help=f"tokens ({FULL['output_len']})")
     p.add_argument("--kill-delay", type=float, default=None, help="s after the last first token")
+    p.add_argument("--repeats", type=int, default=None, help=f"kills per configuration ({FULL['repeats']})")
     p.add_argument("--threads", type=int, default=1, help="torch threads per pod (1)")
     common.add_run_args(p, quick_help="fewer, shorter streams (< 2 min)")
     args = p.parse_args(argv)
@@ -199,11 +216,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, config in enumerate(CONFIGS):
             # new prompts per configuration: the first's cannot be in the second's fresh pods anyway
             prompts = build_prompts(args.streams, args.prompt_len, vocab, args.seed + i)
-            results[config] = r = run_config(model, config, prompts, args)
+            runs = [run_once(model, config, prompts, args) for _ in range(args.repeats)]
+            results[config] = r = summarize(runs, args.output_len)
             print(
                 f"{config}: {r['ok']}/{r['streams']} ok, continuation TTFT p50/p90/max"
                 f" {r['continuation_ttft_ms_p50']:.0f}/{r['continuation_ttft_ms_p90']:.0f}/"
-                f"{r['continuation_ttft_ms_max']:.0f} ms, failovers {r['failovers']}",
+                f"{r['continuation_ttft_ms_max']:.0f} ms, {r['moved']:.0f} moved",
                 flush=True,
             )
     report["config"] = {
@@ -214,6 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
         "kill_delay_s": args.kill_delay,
+        "repeats": args.repeats,
         "torch_threads_per_pod": args.threads,
     }
     report["results"] = results

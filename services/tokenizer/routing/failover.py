@@ -148,9 +148,10 @@ class Failover:
             return
         gw.metrics.failovers.labels(cause, "moved").inc()
         log.info(
-            "request %s: %s (%s) after %d tokens; continued on %s as %s",
+            "request %s: its %s %s (%s) after %d tokens; continued on %s as %s",
             c.rid,
             cause,
+            failed.address if failed is not None else "",
             why,
             len(c.output_ids),
             h.address,
