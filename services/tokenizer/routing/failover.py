@@ -97,6 +97,12 @@ class Failover:
         error = failover_error(cause, failed, why)
         if c.released:
             return
+        budget = c.request.sampling.max_new_tokens if c.request.sampling.HasField("max_new_tokens") else None
+        if budget is not None and len(c.output_ids) >= budget:  # it had all its tokens: only the end was lost
+            end = pb.RequestText(rid=c.rid, finish_reason="length", prompt_tokens=c.prompt_tokens)
+            end.completion_tokens, end.cached_tokens = len(c.output_ids), c.cached_tokens
+            c.queue.put_nowait((c.index, end))
+            return
         if c.failovers >= self.max_failovers:
             gw.metrics.failovers.labels(cause, "refused").inc()
             log.warning("request %s: %s; it moved %d times already: failing it", c.rid, why, c.failovers)
