@@ -220,8 +220,11 @@ class Stream:
         return self
 
 
-async def stream_completion(client: Any, url: str, req: dict, start: float) -> Stream:
-    """Send ``req`` at ``start + req["arrival"]`` (``perf_counter`` time) and read its SSE stream."""
+async def stream_completion(
+    client: Any, url: str, req: dict, start: float, first: asyncio.Event | None = None
+) -> Stream:
+    """Send ``req`` at ``start + req["arrival"]`` (``perf_counter`` time) and read its SSE stream;
+    ``first`` is set at its first text chunk (or its end)."""
     delay = start + req["arrival"] - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -248,11 +251,16 @@ async def stream_completion(client: Any, url: str, req: dict, start: float) -> S
                     if c.get("text"):
                         stream.times.append(now)
                         stream.texts.append(c["text"])
+                        if first is not None:
+                            first.set()
                     if c.get("finish_reason"):
                         stream.finish_reason = c["finish_reason"]
         stream.end = time.perf_counter()
     except Exception as e:  # a transport error is a failed request, not a failed benchmark
         return stream.failed(f"{type(e).__name__}: {e}"[:300])
+    finally:
+        if first is not None:
+            first.set()
     return stream
 
 

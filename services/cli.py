@@ -6,7 +6,7 @@ Each subcommand is one ``_cmd_*`` function (takes the parsed args, returns an ex
 
     radixserve make-demo-model PATH [--arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_next|... (--help)]
         [--size tiny|small] [--seed N]
-    radixserve serve [--model PATH|demo] [--port 8000] [--schedulers N] [vLLM's flags] [-- scheduler flags]
+    radixserve serve [--model PATH|demo] [--schedulers N] [--detokenizers N] [vLLM's flags] [-- flags]
     radixserve bench NAME [its flags]     (offline, serving, gpu, routing, ...; NAME --help lists them)
     radixserve fetch-model URI --cache DIR [--size-limit Q] [--sha256 HEX] | --digest DIR
 
@@ -73,6 +73,7 @@ BENCHMARKS = {
     "gpu": "GPU decode: step time vs the memory floor, kernels per step, offline throughput vs HF",
     "routing": "cache-aware vs least-load vs round-robin routing over 4 scheduler processes",
     "spread": "1 vs 2 scheduler pods on prompts that share nothing",
+    "failover": "continuation TTFT after a scheduler SIGKILL, with and without the prefix on the other pod",
     "policy_sim": "hit rate and queue wait of each schedule policy (cost model, virtual time)",
     "scheduler_overhead": "CPU time of one scheduling step at 64 / 256 / 1024 requests",
     "decode_attention": "the CPU decode-attention kernel against the torch reference",
@@ -126,15 +127,11 @@ def _cmd_bench(name: str, argv: list[str]) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
     from radixserve.common.config import resolve_model
+    from radixserve.common.stop_signal import StopSignal
     from radixserve.launcher import StartFailed
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignal().install()  # its handler takes no lock (stop_signal.py says why)
     try:
         cluster = serve_cluster(args)
         cluster.check()  # every service's settings and ports: nothing has started yet
@@ -187,6 +184,7 @@ def serve_cluster(args: argparse.Namespace) -> Cluster:
         host=args.host,
         grpc_port=args.grpc_port,
         schedulers=args.schedulers,
+        detokenizers=args.detokenizers,
         scheduler_args=[*_vllm_scheduler_args(args), *args.scheduler_args],  # after --: they win
         gateway_args=["--router", args.router, *_vllm_gateway_args(args)],
         torch_threads=args.torch_threads,
@@ -449,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="gateway gRPC port for Generate (default: a free one)",
     )
     p.add_argument("--schedulers", type=number_type(int, Bounds(1)), default=1, help="scheduler processes")
+    p.add_argument("--detokenizers", type=number_type(int, Bounds(1)), default=1, help="detokenizer replicas")
     p.add_argument(
         "--tp-size",
         type=flag_type(EngineConfig, "tp_size"),

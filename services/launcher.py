@@ -90,6 +90,7 @@ class Service:
     fast_crashes: int = 0  # exits in a row, each soon after its start
     restart_at: float | None = None  # exited; to be started again then
     tail: bytearray = field(default_factory=bytearray)  # the end of its stderr since its last start
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)  # every process, restarts too
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -103,6 +104,7 @@ class Service:
             stderr=subprocess.PIPE,  # passed on as it comes (``_relay``); its end says why it exited
             start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the children in order
         )
+        self.started.append(self.proc)
         assert self.proc.stderr is not None
         threading.Thread(
             target=_relay, args=(self.proc.stderr, self.tail), name=f"{self.name}-stderr", daemon=True
@@ -147,21 +149,41 @@ class Service:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            _kill_group(self.proc)
+
+    def reap(self) -> None:
+        """Every process this service ever started is gone and waited for: one still running (a
+        stop that did not end it) is killed with its process group (a scheduler's tensor-parallel
+        ranks)."""
+        for p in self.started:
+            if p.poll() is None:
+                _kill_group(p)
+
+
+def _kill_group(p: subprocess.Popen[bytes]) -> None:
+    # Each child leads its own session (start_new_session): its group is it and what it started.
+    # Only while it is not yet waited for: its pid (the group's id) cannot have been reused.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
 
 
 @dataclass
 class Cluster:
     gateway: Service
     schedulers: list[Service]
-    detokenizer: Service
+    detokenizers: list[Service]
     url: str
     grpc_address: str
 
     @property
+    def detokenizer(self) -> Service:
+        """The first detokenizer (with one, the detokenizer)."""
+        return self.detokenizers[0]
+
+    @property
     def services(self) -> list[Service]:
-        return [self.detokenizer, *self.schedulers, self.gateway]
+        return [*self.detokenizers, *self.schedulers, self.gateway]
 
     supervisor: Supervisor | None = None
 
@@ -231,9 +253,12 @@ class Cluster:
         for s in self.schedulers:
             s.stop(drain_timeout + 10)
         self.gateway.stop(10)
-        self.detokenizer.stop(10)
+        for d in self.detokenizers:
+            d.stop(10)
         if self.supervisor is not None:
             self.supervisor.stop()
+        for s in self.services:  # restarted ones' earlier processes included
+            s.reap()
 
 
 def counter_by(url: str, family: str, label: str) -> dict[str, float]:
@@ -382,13 +407,17 @@ def build_cluster(
     drain_timeout: float = 5.0,
     prefix_index: str = "memory",
     env: dict[str, str] | None = None,
+    detokenizers: int = 1,
 ) -> Cluster:
     """The services' command lines; ``scheduler_args`` come last, so they override the defaults here.
     Nothing starts: ``Cluster.check`` says whether they can, ``Cluster.start`` starts them."""
-    if schedulers < 1 or tp_size < 1:
-        raise ValueError(f"schedulers ({schedulers}) and tp_size ({tp_size}) must be at least 1")
-    ports = iter([p for p in free_ports(4 + 2 * schedulers) if p not in (port, grpc_port)])
-    detok = _detokenizer(model, next(ports), next(ports))
+    if min(schedulers, tp_size, detokenizers) < 1:
+        raise ValueError(
+            f"schedulers ({schedulers}), detokenizers ({detokenizers}) and tp_size ({tp_size}) must be"
+            " at least 1"
+        )
+    ports = iter([p for p in free_ports(2 + 2 * (schedulers + detokenizers)) if p not in (port, grpc_port)])
+    detoks = [_detokenizer(i, detokenizers, model, next(ports), next(ports)) for i in range(detokenizers)]
     if torch_threads is None:  # share the cores: one left for the gateway and the detokenizer
         torch_threads = max(1, ((os.cpu_count() or 2) - 1) // (schedulers * tp_size))
     common = ["--torch-threads", str(torch_threads), "--drain-timeout", str(drain_timeout)]
@@ -396,7 +425,7 @@ def build_cluster(
     if prefix_index != "memory":  # Redis: the pods publish there themselves
         common += ["--prefix-index", prefix_index]
     scheds = [
-        _scheduler(i, model, model_name, next(ports), next(ports), detok, [*common, *scheduler_args])
+        _scheduler(i, model, model_name, next(ports), next(ports), detoks, [*common, *scheduler_args])
         for i in range(schedulers)
     ]
     gport = grpc_port or next(ports)
@@ -414,17 +443,17 @@ def build_cluster(
         "gateway", argv, http_url=f"http://{url_host}:{port}", metrics_url=f"http://{url_host}:{port}/metrics"
     )
     tls = tls_from_env({**os.environ, **(env or {})})  # TLS gRPC: probed with the services' settings
-    for svc in (detok, *scheds, gateway):
+    for svc in (*detoks, *scheds, gateway):
         svc.env = dict(env or {})  # e.g. OTEL_EXPORTER_OTLP_ENDPOINT: each names itself radixserve-<kind>
         svc.tls = tls
-    return Cluster(gateway, scheds, detok, f"http://{url_host}:{port}", f"{url_host}:{gport}")
+    return Cluster(gateway, scheds, detoks, f"http://{url_host}:{port}", f"{url_host}:{gport}")
 
 
-def _detokenizer(model: Path, port: int, metrics_port: int) -> Service:
+def _detokenizer(i: int, n: int, model: Path, port: int, metrics_port: int) -> Service:
     argv = ["radixserve.detokenizer", "--model", str(model), "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--metrics-port", str(metrics_port)]
     return Service(
-        "detokenizer",
+        "detokenizer" if n == 1 else f"detokenizer-{i}",
         argv,
         grpc_address=f"127.0.0.1:{port}",
         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
@@ -432,11 +461,20 @@ def _detokenizer(model: Path, port: int, metrics_port: int) -> Service:
 
 
 def _scheduler(
-    i: int, model: Path, model_name: str, port: int, metrics_port: int, detok: Service, extra: list[str]
+    i: int,
+    model: Path,
+    model_name: str,
+    port: int,
+    metrics_port: int,
+    detoks: list[Service],
+    extra: list[str],
 ) -> Service:
+    # Each scheduler starts on its own detokenizer (the next ones are its fallbacks): they share the load.
+    k = i % len(detoks)
+    detok = ",".join(d.grpc_address or "" for d in [*detoks[k:], *detoks[:k]])
     argv = ["radixserve.scheduler", "--model", str(model), "--served-model-name", model_name]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port)]
-    argv += ["--advertise-address", f"127.0.0.1:{port}", "--detokenizer", detok.grpc_address or ""]
+    argv += ["--advertise-address", f"127.0.0.1:{port}", "--detokenizer", detok]
     return Service(
         f"scheduler-{i}",
         [*argv, *extra],

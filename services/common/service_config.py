@@ -228,7 +228,12 @@ class TLSConfig:
 class SchedulerPodConfig:
     """``python -m radixserve.scheduler``: the engine plus its gRPC server, Redis publisher, metrics."""
 
-    detokenizer: str = setting("", "HOST:PORT of the detokenizer", required=True)
+    detokenizer: str = setting(
+        "",
+        "HOST:PORT of the detokenizer; several, comma-separated: replicas, the next one used while one"
+        " is down",
+        required=True,
+    )
     host: str = setting("0.0.0.0", "listen address")
     port: int = setting(50051, "gRPC port", bounds=PORT)
     advertise_address: str | None = setting(
@@ -336,6 +341,12 @@ class GatewayConfig:
         10.0,
         "seconds without news of a request before asking its scheduler whether it still holds it"
         " (one it ended whose response never came is failed with 503, not left hanging); 0: off",
+        bounds=AT_LEAST_0,
+    )
+    max_failovers: int = setting(
+        2,
+        "times a stream whose scheduler or detokenizer died mid-way is continued on another one (from"
+        " the tokens its client has) before it fails with 503; 0: never",
         bounds=AT_LEAST_0,
     )
     scheduler_stale_after: float = setting(

@@ -30,6 +30,8 @@ _Item: TypeAlias = tuple[object, Callable[[], None] | None]
 
 
 CLOSE_IDLE_S = 0.5  # StreamSender.close with nothing queued: how long the call's end may take
+# With several peers: how long one may take to accept a connection before the next one is tried.
+CONNECT_S = 1.0
 
 
 class StreamSender:
@@ -39,6 +41,12 @@ class StreamSender:
     the peer to be ready and is reopened after a failure; while the peer is gone, messages queue up
     to ``max_queued`` and the oldest are dropped beyond that (logged), so a dead peer cannot grow
     this process without bound.
+
+    ``address`` may name several peers, comma-separated (replicas of one service: a scheduler's
+    detokenizers): the call goes to the first that accepts, and after a failure to the next one
+    (each gets ``CONNECT_S`` to accept), so a dead replica's traffic moves to a live one at once.
+    What was in flight on the broken call is lost either way: the receiving side rebuilds it
+    (a gateway continues the streams it was delivering, see tokenizer/routing/failover.py).
     """
 
     def __init__(
@@ -53,6 +61,8 @@ class StreamSender:
         """``encode``: turns what ``send`` was given into the message to write, on the sender
         thread (the engine thread hands over plain objects and goes on). ``tls``: see ``channel``."""
         self.address = address
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
+        self.peer = 0  # index in ``addresses`` of the one the call goes to
         self._tls = tls
         self._encode = encode
         self._open_call = open_call
@@ -109,19 +119,37 @@ class StreamSender:
 
     def _run(self) -> None:
         backoff = 0.05
+        several = len(self.addresses) > 1
         while True:
             done = [False]
-            ch = channel(self.address, self._tls)
+            address = self.addresses[self.peer]
+            ch = channel(address, self._tls)
             try:
+                if several and not self._accepts(ch):
+                    self.peer = (self.peer + 1) % len(self.addresses)
+                    continue
                 self._open_call(ch)(self._messages(done), wait_for_ready=True)
                 backoff = 0.05
             except grpc.RpcError as e:
                 if not done[0]:
                     self.errors += 1
-                    log.warning("stream to %s broke (%s); reopening", self.address, e.code())
+                    self.peer = (self.peer + 1) % len(self.addresses)
+                    log.warning(
+                        "stream to %s broke (%s); reopening to %s",
+                        address,
+                        e.code(),
+                        self.addresses[self.peer],
+                    )
             finally:
                 ch.close()
             if done[0]:
                 return
             time.sleep(backoff)
             backoff = min(1.0, backoff * 2)
+
+    def _accepts(self, ch: grpc.Channel) -> bool:
+        try:
+            grpc.channel_ready_future(ch).result(timeout=CONNECT_S)
+            return True
+        except grpc.FutureTimeoutError:
+            return False

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 
 from radixserve.common.config import (
@@ -26,6 +24,7 @@ from radixserve.common.config import (
 )
 from radixserve.common.ports import check_listen
 from radixserve.common.service_config import DetokenizerConfig
+from radixserve.common.stop_signal import StopSignal
 
 
 def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) -> argparse.ArgumentParser:
@@ -35,6 +34,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s detokenizer %(levelname)s %(message)s")
+    stop = StopSignal(exit_until_ready=True).install()  # until it serves, a signal ends it
     try:  # every setting, the model folder and the ports, before the tokenizer loads
         args, cfg = load_service(build_parser(RaisingParser), DetokenizerConfig, argv)
         check_listen(cfg.host, cfg.listens())  # a port in use: one line, not gRPC's bind error
@@ -50,9 +50,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _failed(f"TLS settings: {e}")
     telemetry.setup_tracing("radixserve-detokenizer")
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         server, service = serve(str(resolve_model(args.model)), f"{cfg.host}:{cfg.port}", cfg.workers, tls)
     except (OSError, ValueError) as e:  # a tokenizer transformers cannot load from the model's folder
@@ -62,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         start_http_server(cfg.metrics_port, addr=cfg.host, registry=service.metrics.registry)
     logging.info("serving on %s:%d", cfg.host, cfg.port)
-    stop.wait()
+    stop.ready()
+    while not stop.wait(1.0):
+        pass
     server.stop(grace=2).wait()
     service.close()
     telemetry.shutdown()

@@ -11,6 +11,10 @@ Per request the text grows as tokens arrive; what has been sent is never taken b
   the request; text that ends in a partial match (a proper prefix of a stop string) is held back
   until it is settled. Before ``min_tokens`` output tokens no stop string is looked for (vLLM's
   min_tokens: the text of those tokens goes out as it is).
+- A request continued from output its client already has (the gateway moved it after a scheduler or
+  detokenizer died) arrives with those tokens and how much of their text was sent: its state is
+  rebuilt from them (text, offsets, a held-back partial stop string), and the text goes on from the
+  first character the client has not seen.
 
 All requests of one batch are decoded with two ``batch_decode`` calls per skip_special_tokens
 setting, not two calls per request.
@@ -25,6 +29,7 @@ from typing import Protocol
 from radixserve.common.sampling import find_stop
 
 _REPLACEMENT = "\ufffd"
+_CONTEXT_TOKENS = 5  # decoded again with a rebuilt request's next tokens (their leading space)
 LOST_START = (
     "the detokenizer never saw this request's start (it restarted mid-request?): its text cannot be"
     " rebuilt; retry the request"
@@ -92,6 +97,8 @@ class RequestTokens:
     cached_tokens: int = 0
     include_stop: bool = False
     min_tokens: int = 0
+    continued_ids: list[int] | None = None  # output the client already has (a moved request)
+    continued_chars: int = 0  # characters of its text the client got
     logprobs: object | None = None  # pb.Logprobs of token_ids, passed through
     prompt_logprobs: object | None = None
 
@@ -141,6 +148,8 @@ class IncrementalDetokenizer:
                     st.stop, st.skip_special_tokens = u.stop, u.skip_special_tokens
                     st.prompt_tokens, st.cached_tokens = u.prompt_tokens, u.cached_tokens
                     st.include_stop, st.min_tokens = u.include_stop, u.min_tokens
+                if u.continued_ids:
+                    self._rebuild(st, u.continued_ids, u.continued_chars)
                 self.states[u.rid] = st
             st.ids.extend(u.token_ids)
             todo.append((st, u))
@@ -153,6 +162,22 @@ class IncrementalDetokenizer:
             if group:
                 self._decode(group, skip)
         return [self._lost(u) if st is None else self._delta(st, u) for st, u in todo]
+
+    def _rebuild(self, st: DecodeState, ids: list[int], sent_chars: int) -> None:
+        """``st`` as it was after ``ids``, ``sent_chars`` of its text sent: what was held back then (a
+        partial stop string, an unfinished character) goes out once settled, nothing twice."""
+        st.ids = list(ids)
+        decode = self.tokenizer.batch_decode
+        end = len(ids)  # the longest run of the tokens that decodes to whole characters
+        while end > 0:
+            (text,) = decode([st.ids[:end]], skip_special_tokens=st.skip_special_tokens)
+            if not text.endswith(_REPLACEMENT):
+                break
+            end -= 1
+        st.text = text if end else ""
+        # the next tokens decode with a few tokens before them (a leading space depends on them)
+        st.prefix_offset, st.read_offset = max(0, end - _CONTEXT_TOKENS), end
+        st.sent = min(sent_chars, len(st.text))
 
     def _lost(self, u: RequestTokens) -> TextDelta:
         early = not u.finish_reason

@@ -34,6 +34,9 @@ def updates_from_proto(batch: pb.TokenBatch) -> list[RequestTokens]:
             u.stop, u.skip_special_tokens = tuple(o.stop), o.skip_special_tokens
             u.prompt_tokens, u.cached_tokens = o.prompt_tokens, o.cached_tokens
             u.include_stop, u.min_tokens = o.include_stop, o.min_tokens
+            if o.HasField("continuation"):
+                u.continued_ids = list(o.continuation.output_ids)
+                u.continued_chars = o.continuation.text_chars
         if e.HasField("logprobs"):
             u.logprobs = e.logprobs
         if e.HasField("prompt_logprobs"):

@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -40,6 +38,7 @@ from radixserve.common.config import (
 )
 from radixserve.common.ports import check_listen
 from radixserve.common.service_config import SchedulerPodConfig
+from radixserve.common.stop_signal import StopSignal
 
 if TYPE_CHECKING:  # imported when the engine starts (torch is slow to import; --help is not)
     from radixserve.scheduler.server import RedisTarget
@@ -52,6 +51,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
+    stop = StopSignal(exit_until_ready=True).install()  # until the engine is up, a signal ends it
     try:  # every setting, the model folder and the ports, before torch is imported and the model loads
         args, cfg = load_service(build_parser(RaisingParser), SchedulerPodConfig, argv, weights=True)
         check_listen(cfg.host, cfg.listens())  # a port in use: one line, not gRPC's bind error
@@ -72,13 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     telemetry.setup_tracing("radixserve-scheduler")
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         engine = Engine(resolve_model(args.model), cfg.engine)
     except (ValueError, TPFailure) as e:  # a setting the model or the devices cannot meet
         return _failed(f"cannot start the engine: {e}")
+    stop.ready()  # from here a stop drains
     failures: list[str] = []
 
     def on_failure(reason: str) -> None:
@@ -105,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if engine.followers is not None:
         engine.followers.watch(on_failure)
     logging.info("serving on %s:%d (KV %d tokens)", cfg.host, cfg.port, engine.scheduler.kv.capacity)
-    stop.wait()
+    while not stop.wait(1.0):
+        pass
     if failures:
         _failed(f"scheduler failed: {failures[0]}")
         fail(server, service, health, failures[0], cfg.engine.tp_timeout + 5)

@@ -26,6 +26,7 @@ from radixserve.common.stream_sender import StreamSender
 from radixserve.common.tls import TLS
 from radixserve.common.wire import logprobs_to_proto, sampling_from_proto
 from radixserve.scheduler.batch_scheduler import QueueFullError
+from radixserve.scheduler.continuation import Continuation
 from radixserve.scheduler.engine import Engine
 from radixserve.scheduler.kv_events import EventSubscriber, RedisPublisher
 from radixserve.scheduler.liveness import LivenessWatch
@@ -142,6 +143,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
                     reply_to=request.reply_to,
                     skip_special_tokens=request.sampling.skip_special_tokens,
                     trace_context=dict(request.trace_context) or None,
+                    continuation=_continuation(request),
                 )
             )
         except tuple(_REFUSALS) as e:
@@ -230,6 +232,13 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             self.worker.close()
 
 
+def _continuation(request: pb.TokenizedRequest) -> Continuation | None:
+    if not request.HasField("continuation"):
+        return None
+    c = request.continuation
+    return Continuation(tuple(c.output_ids), c.text_chars)
+
+
 def _to_proto(u: TokenUpdate) -> pb.RequestTokens:
     e = pb.RequestTokens(
         rid=u.rid, token_ids=u.token_ids, finish_reason=u.finish_reason, error=u.error, reply_to=u.reply_to
@@ -242,6 +251,9 @@ def _to_proto(u: TokenUpdate) -> pb.RequestTokens:
         eo.include_stop, eo.min_tokens = o.include_stop, o.min_tokens
         if o.trace_context:
             eo.trace_context.update(o.trace_context)
+        if o.continuation is not None:
+            eo.continuation.output_ids.extend(o.continuation.output_ids)
+            eo.continuation.text_chars = o.continuation.text_chars
     if u.logprobs is not None:
         e.logprobs.CopyFrom(logprobs_to_proto(u.logprobs))
     if u.prompt_logprobs is not None:

@@ -34,6 +34,7 @@ import torch
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, root_hash
 from radixserve.common.sampling import SamplingParams
 from radixserve.scheduler.batch_scheduler import QueueFullError
+from radixserve.scheduler.continuation import Continuation, continued
 from radixserve.scheduler.engine import Engine
 from radixserve.scheduler.event_loop import ProcessedBatch
 from radixserve.scheduler.kv_events import EventHub
@@ -55,6 +56,7 @@ class DetokenizeOptions:
     trace_context: dict[str, str] | None = None
     include_stop: bool = False  # SamplingParams.include_stop_str
     min_tokens: int = 0  # SamplingParams.min_new_tokens: stop strings wait for them
+    continuation: Continuation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,7 @@ class Submit:
     reply_to: str  # the gateway the detokenizer delivers this request's text to
     skip_special_tokens: bool = True
     trace_context: dict[str, str] | None = None  # W3C headers when the request is traced
+    continuation: Continuation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +217,8 @@ class EngineWorker:
         req = Req(msg.rid, ids.astype(np.int32), msg.sampling)
         self.scheduler.check_admissible(req)  # reads the config only
         self.engine.attach_grammar(req)  # compiles on the grammar threads; this caller waits, not the engine
+        if msg.continuation is not None:
+            continued(req, msg.continuation, self.engine)
         with self._lock:
             if msg.rid in self._rids:
                 raise AlreadyHere(f"request {msg.rid} is already here")
@@ -230,8 +235,9 @@ class EngineWorker:
             trace_context=trace,
             include_stop=msg.sampling.include_stop_str,
             min_tokens=msg.sampling.min_new_tokens,
+            continuation=msg.continuation,
         )
-        self._put(_Live(req, msg.reply_to, options))
+        self._put(_Live(req, msg.reply_to, options, sent=len(req.output_ids)))
 
     def abort(self, rids: list[str], reason: str) -> int:
         """End these requests (those still here); returns how many were here."""

@@ -28,6 +28,7 @@ from radixserve.tokenizer.auth import ApiKeys
 from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.openai_api.response_store import ResponseStore, open_store
+from radixserve.tokenizer.routing.failover import Failover, failover_error
 from radixserve.tokenizer.routing.router import Router, make_router
 from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle, SchedulerPool, discovers
 from radixserve.tokenizer.routing.scheduler_request import (
@@ -98,6 +99,7 @@ class Gateway:
         self.metrics = GatewayMetrics(model_name)
         self.live_in_index: set[str] | None = None  # Redis: pods with a live heartbeat (None: unknown)
         self.choices: dict[str, SchedulerRequest] = {}  # live rids of this gateway
+        self.failover = Failover(self, config.max_failovers)  # streams that lose their pod mid-way
         self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -180,11 +182,11 @@ class Gateway:
         self._unregister(c)
         self._abort(c.scheduler, [c.rid], "response lost")  # a no-op unless it is somehow still there
         self.metrics.lost_responses.inc()
+        if c.streamed:  # some of its text reached the client: it goes on from there
+            self.failover.move(c, None, "lost", "its final message never came")
+            return
         log.warning("request %s: its scheduler ended it but the response never came; failing it", c.rid)
-        msg = (
-            "the response was lost between the gateway's services (a detokenizer restart?); retry the request"
-        )
-        c.queue.put_nowait((c.index, retryable(msg)))
+        c.queue.put_nowait((c.index, failover_error("lost", None, "")))
 
     def candidates(self) -> list[SchedulerHandle]:
         healthy = self.pool.healthy()
@@ -378,13 +380,18 @@ class Gateway:
             c = self.choices.get(t.rid)
             if c is None:
                 continue  # released: the client went away, or an abort's final message
-            if t.lost_start and c.via is None and not c.retried:
-                # Its start died with a detokenizer and the client has seen nothing: send it again.
+            if t.lost_start and (c.streamed or not c.retried):
+                # Its start died with a detokenizer: sent again if the client has seen nothing, else
+                # continued from what it has.
                 self._unregister(c)
                 if t.ended_early:
                     early.setdefault(c.scheduler, []).append(t.rid)
-                self._spawn(self._resend(c, c.scheduler, "the detokenizer lost its start", avoid=False))
+                if c.streamed:
+                    self.failover.move(c, None, "detokenizer", "the detokenizer lost its start")
+                else:
+                    self._spawn(self._resend(c, c.scheduler, "the detokenizer lost its start", avoid=False))
                 continue
+            c.delivered(t)
             c.queue.put_nowait((c.index, t))
             c.heard_at, c.via = now, via
             if t.finish_reason:
@@ -396,21 +403,21 @@ class Gateway:
 
     def delivery_broke(self, via: object) -> None:
         """A detokenizer's stream to this gateway ended: the requests whose text was coming through
-        it lost their place (the detokenizer's incremental state, and whatever was in flight), so
-        they fail now with a retryable error and are aborted on their schedulers. Those with no text
-        yet are left alone: their start reaches whichever detokenizer their scheduler talks to next."""
+        it lost their place (its state, what was in flight): aborted on their schedulers, continued
+        from what their clients have (routing/failover.py). Those with no text yet are left alone:
+        their start reaches whichever detokenizer their scheduler talks to next."""
         lost = [c for c in self.choices.values() if c.via is via]
         if not lost:
             return
-        log.warning("a detokenizer stream ended: failing the %d requests it was delivering", len(lost))
-        err = retryable("the detokenizer delivering this response went away mid-request; retry the request")
+        log.warning("a detokenizer stream ended: continuing the %d requests it was delivering", len(lost))
         by_pod: dict[SchedulerHandle, list[str]] = {}
         for c in lost:
             self._unregister(c)
             by_pod.setdefault(c.scheduler, []).append(c.rid)
-            c.queue.put_nowait((c.index, err))
         for h, rids in by_pod.items():
             self._abort(h, rids, "its detokenizer went away")
+        for c in lost:
+            self.failover.move(c, None, "detokenizer", "its detokenizer went away")
 
     def scheduler_up(self, h: SchedulerHandle) -> None:
         """``h`` reports again: what could not be aborted on it while it was away is aborted now (a
@@ -431,7 +438,7 @@ class Gateway:
         idle = [
             c
             for rid in list(h.outstanding)
-            if (c := self.choices.get(rid)) is not None and c.submitted and c.via is None and not c.retried
+            if (c := self.choices.get(rid)) is not None and c.submitted and not c.streamed and not c.retried
         ]
         if idle:
             log.info("scheduler %s drains: %d requests without text yet move elsewhere", h.address, len(idle))
@@ -463,20 +470,25 @@ class Gateway:
     def _fail(
         self, h: SchedulerHandle, choices: list[SchedulerRequest], why: str, label: str = "down"
     ) -> None:
-        """Re-send the submitted choices no result of which came yet, once; fail the others with a
-        retryable error. (A choice still being submitted is left to its Submit call.)"""
-        moved = []
+        """Re-send the submitted choices no result of which came yet, once; continue the streaming
+        ones from what their clients have (routing/failover.py); fail the others with a retryable
+        error. (A choice still being submitted is left to its Submit call.)"""
+        moved, streams = [], []  # aborted there; continued elsewhere
         for c in choices:
             if not c.submitted:
                 continue
             self._unregister(c)
             moved.append(c.rid)
-            if c.via is not None or c.retried:
+            if c.streamed:
+                streams.append(c)
+            elif c.retried:
                 c.queue.put_nowait((c.index, _went_away(h, why)))
             else:
                 self._spawn(self._resend(c, h, why, label=label))
         if moved:  # a pod that only went quiet may come back: it must not run them too
             self._abort(h, moved, f"its gateway gave up on this scheduler ({why})")
+        for c in streams:
+            self.failover.move(c, h, "scheduler", why)
 
 
 def _went_away(h: SchedulerHandle, why: str) -> ApiError:

@@ -117,4 +117,13 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        self.failovers = Counter(
+            "radixserve_stream_failovers",
+            "Streams continued elsewhere after their first token (issue 44), by cause (scheduler: its"
+            " pod died or stopped answering; detokenizer: the one delivering it died; lost: its final"
+            " message never came) and outcome (moved; failed: no scheduler took it; refused: it had"
+            " moved --max-failovers times)",
+            ["cause", "outcome"],
+            registry=r,
+        )
         self.schedulers_up = Gauge("radixserve_schedulers_healthy", "Scheduler pods reachable", registry=r)

@@ -25,6 +25,7 @@ def start_cluster(
     gateway_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     discover: bool = False,
+    detokenizers: int = 1,
 ) -> Cluster:
     """``discover``: the gateway finds the schedulers by their heartbeats (``--schedulers discover``;
     ``prefix_index`` must be a Redis URL) instead of being given their addresses."""
@@ -39,6 +40,7 @@ def start_cluster(
         torch_threads=1,
         prefix_index=prefix_index,
         env=env,
+        detokenizers=detokenizers,
     )
     cluster.start(timeout=180)
     return cluster
@@ -58,7 +60,7 @@ async def stream_completion(h, prompt: str, on_first, max_tokens: int) -> dict:
     return await read_stream(h, body, on_first)
 
 
-async def read_stream(h, body: dict, on_first=None) -> dict:
+async def read_stream(h, body: dict, on_first=None, headers: dict | None = None) -> dict:
     """POSTs a streamed completion and reads its SSE: its text, finish reason, error message (None
     if none), usage (with stream_options.include_usage), when each choice chunk came (``chunks``) and
     when it ended (``time.monotonic()``). ``on_first`` (an asyncio.Event) is set at the first chunk."""
@@ -66,7 +68,7 @@ async def read_stream(h, body: dict, on_first=None) -> dict:
     import time
 
     out: dict = {"text": "", "finish": None, "error": None, "usage": None, "chunks": []}
-    async with h.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+    async with h.stream("POST", "/v1/completions", json={**body, "stream": True}, headers=headers) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -84,6 +86,21 @@ async def read_stream(h, body: dict, on_first=None) -> dict:
                     on_first.set()
     out["ended"] = time.monotonic()
     return out
+
+
+def failovers(cluster: Cluster) -> dict[str, float]:
+    """The gateway's radixserve_stream_failovers counters, as ``cause/outcome``: count."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
+    return {
+        f"{x.labels['cause']}/{x.labels['outcome']}": x.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "radixserve_stream_failovers"
+        for x in f.samples
+        if x.name.endswith("_total")
+    }
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,9 @@ LONG = {
 SHORT = {**LONG, "max_tokens": 40}
 
 
-def test_killed_scheduler_fails_its_clients_promptly_and_spares_the_others(model_dir):
-    cluster = start_cluster(model_dir, schedulers=2)
+def test_with_failover_off_a_killed_scheduler_fails_its_clients_promptly_and_spares_the_others(model_dir):
+    # --max-failovers 0: the streams are not continued elsewhere (tests/faults: they are by default)
+    cluster = start_cluster(model_dir, schedulers=2, gateway_args=["--max-failovers", "0"])
     try:
 
         async def go():
@@ -80,8 +81,8 @@ def _idle(cluster, timeout: float = 10.0) -> bool:
     return False
 
 
-def test_a_detokenizer_restart_mid_stream_fails_the_stream_with_a_reason_and_frees_its_kv(model_dir):
-    cluster = start_cluster(model_dir, schedulers=1)
+def test_with_failover_off_a_detokenizer_restart_mid_stream_fails_the_stream_and_frees_its_kv(model_dir):
+    cluster = start_cluster(model_dir, schedulers=1, gateway_args=["--max-failovers", "0"])
     try:
 
         async def go():

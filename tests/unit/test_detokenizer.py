@@ -268,3 +268,35 @@ def test_include_stop_keeps_the_stop_string_and_min_tokens_delays_stop_strings(t
     n = len(enc(tok, "one. two"))
     out = [*d.process([first("r", ids[:n], stop=(".",), min_tokens=n)]), *d.process([more("r", ids[n:])])]
     assert text(out) == "one. two" and out[-1].finish_reason == "stop"  # the first "." let through
+
+
+@pytest.mark.parametrize(
+    ("s", "stop"),
+    [
+        (TEXTS[0], ()),
+        (TEXTS[1], ()),
+        (TEXTS[3], ()),
+        (TEXTS[0], ("return y",)),
+        (TEXTS[1], ("wörld — 日本x",)),
+    ],
+)
+def test_a_request_continued_on_another_detokenizer_sends_every_character_once(tok, s, stop):
+    """Failover (issue 44): whatever token the first detokenizer died after, a second one rebuilt
+    from the tokens and characters the client has sends on with nothing repeated or lost, held-back
+    text (an unfinished character, a partial stop string) included."""
+    ids = enc(tok, s)
+    whole = text(stream(IncrementalDetokenizer(tok), "r", [[i] for i in ids], stop))
+    for k in range(1, len(ids)):
+        before = stream(IncrementalDetokenizer(tok), "r", [[i] for i in ids[:k]], stop, finish="")
+        if any(d.finish_reason for d in before):
+            continue  # ended by the stop string before the failover
+        sent = text(before)
+        detok = IncrementalDetokenizer(tok)
+        rest = [first("r.f", ids[k : k + 1], stop, continued_ids=ids[:k], continued_chars=len(sent))]
+        rest += [more("r.f", [i]) for i in ids[k + 1 :]]
+        rest[-1].finish_reason = "length" if len(rest) > 1 else rest[-1].finish_reason
+        after = [d for u in rest for d in detok.process([u])]
+        if len(rest) == 1:
+            after += detok.process([more("r.f", [], "length")])
+        assert sent + text(after) == whole, (k, sent)
+        assert after[-1].completion_tokens == len(ids)  # usage counts every token once

@@ -55,6 +55,26 @@ class SchedulerRequest:
     submitted: bool = False  # its scheduler accepted it (before that it cannot know it)
     retried: bool = False  # re-sent once already
     released: bool = False  # the client is done with it
-    via: object | None = None  # the Deliver stream its results came through; set: it cannot move
+    via: object | None = None  # the Deliver stream its results came through (set: the client has text)
     heard_at: float = field(default_factory=time.monotonic)  # submitted, or its last text came
     missing_since: float | None = None  # first lost-response check its scheduler no longer held it
+    # What its client has (a failover continues from it: routing/failover.py).
+    output_ids: list[int] = field(default_factory=list)  # tokens delivered
+    text_chars: int = 0  # characters of their text delivered
+    cached_tokens: int = 0  # prompt tokens its first run found cached (the usage keeps this one)
+    failovers: int = 0  # times it was continued elsewhere
+
+    def delivered(self, t: pb.RequestText) -> None:
+        """``t`` goes to the client: remembered for a failover. A continuation's usage keeps the
+        first run's cached tokens (the continuation's own count its delivered tokens as prompt)."""
+        if self.failovers:
+            t.cached_tokens = self.cached_tokens
+        else:
+            self.cached_tokens = t.cached_tokens
+        self.output_ids.extend(t.token_ids)
+        self.text_chars += len(t.text)
+
+    @property
+    def streamed(self) -> bool:
+        """Its client has seen some of it: it can only go on as a continuation, never start again."""
+        return self.via is not None or self.failovers > 0
