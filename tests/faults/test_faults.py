@@ -16,7 +16,14 @@ import httpx
 
 from radixserve.common.sampling import SamplingParams
 from radixserve.launcher import Cluster, RestartPolicy, counter_by
-from tests.helpers.cluster import MODEL_NAME, failovers, read_stream, start_cluster, stream_completion
+from tests.helpers.cluster import (
+    MODEL_NAME,
+    failovers,
+    read_grpc_stream,
+    read_stream,
+    start_cluster,
+    stream_completion,
+)
 
 STREAMS = 32
 MAX_TOKENS = 1200  # long enough that every stream is mid-flight at the fault
@@ -103,6 +110,8 @@ SEEDED = [
 SCHEMA = {"type": "array", "items": {"enum": ["alpha", "beta", "gamma"]}, "minItems": 40, "maxItems": 40}
 MOVED_TOKENS = 400  # the failover tests' streams: mid-flight at the fault, cheaper references
 CONSTRAINED = [{"temperature": 1.0, "seed": 7 + i, "guided_json": SCHEMA} for i in range(2)]
+# Greedy streams over the gateway's gRPC front: they fail over through the same path as SSE ones.
+GRPC_PROMPTS = [f"grpc client {i}: over the lazy dog {i * 31}" for i in range(6)]
 
 
 def _sampling(extra: dict) -> SamplingParams:
@@ -123,13 +132,16 @@ def _extras_references(engine) -> list[dict]:
     )
 
 
-def _streams_and_extras_with_a_fault(cluster: Cluster, fault) -> tuple[float, list[dict], list[dict]]:
-    """The 32 greedy streams and the extras; ``fault()`` once every one has its first token."""
+def _streams_and_extras_with_a_fault(
+    cluster: Cluster, fault
+) -> tuple[float, list[dict], list[dict], list[dict]]:
+    """The 32 greedy streams, the extras and the gRPC streams; ``fault()`` once every one has its
+    first token."""
 
     async def go():
         async with httpx.AsyncClient(base_url=cluster.url, timeout=180) as h:
             extras = [*SEEDED, *CONSTRAINED]
-            firsts = [asyncio.Event() for _ in range(len(PROMPTS) + len(extras))]
+            firsts = [asyncio.Event() for _ in range(len(PROMPTS) + len(extras) + len(GRPC_PROMPTS))]
             tasks = [
                 asyncio.create_task(_stream(h, p, e, MOVED_TOKENS))
                 for p, e in zip(PROMPTS, firsts, strict=False)
@@ -144,11 +156,17 @@ def _streams_and_extras_with_a_fault(cluster: Cluster, fault) -> tuple[float, li
                     **x,
                 }
                 tasks.append(asyncio.create_task(read_stream(h, body, firsts[len(PROMPTS) + i])))
+            for i, p in enumerate(GRPC_PROMPTS):
+                first = firsts[len(PROMPTS) + len(extras) + i]
+                tasks.append(
+                    asyncio.create_task(read_grpc_stream(cluster.grpc_address, p, MOVED_TOKENS, first))
+                )
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 90)
             at = time.monotonic()
             fault()
             results = await asyncio.gather(*tasks)
-        return at, results[: len(PROMPTS)], results[len(PROMPTS) :]
+        n, x = len(PROMPTS), len(PROMPTS) + len(extras)
+        return at, results[:n], results[n:x], results[x:]
 
     return asyncio.run(go())
 
@@ -174,10 +192,12 @@ def test_a_killed_scheduler_fails_no_stream_each_goes_on_where_it_was(model_dir,
     its text the undisturbed run's, its usage counting each token once."""
     refs = _references(engine, MOVED_TOKENS)
     extra_refs = _extras_references(engine)
+    sp = SamplingParams(max_new_tokens=MOVED_TOKENS, temperature=0, ignore_eos=True)
+    grpc_refs = [r["text"] for r in engine.generate(prompt=GRPC_PROMPTS, sampling_params=sp)]
     cluster = _supervised(model_dir)
     victim = cluster.schedulers[0]
     try:
-        killed_at, results, extras = _streams_and_extras_with_a_fault(
+        killed_at, results, extras, grpc_results = _streams_and_extras_with_a_fault(
             cluster, lambda: victim.proc.send_signal(signal.SIGKILL)
         )
         for r, ref in zip(results, refs, strict=True):
@@ -190,9 +210,13 @@ def test_a_killed_scheduler_fails_no_stream_each_goes_on_where_it_was(model_dir,
             assert r["usage"]["completion_tokens"] == len(ref["token_ids"])
         for r in extras[len(SEEDED) :]:
             assert len(json.loads(r["text"])) == 40  # valid JSON across the failover
+        for r, ref in zip(grpc_results, grpc_refs, strict=True):  # gRPC clients see one stream too
+            assert r["error"] is None, r["error"]
+            assert r["finish"] == "length" and r["text"] == ref
+            assert r["usage"]["completion_tokens"] == MOVED_TOKENS
         moved = failovers(cluster).get("scheduler/moved", 0)
         assert 8 <= moved <= 30, moved  # the victim had its share of the streams
-        gaps = sorted(_continuation_gaps([*results, *extras], killed_at))
+        gaps = sorted(_continuation_gaps([*results, *extras, *grpc_results], killed_at))
         _wait("the killed scheduler is back", lambda: cluster.gateway_connected() == 2, 60)
         assert victim.restarts == 1
         print(
@@ -200,7 +224,7 @@ def test_a_killed_scheduler_fails_no_stream_each_goes_on_where_it_was(model_dir,
             json.dumps(
                 {
                     "fault": "scheduler SIGKILL",
-                    "streams": STREAMS + len(extras),
+                    "streams": STREAMS + len(extras) + len(grpc_results),
                     "failed": 0,
                     "moved": moved,
                     "next_token_after_fault_s_p50": round(gaps[len(gaps) // 2], 2),

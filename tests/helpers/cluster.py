@@ -88,6 +88,34 @@ async def read_stream(h, body: dict, on_first=None, headers: dict | None = None)
     return out
 
 
+async def read_grpc_stream(address: str, prompt: str, max_tokens: int, on_first=None) -> dict:
+    """Streams a greedy ``Generate`` over the gateway's gRPC front (grpc.aio): the same fields as
+    ``read_stream`` (text, finish, error, usage as ``{"completion_tokens": n}``, chunk times)."""
+    import time
+
+    import grpc
+
+    from radixserve.common.rpc import pb, pb_grpc
+
+    out: dict = {"text": "", "finish": None, "error": None, "usage": None, "chunks": []}
+    sampling = pb.SamplingParams(max_new_tokens=max_tokens, temperature=0, ignore_eos=True)
+    req = pb.GenerateRequest(model=MODEL_NAME, text=prompt, sampling=sampling, stream=True)
+    async with grpc.aio.insecure_channel(address) as ch:
+        try:
+            async for msg in pb_grpc.GatewayStub(ch).Generate(req, timeout=180):
+                out["chunks"].append(time.monotonic())
+                out["text"] += msg.text
+                out["finish"] = msg.finish_reason or out["finish"]
+                if msg.HasField("usage"):
+                    out["usage"] = {"completion_tokens": msg.usage.completion_tokens}
+                if on_first is not None:
+                    on_first.set()
+        except grpc.aio.AioRpcError as e:
+            out["error"] = f"{e.code().name}: {e.details()}"
+    out["ended"] = time.monotonic()
+    return out
+
+
 def failovers(cluster: Cluster) -> dict[str, float]:
     """The gateway's radixserve_stream_failovers counters, as ``cause/outcome``: count."""
     import httpx
