@@ -37,9 +37,13 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
+        """``retry_after``: seconds the client should wait before retrying (HTTP's Retry-After; a 503
+        without one gets the default)."""
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.retry_after = retry_after
 
     def body(self) -> ErrorBody:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
