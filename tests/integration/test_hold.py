@@ -12,6 +12,7 @@ import httpx
 from radixserve.common.ports import free_ports
 from radixserve.common.prefix_index import gateway_reports
 from radixserve.launcher import Service, build_cluster, counter_by, free_port
+from radixserve.scheduler.startup import PHASES
 from tests.helpers.cluster import MODEL_NAME, read_stream
 from tests.otlp import attrs, start_receiver
 from tests.redis_server import RedisServer
@@ -129,7 +130,21 @@ def test_requests_held_with_no_scheduler_are_served_in_order_by_the_first_one_up
                 spans = [s for _, s in list(receiver.spans) if s.name == "hold"]
                 return sorted((attrs(s)["radixserve.hold.ahead"], s.end_time_unix_nano) for s in spans)
 
+            # The cold start the held requests waited for, phase by phase.
+            metrics = httpx.get(scheduler.metrics_url or "", timeout=5).text
+            phases = {
+                line.split('phase="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines()
+                if line.startswith("radixserve_startup_seconds{")
+            }
+            assert set(phases) == set(PHASES) and phases["weight_load"] > 0, phases
+            assert "started in" in scheduler.tail.decode(errors="replace")  # and the log says them
+
             _wait("8 hold spans exported", lambda: len(holds()) == 8, 15)
+            roots = [s for _, s in list(receiver.spans) if "radixserve.held_s" in attrs(s)]
+            assert len(roots) == 8 and all(
+                attrs(s)["radixserve.ttft_s"] > attrs(s)["radixserve.held_s"] for s in roots
+            )
             got = holds()
             assert [ahead for ahead, _ in got] == list(range(8))  # each saw the ones before it
             ends = [end for _, end in got]
