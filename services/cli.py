@@ -79,6 +79,7 @@ BENCHMARKS = {
     "tensor_parallel": "offline throughput with the model split over 1 vs 2 processes (tensor parallelism)",
     "logits_features": "what logprobs, penalties and JSON constraints cost, and free requests beside them",
     "moe": "MoE offline throughput on CPU (a small Qwen3-MoE) vs HF generate, and the MoE layer's launches",
+    "cold_start": "a scheduler's start phase by phase, the loader's read rate vs cat, a held request's TTFT",
 }
 
 

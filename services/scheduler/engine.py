@@ -128,8 +128,10 @@ class Engine:
                 str(model_path), self.model_config, self.profile, max_positions, size=cfg.tp_size,
                 mem_fraction=cfg.mem_fraction, page_size=cfg.page_size, timeout_s=cfg.tp_timeout,
             )  # fmt: skip
+        setup_s = time.perf_counter() - t_start  # the device profile, the tokenizer, TP followers
         try:
             self._start(model_path, max_context, max_positions, tp)
+            self.startup = {"engine_setup": setup_s, **self.startup}
         except BaseException:
             if self.followers is not None:
                 self.followers.close(1)

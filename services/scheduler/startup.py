@@ -5,6 +5,7 @@ for; docs/reliability.md has the figures).
     process_start        exec to the model's resolution: the interpreter, imports, settings
     model_fetch          the model folder made ready (the demo model built; a cluster's init container
                          fetches a store's model before this process starts: its own log says how long)
+    engine_setup         the device profile, the tokenizer, tensor-parallel followers started
     weight_load          the checkpoint read into the model's parameters (model/loader.py)
     kv_allocation        the KV pool and the request tables, sized from the memory left
     graph_capture        CUDA graphs of decode (nothing on CPU)
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 PHASES = (
     "process_start",
     "model_fetch",
+    "engine_setup",
     "weight_load",
     "kv_allocation",
     "graph_capture",
