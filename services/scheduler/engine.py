@@ -131,7 +131,7 @@ class Engine:
         setup_s = time.perf_counter() - t_start  # the device profile, the tokenizer, TP followers
         try:
             self._start(model_path, max_context, max_positions, tp)
-            self.startup = {"engine_setup": setup_s, **self.startup}
+            self.startup: dict[str, float] = {"engine_setup": setup_s, **self.startup}
         except BaseException:
             if self.followers is not None:
                 self.followers.close(1)

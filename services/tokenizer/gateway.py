@@ -18,7 +18,13 @@ from pathlib import Path
 
 import grpc
 
-from radixserve.common.prefix_index import InMemoryPrefixIndex, RedisPrefixIndex, gateway_reports, open_index
+from radixserve.common.prefix_index import (
+    InMemoryPrefixIndex,
+    Load,
+    RedisPrefixIndex,
+    gateway_reports,
+    open_index,
+)
 from radixserve.common.rpc import pb
 from radixserve.common.sampling import SamplingError, SamplingParams
 from radixserve.common.service_config import GatewayConfig
@@ -145,7 +151,7 @@ class Gateway:
                     await self.pool.discovered(self.live_in_index)
                 self.hold.wake()  # a pod whose heartbeat came back (scheduler_up is the usual way)
                 if self.reports is not None:
-                    report = {"held": self.hold.held, "in_flight": len(self.choices)}
+                    report: Load = {"held": self.hold.held, "in_flight": len(self.choices)}
                     await asyncio.to_thread(
                         self.reports.heartbeat, self.reply_to, report, 3 * self.routing.sweep_s + 2
                     )

@@ -26,6 +26,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -277,14 +278,20 @@ class ParallelReads:
     def _read_chunk(self, chunk: tuple[int, int, torch.Tensor]) -> None:
         fd, offset, dest = chunk
         if dest.device.type == "cpu":
-            _pread_fully(fd, memoryview(dest.numpy()), offset)
+            _pread_fully(fd, _bytes(dest), offset)
             return
         staging: torch.Tensor | None = getattr(self._staging, "buffer", None)
         if staging is None:
             staging = self._staging.buffer = torch.empty(READ_CHUNK_BYTES, dtype=torch.uint8).pin_memory()
         part = staging[: dest.numel()]
-        _pread_fully(fd, memoryview(part.numpy()), offset)
+        _pread_fully(fd, _bytes(part), offset)
         dest.copy_(part)  # synchronous: the buffer is this thread's next chunk's
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    """A uint8 CPU tensor's memory, writable in place."""
+    array: Any = t.numpy()  # numpy's stubs do not say ndarray is a Buffer
+    return memoryview(array)
 
 
 def _convert(pair: tuple[torch.Tensor, torch.Tensor]) -> None:
