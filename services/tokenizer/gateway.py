@@ -18,13 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from radixserve.common.prefix_index import (
-    InMemoryPrefixIndex,
-    Load,
-    RedisPrefixIndex,
-    gateway_reports,
-    open_index,
-)
+from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
 from radixserve.common.rpc import pb
 from radixserve.common.sampling import SamplingError, SamplingParams
 from radixserve.common.service_config import GatewayConfig
@@ -34,7 +28,7 @@ from radixserve.tokenizer.auth import ApiKeys
 from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.openai_api.response_store import ResponseStore, open_store
-from radixserve.tokenizer.routing.hold_queue import HoldQueue
+from radixserve.tokenizer.routing.hold_queue import GatewayReport, HoldQueue
 from radixserve.tokenizer.routing.router import Router, make_router
 from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle, SchedulerPool, discovers
 from radixserve.tokenizer.routing.scheduler_request import (
@@ -104,16 +98,9 @@ class Gateway:
         self.router: Router = make_router(routing, self.index, model_name)
         self.metrics = GatewayMetrics(model_name)
         # No scheduler serving (scaled to zero, starting): requests wait here (--hold-timeout).
-        self.hold = HoldQueue(
-            config.max_held_requests,
-            config.hold_timeout,
-            ready=lambda: bool(self.candidates()),
-            on_change=self.metrics.held.set,
-        )
-        # Redis: this gateway's load report (held requests), which the operator scales from zero on.
-        self.reports: RedisPrefixIndex | None = (
-            None if memory is not None else gateway_reports(routing.prefix_index, routing.index_key_prefix)
-        )
+        hold = config.max_held_requests, config.hold_timeout
+        self.hold = HoldQueue(*hold, lambda: bool(self.candidates()), self.metrics.held.set)
+        self.report = None if memory is not None else GatewayReport(routing, self.reply_to, self.hold)
         self.live_in_index: set[str] | None = None  # Redis: pods with a live heartbeat (None: unknown)
         self.choices: dict[str, SchedulerRequest] = {}  # live rids of this gateway
         self._background: set[asyncio.Task[None]] = set()
@@ -129,11 +116,8 @@ class Gateway:
         for t in list(self._background):
             t.cancel()
         await self.pool.close()
-        if self.reports is not None:  # gone: it holds nothing (best effort; its report expires anyway)
-            try:
-                await asyncio.to_thread(self.reports.remove_pod, self.reply_to)
-            except Exception as e:
-                log.info("could not withdraw this gateway's load report: %s", e)
+        if self.report is not None:
+            await asyncio.to_thread(self.report.withdraw)
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.create_task(coro)
@@ -150,11 +134,8 @@ class Gateway:
                 if self.discover:  # not while Redis is unreachable: the pods' streams tell then
                     await self.pool.discovered(self.live_in_index)
                 self.hold.wake()  # a pod whose heartbeat came back (scheduler_up is the usual way)
-                if self.reports is not None:
-                    report: Load = {"held": self.hold.held, "in_flight": len(self.choices)}
-                    await asyncio.to_thread(
-                        self.reports.heartbeat, self.reply_to, report, 3 * self.routing.sweep_s + 2
-                    )
+                if self.report is not None:  # what the operator scales from zero on
+                    await asyncio.to_thread(self.report.publish, len(self.choices))
                 dead = await asyncio.to_thread(self.index.sweep)
                 if dead:
                     log.warning("pods with expired heartbeats removed from the prefix index: %s", dead)
@@ -271,22 +252,6 @@ class Gateway:
                     trace_context=trace_context,
                 )
             )
-        async with self.hold.turn() as held:
-            if held is not None:
-                trace.child("hold", held.since, held.until, {"radixserve.hold.ahead": held.position})
-                trace.annotate({"radixserve.held_s": held.until - held.since})
-            return await self._submit(rid, requests, input_ids, n, trace, queue, prompt_index)
-
-    async def _submit(
-        self,
-        rid: str,
-        requests: list[pb.TokenizedRequest],
-        input_ids: list[int],
-        n: int,
-        trace: RequestTrace,
-        queue: asyncio.Queue[Delivery],
-        prompt_index: int,
-    ) -> list[SchedulerRequest]:
         failed: SchedulerHandle | None = None
         while True:
             h = self._route(input_ids, trace, avoid=failed)

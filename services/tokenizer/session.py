@@ -109,10 +109,13 @@ class RequestSession:
     ) -> None:
         """``n`` choices of each prompt to the schedulers; raises ApiError (and the session ends)."""
         try:
-            for p, ids in enumerate(prompts):
-                self._choices += await self.gw.submit(
-                    self.rid, ids, sp, n, skip_special_tokens, self.trace, self._queue, p
-                )
+            # No scheduler serving: the request waits its turn for one (--hold-timeout), all its prompts.
+            async with self.gw.hold.turn() as held:
+                self.trace.held(held)
+                for p, ids in enumerate(prompts):
+                    self._choices += await self.gw.submit(
+                        self.rid, ids, sp, n, skip_special_tokens, self.trace, self._queue, p
+                    )
         except BaseException as e:  # refused, cancelled (the client went away), or a bug
             # What was submitted of it must not run on: the session ends here.
             err = self._client_error(e)

@@ -23,8 +23,10 @@ import json
 import os
 import struct
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -151,9 +153,8 @@ def load_model(
             fp8, params, unfilled, place, lambda n: checkpoint_slice(n, cfg, layout), read_part, place_moe
         )
     )
-    reads = ParallelReads()  # plain tensors: read from the file straight into their parameters
+    reads = ParallelReads()  # tensors taken whole: read from the files straight into their parameters
     for file in files:
-        header = read_header(file)
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
                 if loading is not None and loading.load(f, name):
@@ -174,15 +175,9 @@ def load_model(
                 if rows is None and part is not None and part[0] == 0:
                     rows = part[2] - part[1]  # a vocabulary slice: the last rank's is short
                 index = () if rows is None else (slice(start, start + rows),)
-                if part is None and name in header:  # the whole tensor: one read, in parallel with others
-                    if target_name not in params:
-                        raise ValueError(f"unexpected tensor {name!r} in {file.name}")
-                    target = fill(
-                        params, unfilled, target_name, index, header[name].empty(), name, copy=False
-                    )
-                    reads.add(file, header[name], target)
-                    continue
-                _fill(name, read_part(f, name, part), target_name, index, params, unfilled, file.name)
+                claim = partial(fill, params, unfilled, target_name, index, name=name, copy=False)
+                if part is not None or not reads.queue(file, name, claim):  # else: read with the others
+                    _fill(name, read_part(f, name, part), target_name, index, params, unfilled, file.name)
     reads.run()
     missing = sorted({missing_tensor(name, rows, cfg.arch) for name, rows in unfilled.items() if rows.any()})
     if missing:
@@ -247,9 +242,21 @@ class ParallelReads:
     def __init__(self) -> None:
         self._jobs: list[tuple[Path, StoredTensor, torch.Tensor]] = []
         self._staging = threading.local()
+        self._headers: dict[Path, dict[str, StoredTensor]] = {}
 
     def add(self, file: Path, stored: StoredTensor, target: torch.Tensor) -> None:
         self._jobs.append((file, stored, target))
+
+    def queue(self, file: Path, name: str, claim: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+        """Queue tensor ``name`` of ``file`` for its place, ``claim(a meta tensor of its shape and
+        dtype)`` (which checks it); False, nothing queued, for a dtype torch has not."""
+        if file not in self._headers:
+            self._headers[file] = read_header(file)
+        stored = self._headers[file].get(name)
+        if stored is None:
+            return False
+        self.add(file, stored, claim(stored.empty()))
+        return True
 
     def run(self) -> None:
         if not self._jobs:

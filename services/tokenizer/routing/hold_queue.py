@@ -19,13 +19,18 @@ holds nothing: a request without a scheduler fails with 503 as it always did.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from radixserve.common.prefix_index import gateway_reports
+from radixserve.common.service_config import RoutingConfig
 from radixserve.tokenizer.errors import ApiError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,3 +147,25 @@ class HoldQueue:
 
     def _changed(self) -> None:
         self._on_change(len(self._waiting))
+
+
+class GatewayReport:
+    """This gateway's load report in the prefix index's Redis (``prefix_index.gateway_reports``):
+    requests held and in flight, as an expiring heartbeat under its advertised address, published at
+    each sweep: the signal the operator scales a service's schedulers from zero on."""
+
+    def __init__(self, routing: RoutingConfig, address: str, hold: HoldQueue) -> None:
+        self.reports = gateway_reports(routing.prefix_index, routing.index_key_prefix)
+        self.address, self.hold = address, hold
+        self.ttl_s = 3 * routing.sweep_s + 2  # outlives two missed sweeps
+
+    def publish(self, in_flight: int) -> None:
+        """Raises redis.RedisError when Redis is unreachable (the sweep degrades on it)."""
+        self.reports.heartbeat(self.address, {"held": self.hold.held, "in_flight": in_flight}, self.ttl_s)
+
+    def withdraw(self) -> None:
+        """At shutdown: it holds nothing any more (best effort: the report expires anyway)."""
+        try:
+            self.reports.remove_pod(self.address)
+        except Exception as e:
+            log.info("could not withdraw this gateway's load report: %s", e)
