@@ -190,10 +190,10 @@ def load_model(
 
 # ----------------------------------------------------------------------------- reading the files
 # safetensors' mmap path copies each tensor from the page cache into its parameter one page fault at a
-# time, on one thread: 6-9x the time `cat` takes to read the same files (docs/reliability.md, cold
-# start). A tensor this rank takes whole is instead read with pread straight into its parameter (or,
-# where the dtype or device differs, into a buffer converted on the reading thread), in chunks
-# spread over a few threads: pread releases the GIL and the kernel copies into the final memory.
+# time, on one thread (docs/reliability.md, cold start, has the figures against `cat`). A tensor this
+# rank takes whole is instead read with pread straight into its parameter (on a GPU through a pinned
+# buffer), in chunks spread over a few threads: pread releases the GIL and the kernel copies into the
+# final memory.
 READ_CHUNK_BYTES = 64 << 20
 READ_THREADS = 4
 
@@ -235,9 +235,10 @@ def read_header(file: Path) -> dict[str, StoredTensor]:
 
 class ParallelReads:
     """Reads queued tensors from their files into their targets on ``READ_THREADS`` threads: into a
-    CPU parameter directly; into a device parameter through a pinned buffer per thread (reused, so
-    its pages are faulted in once); a tensor stored in another dtype through a buffer converted
-    into its parameter once read."""
+    CPU parameter directly, into a device parameter through a pinned buffer per thread (reused, so
+    its pages are faulted in once, and host memory stays bounded). A tensor stored in another dtype
+    than its parameter's is read at once, into a buffer converted into its place: one such buffer at
+    a time, as safetensors' own path held."""
 
     def __init__(self) -> None:
         self._jobs: list[tuple[Path, StoredTensor, torch.Tensor]] = []
@@ -245,7 +246,17 @@ class ParallelReads:
         self._headers: dict[Path, dict[str, StoredTensor]] = {}
 
     def add(self, file: Path, stored: StoredTensor, target: torch.Tensor) -> None:
-        self._jobs.append((file, stored, target))
+        if target.dtype == stored.dtype and target.is_contiguous():
+            self._jobs.append((file, stored, target))
+            return
+        buffer = torch.empty(stored.shape, dtype=stored.dtype)
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            _pread_fully(fd, _bytes(buffer.reshape(-1).view(torch.uint8)), stored.offset)
+        finally:
+            os.close(fd)
+        with torch.no_grad():
+            target.copy_(buffer)
 
     def queue(self, file: Path, name: str, claim: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         """Queue tensor ``name`` of ``file`` for its place, ``claim(a meta tensor of its shape and
@@ -264,19 +275,13 @@ class ParallelReads:
         files = sorted({file for file, _, _ in self._jobs})
         fds = {file: os.open(file, os.O_RDONLY) for file in files}
         chunks: list[tuple[int, int, torch.Tensor]] = []  # (fd, file offset, destination bytes)
-        converts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, buffer read in its place)
         try:
             for file, stored, target in self._jobs:
-                same = target.dtype == stored.dtype and target.is_contiguous()
-                into = target if same else torch.empty(stored.shape, dtype=stored.dtype)
-                if not same:
-                    converts.append((target, into))
-                raw = into.detach().reshape(-1).view(torch.uint8)  # the bytes, written in place
+                raw = target.detach().reshape(-1).view(torch.uint8)  # the bytes, written in place
                 for at in range(0, stored.nbytes, READ_CHUNK_BYTES):
                     chunks.append((fds[file], stored.offset + at, raw[at : at + READ_CHUNK_BYTES]))
             with ThreadPoolExecutor(READ_THREADS) as pool:
                 list(pool.map(self._read_chunk, chunks))
-                list(pool.map(_convert, converts))
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -299,12 +304,6 @@ def _bytes(t: torch.Tensor) -> memoryview:
     """A uint8 CPU tensor's memory, writable in place."""
     array: Any = t.numpy()  # numpy's stubs do not say ndarray is a Buffer
     return memoryview(array)
-
-
-def _convert(pair: tuple[torch.Tensor, torch.Tensor]) -> None:
-    target, read = pair
-    with torch.no_grad():  # per thread: grad mode is thread-local
-        target.copy_(read)
 
 
 def _pread_fully(fd: int, into: memoryview, offset: int) -> None:
