@@ -70,7 +70,7 @@ class GatewayService(pb_grpc.GatewayServicer):
                 s = request.sampling
                 skip = s.skip_special_tokens if s.HasField("skip_special_tokens") else True
                 session.trace.child("tokenize", session.trace.start, time.monotonic())
-                await session.submit([ids], sp, 1, skip)
+                await session.submit([ids], sp, 1, skip, deadline_s=context.time_remaining())
                 whole = pb.GenerateResponse()  # a non-streamed call's one response, built up
                 parts: list[str] = []  # its text (joined once: protobuf strings do not grow in place)
                 async for outputs in session:

@@ -105,12 +105,18 @@ class RequestSession:
         return self._done
 
     async def submit(
-        self, prompts: Sequence[list[int]], sp: SamplingParams, n: int = 1, skip_special_tokens: bool = True
+        self,
+        prompts: Sequence[list[int]],
+        sp: SamplingParams,
+        n: int = 1,
+        skip_special_tokens: bool = True,
+        deadline_s: float | None = None,
     ) -> None:
-        """``n`` choices of each prompt to the schedulers; raises ApiError (and the session ends)."""
+        """``n`` choices of each prompt to the schedulers; raises ApiError (and the session ends).
+        ``deadline_s``: the seconds the client still waits, if it said (a gRPC deadline)."""
         try:
             # No scheduler serving: the request waits its turn for one (--hold-timeout), all its prompts.
-            async with self.gw.hold.turn() as held:
+            async with self.gw.hold.turn(deadline_s) as held:
                 self.trace.held(held)
                 for p, ids in enumerate(prompts):
                     self._choices += await self.gw.submit(

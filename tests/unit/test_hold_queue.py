@@ -103,3 +103,18 @@ def test_a_negative_or_absurd_queue_size_is_refused_by_its_flag(argv: list[str])
     parser = build_parser(RaisingParser)
     with pytest.raises(ConfigError, match="--max-held-requests"):
         from_args(GatewayConfig, parser.parse_args(["--model", "m", "--schedulers", "a:1", *argv]))
+
+
+def test_a_client_deadline_shorter_than_the_hold_is_answered_before_it_runs_out() -> None:
+    async def main() -> None:
+        q = HoldQueue(4, 60.0, ready=lambda: False)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(ApiError) as e:
+            async with q.turn(deadline_s=0.3):
+                pass
+        waited = loop.time() - t0
+        assert e.value.status == 503 and "this request's deadline (0.3 s" in e.value.message
+        assert 0.2 <= waited < 0.3 and q.held == 0  # before the client's own deadline
+
+    asyncio.run(main())

@@ -33,6 +33,11 @@ from radixserve.tokenizer.errors import ApiError
 log = logging.getLogger(__name__)
 
 
+# A request whose client's deadline is shorter than the hold waits this share of it: the rest is for
+# the 503 to reach the client before its own deadline turns the wait into a bare DEADLINE_EXCEEDED.
+DEADLINE_SHARE = 0.9
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """A request's wait in the queue (time.monotonic()): for its trace."""
@@ -78,9 +83,11 @@ class HoldQueue:
         return max(1, round(self.timeout_s))
 
     @asynccontextmanager
-    async def turn(self) -> AsyncIterator[Held | None]:
+    async def turn(self, deadline_s: float | None = None) -> AsyncIterator[Held | None]:
         """The request's turn to be routed and submitted (inside the block); yields how it was held
-        (None: it was not). Raises ApiError 429 (full) or 503 (held ``timeout_s``)."""
+        (None: it was not). Raises ApiError 429 (full) or 503 (held ``timeout_s``, or for most of
+        ``deadline_s``, the seconds its client still waits (a gRPC deadline), if that is shorter: the
+        client hears why before its own deadline cuts it off)."""
         if not self.enabled or (not self._waiting and not self._turn_taken and self._ready()):
             yield None
             return
@@ -97,15 +104,18 @@ class HoldQueue:
         mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(mine)
         self._changed()
+        limit, why = self.timeout_s, f"the {self.timeout_s:g} s this request was held (--hold-timeout)"
+        if deadline_s is not None and deadline_s * DEADLINE_SHARE < limit:
+            limit = max(0.0, deadline_s * DEADLINE_SHARE)
+            why = f"this request's deadline ({deadline_s:.3g} s, under the gateway's --hold-timeout)"
         try:
-            await asyncio.wait_for(asyncio.shield(mine), self.timeout_s)
+            await asyncio.wait_for(asyncio.shield(mine), limit)
         except (TimeoutError, asyncio.TimeoutError):  # two classes before Python 3.11
             if not self._released(mine):
                 self.timed_out += 1
                 raise ApiError(
                     503,
-                    f"no scheduler came up within the {self.timeout_s:g} s this request was held"
-                    " (--hold-timeout); retry the request",
+                    f"no scheduler came up within {why}; retry the request",
                     "server_error",
                     retry_after=self.retry_after_s(),
                 ) from None
