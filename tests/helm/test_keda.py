@@ -5,6 +5,7 @@ in mode external with a hold, which the operator accepts."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -13,7 +14,7 @@ import yaml
 from radixserve.operator.crds import INFERENCE_SERVICE_SPEC
 from radixserve.operator.schema import apply_defaults
 from radixserve.operator.validation import validate
-from tests.helm.chart import one, render, validate_all
+from tests.helm.chart import CHART, HELM, one, render, validate_all
 
 KEDA_CRD = Path(__file__).parent / "keda" / "keda.sh_scaledobjects.yaml"
 KEDA = ["--set", "inferenceService.create=true", "--set", "inferenceService.keda.enabled=true"]
@@ -56,3 +57,13 @@ def test_without_keda_nothing_of_it_renders(helm_env: dict[str, str]) -> None:
     docs = render(helm_env, "--set", "inferenceService.create=true")
     assert not [d for d in docs if d["kind"] == "ScaledObject"]
     assert "tokenizer" not in one(docs, "InferenceService", "llm")["spec"]
+
+
+def test_keda_with_another_autoscaling_mode_is_refused_naming_it(helm_env: dict[str, str]) -> None:
+    mode = ["--set", "inferenceService.spec.scheduler.autoscaling.mode=operator"]
+    done = subprocess.run(
+        [HELM or "helm", "template", "rs", str(CHART), *KEDA, *mode],
+        env=helm_env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "mode must be external (not operator)" in done.stderr, done.stderr
