@@ -69,6 +69,7 @@ class RedisLoadSource:
         return {pod: load for pod, load in self.index.live_pods().items() if _on_service(pod, host_suffix)}
 
     def gateway_loads(self) -> dict[str, Load]:
+        self.gateways.sweep()  # a gateway that crashed never withdrew its report: it expired
         return self.gateways.live_pods()  # under the service's own key prefix: its gateways only
 
 

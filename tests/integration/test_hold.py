@@ -10,8 +10,9 @@ import time
 import httpx
 
 from radixserve.common.ports import free_ports
-from radixserve.common.prefix_index import gateway_reports
+from radixserve.common.service_config import INDEX_KEY_PREFIX
 from radixserve.launcher import Service, build_cluster, counter_by, free_port
+from radixserve.operator.scaling import RedisLoadSource
 from radixserve.scheduler.startup import PHASES
 from tests.helpers.cluster import MODEL_NAME, read_stream
 from tests.otlp import attrs, start_receiver
@@ -86,9 +87,10 @@ async def _one_leaves_then_8_held(url: str, redis_url: str, me: str, scheduler: 
             streams.append(asyncio.create_task(read_stream(h, {**BODY, "prompt": f"held {i}"})))
             await waiting(None, _wait, f"{i + 1} held", lambda i=i: _held(url) == i + 1)
         # The activation signal: the gateway's load report in Redis (the stopped one's is gone).
-        reports = gateway_reports(redis_url)
+        # What the operator reads (RedisLoadSource, under the gateway's key prefix).
+        reports = RedisLoadSource(redis_url, INDEX_KEY_PREFIX)
         want = {me: {"held": 8, "in_flight": 0}}
-        await waiting(None, _wait, "held in Redis", lambda: reports.live_pods() == want, 10)
+        await waiting(None, _wait, "held in Redis", lambda: reports.gateway_loads() == want, 10)
         scheduler.start()  # the first scheduler comes up; the gateway discovers it
         return await asyncio.gather(*streams)
 
