@@ -13,7 +13,14 @@ import sys
 from pathlib import Path
 from typing import TypedDict
 
-from radixserve.common.service_config import DRAIN_TIMEOUT_S, ROUTERS, ROUTING_DEFAULTS, SCHEDULE_POLICIES
+from radixserve.common.service_config import (
+    CLIENT_DEADLINE_S,
+    DRAIN_TIMEOUT_S,
+    MAX_HELD_REQUESTS,
+    ROUTERS,
+    ROUTING_DEFAULTS,
+    SCHEDULE_POLICIES,
+)
 from radixserve.operator.manifests import MAX_NAME_LENGTH
 from radixserve.operator.nodepool import NODE_LIMITS_MESSAGE
 from radixserve.operator.objects import Obj
@@ -37,7 +44,7 @@ VERSION = "v1alpha1"
 # Which schema this is: bump it with every change to the CRDs (tests/operator/test_logic.py pins the
 # schemas' digest to it). The operator applies its CRDs at start only over an older or equal one, so
 # an older replica (a rollback, a pod restarting mid-rollout) never takes new fields away.
-CRD_REVISION = 3
+CRD_REVISION = 4
 REVISION_ANNOTATION = f"{GROUP}/crd-revision"
 
 
@@ -95,9 +102,39 @@ SCHEDULER_AUTOSCALING = obj(
             "find the schedulers there. Unset with the deprecated autoscaling.enabled true: operator",
         ),
         **_SCALE_SETTINGS,
+        "minReplicas": integer(
+            0,
+            1,
+            description="the fewest schedulers while requests come; 0: the service may scale to zero "
+            "(with scaleToZeroAfter, and tokenizer.holdTimeoutSeconds so that the first request after "
+            "idle waits for a scheduler instead of failing); at load it runs at least 1",
+        ),
+        "scaleToZeroAfter": integer(
+            1,
+            description="seconds without requests (none waiting, running, or held at a gateway) after "
+            "which the schedulers scale to 0 (each drains first); a gateway that holds a request "
+            "scales them back to minReplicas (at least 1). Mode operator; unset: never below 1",
+        ),
     },
     default={},
-) | {"x-kubernetes-validations": [_MIN_MAX_RULE]}
+) | {
+    "x-kubernetes-validations": [
+        _MIN_MAX_RULE,
+        {
+            "rule": "self.minReplicas != 0 || has(self.scaleToZeroAfter)",
+            "message": "minReplicas 0 needs scaleToZeroAfter (the seconds without requests before zero)",
+        },
+    ]
+}
+
+# minReplicas 0 (and scaleToZeroAfter) serve only where a request at zero waits for a scheduler.
+HOLD_RULE = {
+    "rule": "(self.scheduler.autoscaling.minReplicas != 0"
+    " && !has(self.scheduler.autoscaling.scaleToZeroAfter))"
+    " || (has(self.tokenizer.holdTimeoutSeconds) && self.tokenizer.holdTimeoutSeconds > 0)",
+    "message": "scheduler.autoscaling.minReplicas 0 and scaleToZeroAfter need tokenizer.holdTimeoutSeconds "
+    "above 0: with no scheduler, a request must wait for one instead of failing at once",
+}
 
 
 def _component(replicas: Schema, **more: Schema) -> Schema:
@@ -112,7 +149,20 @@ INFERENCE_SERVICE_SPEC = obj(
         "image": string(description="defaults to the operator's image"),
         "imagePullPolicy": string(default="IfNotPresent", enum=["Always", "IfNotPresent", "Never"]),
         "template": TEMPLATE_SCHEMA,
-        "tokenizer": _component(integer(1, 1)),
+        "tokenizer": _component(
+            integer(1, 1),
+            holdTimeoutSeconds={
+                "type": "number",
+                "minimum": 0,
+                "maximum": CLIENT_DEADLINE_S,
+                "description": "seconds a request waits at the gateway for a scheduler when none serves "
+                "(scaled to zero, starting) before a 503 (--hold-timeout); 0 or unset: an immediate 503",
+            },
+            maxHeldRequests=integer(
+                1, description="requests held at once per gateway; beyond it a 429 (--max-held-requests)"
+            )
+            | {"maximum": MAX_HELD_REQUESTS},
+        ),
         "detokenizer": _component(integer(1, 1)),
         "scheduler": _component(
             integer(0, 1, description="the scale subresource's replicas (an HPA on this resource sets it)"),
@@ -193,7 +243,7 @@ INFERENCE_SERVICE_SPEC = obj(
         ),
     },
     required=["model"],
-)
+) | {"x-kubernetes-validations": [HOLD_RULE]}
 
 INFERENCE_SERVICE_STATUS = obj(
     {
@@ -223,6 +273,7 @@ INFERENCE_SERVICE_STATUS = obj(
                 "desiredReplicas": {"type": "integer"},
                 "lastScaleTime": string(),
                 "waiting": {"type": "integer"},
+                "held": {"type": "integer", "description": "requests the gateways hold for a scheduler"},
             }
         ),
         "endpoint": obj({"http": string(), "grpc": string()}),

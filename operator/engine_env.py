@@ -8,7 +8,7 @@ from radixserve.common.config import CACHE_DIR_ENV, env_name, env_var
 from radixserve.common.service_config import GatewayConfig, SchedulerPodConfig
 from radixserve.operator.objects import Obj
 from radixserve.operator.redis_acl import key_prefix
-from radixserve.operator.volumes import CACHE_DIR, model_path
+from radixserve.operator.volumes import CACHE_DIR, compile_cache_dir, model_path
 
 # The spec's engine and routing fields are these service settings, camelCased (pageSize: page_size);
 # each variable's name comes from the setting (env_var).
@@ -35,6 +35,10 @@ def settings(spec: Obj, namespace: str, name: str) -> dict[str, str]:
         env_var(SchedulerPodConfig, "drain_timeout"): str(spec["scheduler"]["drainTimeoutSeconds"]),
         CACHE_DIR_ENV: f"{CACHE_DIR}/radixserve",
         "HOME": CACHE_DIR,  # Hugging Face and torch caches land in the writable emptyDir
+        # Kernels compiled once are reused at the next start (the scheduler logs which it reused).
+        "FLASHINFER_WORKSPACE_BASE": compile_cache_dir(spec),
+        "TRITON_CACHE_DIR": f"{compile_cache_dir(spec)}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{compile_cache_dir(spec)}/inductor",
     }
     if spec["redis"]["mode"] != "none":  # one key prefix per service: its Redis user may touch no other
         data[env_var(SchedulerPodConfig, "index_key_prefix")] = key_prefix(namespace, name)

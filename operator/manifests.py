@@ -258,6 +258,11 @@ def gateway_deployment(ctx: BuildContext) -> Obj:
         _env(GatewayConfig, "schedulers", gateway_schedulers(ctx)),
         *(_redis_env(ctx) or [_env(GatewayConfig, "prefix_index", "memory")]),
     ]
+    tokenizer = spec["tokenizer"]
+    if tokenizer.get("holdTimeoutSeconds"):  # scale to zero: requests wait for a scheduler
+        env.append(_env(GatewayConfig, "hold_timeout", f"{tokenizer['holdTimeoutSeconds']:g}"))
+    if tokenizer.get("maxHeldRequests"):
+        env.append(_env(GatewayConfig, "max_held_requests", str(tokenizer["maxHeldRequests"])))
     ports = [
         {"name": "http", "containerPort": GATEWAY_HTTP_PORT, "protocol": "TCP"},
         {"name": "grpc", "containerPort": GATEWAY_GRPC_PORT, "protocol": "TCP"},

@@ -25,7 +25,9 @@ from radixserve.operator.scaling import (
     ScalePolicy,
     Stabilizer,
     autoscaling,
+    busy,
     recommend,
+    total_held,
     total_waiting,
 )
 
@@ -77,22 +79,46 @@ def autoscale(
     source: LoadSource | None,
     stabilizer: Stabilizer,
     current: Obj,
+    now: float | None = None,
 ) -> tuple[int, Obj, str]:
     """Mode operator, one look at the load: (the scheduler count, status.autoscaling, a log line or
-    ""). Without load to see (no source, no heartbeats) the count stays."""
+    ""). Without load to see (no source, no heartbeats) the count stays, but for scale to zero:
+
+    * at 0, a gateway that holds a request brings the schedulers to ``active_min`` at once (no
+      stabilization window: every held second is a client waiting);
+    * with ``scaleToZeroAfter``, that many seconds without any request (none waiting or running on
+      a scheduler, none held or in flight at a gateway) take them to 0. Each scheduler drains at its
+      SIGTERM (finishes what it runs, admits nothing); a request that comes meanwhile is held at the
+      gateway, and its held count brings the schedulers back.
+    """
+    now = time.monotonic() if now is None else now
     policy = ScalePolicy.from_spec(autoscaling(ctx.spec).settings)
     replicas = ctx.scheduler_replicas
     loads = source.loads(scheduler_domain(ctx.name, ctx.namespace)) if source else {}
-    rec = recommend(loads, policy)
+    gateways = source.gateway_loads() if source else {}
+    held = total_held(gateways)
+    idle_s = stabilizer.idle_for(busy(loads, gateways), now)
     previous = current.get("autoscaling") or {}
-    if rec is None:
-        return replicas, previous, ""
-    new = stabilizer.decide(replicas, rec, time.monotonic(), policy)
-    waiting = total_waiting(loads)
+    if replicas == 0:
+        new = policy.active_min if held else 0
+        why = f"{held} requests held at the gateways"
+    elif policy.zero_after_s is not None and idle_s >= policy.zero_after_s:
+        new, why = 0, f"no requests for {idle_s:.0f} s (scaleToZeroAfter {policy.zero_after_s:g})"
+    else:
+        rec = recommend(loads, policy)
+        if rec is None:
+            return replicas, previous, ""
+        new = stabilizer.decide(replicas, rec, now, policy)
+        why = f"{total_waiting(loads)} waiting over {len(loads)} pods"
     last = previous.get("lastScaleTime")
     said = ""
     if new != replicas:
-        said = f"autoscaling schedulers {replicas} -> {new} ({waiting} waiting over {len(loads)} pods)"
+        said = f"autoscaling schedulers {replicas} -> {new} ({why})"
         last = status.now_iso()
-    decision = {"desiredReplicas": new, "waiting": waiting, **({"lastScaleTime": last} if last else {})}
+    decision = {
+        "desiredReplicas": new,
+        "waiting": total_waiting(loads),
+        "held": held,
+        **({"lastScaleTime": last} if last else {}),
+    }
     return new, decision, said

@@ -111,10 +111,31 @@ def _autoscaling_problems(spec: Obj) -> list[Problem]:
     settings = auto.settings
     if auto.mode == "operator" and settings["minReplicas"] > settings["maxReplicas"]:
         bad(Problem("InvalidSpec", f"{auto.field}.minReplicas is greater than {auto.field}.maxReplicas"))
-    if auto.mode == "operator" and settings["minReplicas"] < 1:
+    zero_after = settings.get("scaleToZeroAfter")
+    if auto.mode == "operator" and settings["minReplicas"] < 1 and zero_after is None:
         bad(
             Problem(
-                "InvalidSpec", f"{auto.field}.minReplicas must be at least 1 (the gateway needs a scheduler)"
+                "InvalidSpec",
+                f"{auto.field}.minReplicas 0 needs scaleToZeroAfter (the seconds without requests before"
+                " zero); without it the gateway needs a scheduler: set minReplicas to at least 1",
+            )
+        )
+    if zero_after is not None and auto.mode != "operator":
+        bad(
+            Problem(
+                "InvalidSpec",
+                "scheduler.autoscaling.scaleToZeroAfter is the built-in autoscaler's: mode is"
+                f" {auto.mode}, set it to operator (in mode external KEDA's ScaledObject scales to zero:"
+                " docs/kubernetes.md)",
+            )
+        )
+    holds = float(spec["tokenizer"].get("holdTimeoutSeconds") or 0) > 0
+    if (zero_after is not None or (auto.mode == "operator" and settings["minReplicas"] < 1)) and not holds:
+        bad(
+            Problem(
+                "InvalidSpec",
+                "scheduler.autoscaling.minReplicas 0 and scaleToZeroAfter need tokenizer.holdTimeoutSeconds"
+                " above 0: with no scheduler, a request must wait for one instead of failing at once",
             )
         )
     if auto.mode == "off" and spec["scheduler"]["replicas"] < 1:

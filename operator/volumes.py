@@ -17,6 +17,7 @@ their sight and the folder's name, their default served model name, is the model
 
 from __future__ import annotations
 
+from radixserve.common.model_cache import COMPILED
 from radixserve.common.model_source import (
     DEFAULT_CACHE_SIZE,
     ModelSource,
@@ -36,6 +37,9 @@ MODEL_CREDENTIALS_DIR = "/etc/radixserve/model-credentials"
 GCS_KEY_FILE = "service-account.json"  # the credentials Secret's key a gs:// download reads
 HUB_FOLDER = "model"  # where source.hub's model appears: its default served name stays "model"
 CACHE_DIR = "/cache"
+# Compiled kernels: on the model cache (its .compiled folder, which the fetch-model init container
+# makes) where the model is downloaded, so they outlive the pod; else in the pod's /cache.
+COMPILE_CACHE_DIR = "/compile-cache"
 AUTH_DIR = "/etc/radixserve/auth"
 API_KEYS_FILE = f"{AUTH_DIR}/api-keys"
 API_KEYS_DEFAULT_KEY = "api-keys"  # the Secret key spec.auth.apiKeySecretRef.key defaults to
@@ -209,7 +213,8 @@ def model_volumes(spec: Obj, image: str) -> tuple[list[Obj], list[Obj], list[Obj
             "subPath": source.relative_model_dir(),
         }
         init = _fetch_container(spec, image, source, volumes)
-        return volumes, [*mounts, {**mount, "readOnly": True}], [init]
+        compiled = {"name": "model", "mountPath": COMPILE_CACHE_DIR, "subPath": COMPILED}
+        return volumes, [*mounts, {**mount, "readOnly": True}, compiled], [init]
     uri = _uri(spec)
     legacy = spec["model"].get("source") or {}
     if uri is not None and uri.scheme == "pvc":
@@ -223,6 +228,11 @@ def model_volumes(spec: Obj, image: str) -> tuple[list[Obj], list[Obj], list[Obj
         volumes.append({"name": "model", "persistentVolumeClaim": claim})
         mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
     return volumes, mounts, []
+
+
+def compile_cache_dir(spec: Obj) -> str:
+    """Where the schedulers keep compiled kernels (flashinfer's JIT cache, Triton's, Inductor's)."""
+    return COMPILE_CACHE_DIR if downloaded(spec) is not None else f"{CACHE_DIR}/compiled"
 
 
 def _cache_volume(spec: Obj) -> Obj:

@@ -34,6 +34,9 @@ from pathlib import Path
 from radixserve.common.model_source import ModelSource, ModelSourceError, format_bytes
 
 MARKER = ".complete"
+# Compiled kernels (flashinfer's JIT, Triton, Inductor) kept beside the models, so a scheduler that
+# starts again on the cache compiles nothing; a dot folder, so never an entry the size limit evicts.
+COMPILED = ".compiled"
 LOCKS = ".locks"
 
 

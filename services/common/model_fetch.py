@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from radixserve.common.model_cache import EntryRecord, ModelCache, folder_size
+from radixserve.common.model_cache import COMPILED, EntryRecord, ModelCache, folder_size
 from radixserve.common.model_source import (
     DEFAULT_CACHE_SIZE,
     ModelSource,
@@ -183,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as e:
             raise ModelSourceError(f"--size-limit: {e}") from e
         result = fetch(source, ModelCache(Path(args.cache), limit, log_to_stderr), sha256)
+        (Path(args.cache) / COMPILED).mkdir(exist_ok=True)  # the schedulers' compile cache (a subPath)
     except ModelSourceError as e:
         return _fail(str(e), args.termination_log)
     except Exception as e:  # unforeseen: the one line for the pod's status, the traceback for its log

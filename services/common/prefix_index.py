@@ -463,6 +463,20 @@ def _check_connection_args(pool: redis.ConnectionPool, shown_url: str) -> None:
             raise ValueError(f"prefix index {shown_url}: {key}={path} is not a file")
 
 
+# Gateways report their own load (requests held for want of a scheduler: the signal that scales a
+# service from zero) as heartbeats of a second index under the service's prefix plus this: never
+# among the schedulers discovery finds, and within the prefix a service's Redis user is limited to.
+GATEWAY_REPORTS = "gw:"
+
+
+def gateway_reports(
+    url: str, key_prefix: str = INDEX_KEY_PREFIX, timeout_s: float = 0.25
+) -> RedisPrefixIndex:
+    """Where the gateways of the index at ``url`` / ``key_prefix`` publish their load reports
+    (``heartbeat(gateway, {"held": n, ...})``) and the operator reads them (``live_pods``)."""
+    return RedisPrefixIndex(url, key_prefix + GATEWAY_REPORTS, timeout_s)
+
+
 def open_index(spec: str, key_prefix: str = INDEX_KEY_PREFIX) -> InMemoryPrefixIndex | RedisPrefixIndex:
     """ "memory" or a redis:// / rediss:// URL (whose keys start with ``key_prefix``)."""
     if spec == "memory":

@@ -43,6 +43,11 @@ TORCH_SEED = Bounds(-(2**63), 2**64 - 1)  # what torch.manual_seed takes
 # Every Redis key of the prefix index starts with this (the operator gives each InferenceService
 # its own, "rs:<namespace>/<name>:", which its Redis ACL user is limited to).
 INDEX_KEY_PREFIX = "radixserve:"
+# Held requests (--hold-timeout): a gateway waits for a scheduler at most as long as an OpenAI SDK
+# client waits for its answer by default (a longer hold answers nobody); the queue's bound keeps a
+# burst at zero schedulers from holding memory without limit.
+CLIENT_DEADLINE_S = 600.0
+MAX_HELD_REQUESTS = 100_000
 ROUTERS = ("cache-aware", "least-load", "round-robin")
 REASONING_PARSERS = ("qwen3", "deepseek_r1")  # tokenizer/text/reasoning.py's (a test holds them equal)
 
@@ -382,6 +387,17 @@ class GatewayConfig:
     )
     response_store_mb: int = setting(256, "in memory: the stored responses' size bound", bounds=AT_LEAST_1)
     response_ttl: float = setting(86400.0, "seconds a stored response is kept", bounds=ABOVE_0)
+    hold_timeout: float = setting(
+        0.0,
+        "seconds a request waits for a scheduler when none serves (scale to zero: the first one is"
+        " starting) before a 503; 0: no waiting, an immediate 503",
+        bounds=AT_LEAST_0,
+    )
+    max_held_requests: int = setting(
+        256,
+        "requests waiting for a scheduler at once (--hold-timeout); beyond it a 429",
+        bounds=Bounds(0, MAX_HELD_REQUESTS),
+    )
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
 
@@ -391,6 +407,13 @@ class GatewayConfig:
 
     def check(self) -> None:
         distinct_ports(self.listens())
+        if self.hold_timeout > CLIENT_DEADLINE_S:
+            raise ConfigError(
+                f"--hold-timeout {self.hold_timeout:g}: over {CLIENT_DEADLINE_S:g} s, the OpenAI clients'"
+                " default deadline, a held request outlives its client; set it below the clients' timeout"
+            )
+        if self.hold_timeout > 0 and self.max_held_requests == 0:
+            raise ConfigError("--hold-timeout holds requests, --max-held-requests 0 holds none: set it >= 1")
 
 
 ROUTING_DEFAULTS = RoutingConfig()

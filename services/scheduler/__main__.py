@@ -24,6 +24,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -61,8 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from radixserve.common import telemetry
     from radixserve.common.tls import TLSError, load_tls
+    from radixserve.scheduler import compiled_artefacts, startup
     from radixserve.scheduler.engine import Engine
     from radixserve.scheduler.server import fail, serve, shutdown
+    from radixserve.scheduler.startup import process_age_s
     from radixserve.scheduler.tensor_parallel import TPFailure
 
     try:
@@ -72,8 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     telemetry.setup_tracing("radixserve-scheduler")
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
+    started = process_age_s()  # exec to here: the interpreter, imports, settings
+    compiled = compiled_artefacts.Snapshot.take()  # what the compile caches hold before the engine
+    t_fetch = time.perf_counter()
+    model_path = resolve_model(args.model)
+    fetched = time.perf_counter() - t_fetch
     try:
-        engine = Engine(resolve_model(args.model), cfg.engine)
+        engine = Engine(model_path, cfg.engine)
     except (ValueError, TPFailure) as e:  # a setting the model or the devices cannot meet
         return _failed(f"cannot start the engine: {e}")
     stop.ready()  # from here a stop drains
@@ -102,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_http_server(cfg.metrics_port, addr=cfg.host, registry=service.metrics.registry)
     if engine.followers is not None:
         engine.followers.watch(on_failure)
+    startup.report(
+        {"process_start": started, "model_fetch": fetched, **engine.startup}, service.metrics.registry
+    )
+    compiled.report()
     logging.info("serving on %s:%d (KV %d tokens)", cfg.host, cfg.port, engine.scheduler.kv.capacity)
     while not stop.wait(1.0):
         pass

@@ -129,8 +129,10 @@ class Engine:
                 str(model_path), self.model_config, self.profile, max_positions, size=cfg.tp_size,
                 mem_fraction=cfg.mem_fraction, page_size=cfg.page_size, timeout_s=cfg.tp_timeout,
             )  # fmt: skip
+        setup_s = time.perf_counter() - t_start  # the device profile, the tokenizer, TP followers
         try:
             self._start(model_path, max_context, max_positions, tp)
+            self.startup: dict[str, float] = {"engine_setup": setup_s, **self.startup}
         except BaseException:
             if self.followers is not None:
                 self.followers.close(1)
@@ -141,8 +143,8 @@ class Engine:
             "graph capture %.1f s, warm-up %.1f s",
             p.device, str(p.dtype).removeprefix("torch."), p.attention_backend, p.ops,
             f"up to batch {p.graph_max_bs}" if p.cuda_graph else "off",
-            time.perf_counter() - t_start, self.startup["load_s"], self.startup["graphs_s"],
-            self.startup["warmup_s"],
+            time.perf_counter() - t_start, self.startup["weight_load"] + self.startup["kv_allocation"],
+            self.startup["graph_capture"], self.startup["kernel_compilation"] + self.startup["warmup"],
         )  # fmt: skip
 
     def _start(
@@ -153,6 +155,7 @@ class Engine:
         cfg, dev, followers = self.config, self.profile.device, self.followers
         t_start = time.perf_counter()
         model = load_model(model_path, self.model_config, dev, max_positions, tp=tp)
+        t_loaded = time.perf_counter()
         per_token = model.local_config.kv_bytes_per_token()
         # Rank 0's penalty tables are allocated on the first penalised request: room kept for them.
         penalties = PenaltyState.table_bytes(cfg.max_running_requests + 1, self.model_config.vocab_size)
@@ -214,10 +217,17 @@ class Engine:
         )
         self._ids = itertools.count()
         self._closed = False
-        self.startup = {"load_s": time.perf_counter() - t_start, "graphs_s": 0.0, "warmup_s": 0.0}
+        # Seconds per start-up phase (startup.py names them; the process's own come from __main__).
+        self.startup = {
+            "weight_load": t_loaded - t_start,
+            "kv_allocation": time.perf_counter() - t_loaded,  # the pool, tables, runner, loop
+            "graph_capture": 0.0,
+            "kernel_compilation": 0.0,
+            "warmup": 0.0,
+        }
         if followers is not None and self.runner.graphs.capture_graphs:
             followers.capture()  # every rank captures at once: the graphs hold collectives
-        self.startup["graphs_s"] = self.runner.capture_graphs()  # CUDA; nothing on CPU
+        self.startup["graph_capture"] = self.runner.capture_graphs()  # CUDA; nothing on CPU
         if cfg.warmup:
             self.warmup()
 
@@ -316,11 +326,15 @@ class Engine:
             while not self.scheduler.idle or self.loop.busy:
                 self.loop.step()
             self.loop.drain()
+            if i == 0:  # the first request: kernels compiled (or loaded from the JIT cache), first uses
+                if self.profile.device.type == "cuda":
+                    torch.cuda.synchronize(self.profile.device)
+                self.startup["kernel_compilation"] = time.perf_counter() - t1
         cache = self.scheduler.kv.cache
         cache.evict(cache.evictable_size)  # serving starts from an empty cache (block events need it)
         if self.profile.device.type == "cuda":
             torch.cuda.synchronize(self.profile.device)
-        self.startup["warmup_s"] = time.perf_counter() - t1
+        self.startup["warmup"] = time.perf_counter() - t1 - self.startup["kernel_compilation"]
 
     # ------------------------------------------------------------------ API
     def generate(

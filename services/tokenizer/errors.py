@@ -11,6 +11,7 @@ from typing import TypedDict
 
 import grpc
 
+from radixserve.common.sampling import SamplingError, SamplingParams
 from radixserve.tokenizer.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,13 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
+        """``retry_after``: seconds the client should wait before retrying (HTTP's Retry-After; a 503
+        without one gets the default)."""
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.retry_after = retry_after
 
     def body(self) -> ErrorBody:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -103,3 +108,15 @@ class ClientErrorLog:
         field = f" field={e.param}" if e.param else ""
         log.info("refused %d %s %s%s: %s%s", e.status, method, path, field, e.message, more)
         return True
+
+
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens"}  # SamplingParams' names where the API's differ
+
+
+def validate_sampling(sp: SamplingParams) -> None:
+    """SamplingParams.validate, a failure a 400 naming the field: the same ranges and words for HTTP,
+    gRPC and the Engine."""
+    try:
+        sp.validate()
+    except SamplingError as e:
+        raise ApiError(400, str(e), param=_OPENAI_NAMES.get(e.param, e.param)) from e

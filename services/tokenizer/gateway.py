@@ -20,15 +20,16 @@ import grpc
 
 from radixserve.common.prefix_index import InMemoryPrefixIndex, open_index
 from radixserve.common.rpc import pb
-from radixserve.common.sampling import SamplingError, SamplingParams
+from radixserve.common.sampling import SamplingParams
 from radixserve.common.service_config import GatewayConfig
 from radixserve.common.tls import TLS
 from radixserve.common.wire import sampling_to_proto
 from radixserve.tokenizer.auth import ApiKeys
-from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable
+from radixserve.tokenizer.errors import ApiError, error_from_grpc, retryable, validate_sampling
 from radixserve.tokenizer.metrics import GatewayMetrics
 from radixserve.tokenizer.openai_api.response_store import ResponseStore, open_store
 from radixserve.tokenizer.routing.failover import Failover, failover_error
+from radixserve.tokenizer.routing.hold_queue import GatewayReport, HoldQueue
 from radixserve.tokenizer.routing.router import Router, make_router
 from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle, SchedulerPool, discovers
 from radixserve.tokenizer.routing.scheduler_request import (
@@ -47,17 +48,6 @@ log = logging.getLogger(__name__)
 # another way (scheduler -> detokenizer -> here) and can arrive just after: its requests get this
 # long to end before they are handled as a pod's that went away (moved, or failed).
 DRAINED_GRACE_S = 5.0
-
-_OPENAI_NAMES = {"max_new_tokens": "max_tokens"}  # SamplingParams' names where the API's differ
-
-
-def validate_sampling(sp: SamplingParams) -> None:
-    """SamplingParams.validate, a failure a 400 naming the field: the same ranges and words for HTTP,
-    gRPC and the Engine."""
-    try:
-        sp.validate()
-    except SamplingError as e:
-        raise ApiError(400, str(e), param=_OPENAI_NAMES.get(e.param, e.param)) from e
 
 
 class Gateway:
@@ -97,6 +87,10 @@ class Gateway:
         )
         self.router: Router = make_router(routing, self.index, model_name)
         self.metrics = GatewayMetrics(model_name)
+        # No scheduler serving (scaled to zero, starting): requests wait here (--hold-timeout).
+        hold = config.max_held_requests, config.hold_timeout
+        self.hold = HoldQueue(*hold, lambda: bool(self.candidates()), self.metrics.held.set)
+        self.report = None if memory is not None else GatewayReport(routing, self.reply_to, self.hold)
         self.live_in_index: set[str] | None = None  # Redis: pods with a live heartbeat (None: unknown)
         self.choices: dict[str, SchedulerRequest] = {}  # live rids of this gateway
         self.failover = Failover(self, config.max_failovers)  # streams that lose their pod mid-way
@@ -113,6 +107,8 @@ class Gateway:
         for t in list(self._background):
             t.cancel()
         await self.pool.close()
+        if self.report is not None:
+            await asyncio.to_thread(self.report.withdraw)
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.create_task(coro)
@@ -128,6 +124,9 @@ class Gateway:
                 self.live_in_index = set(await asyncio.to_thread(self.index.live_pods))
                 if self.discover:  # not while Redis is unreachable: the pods' streams tell then
                     await self.pool.discovered(self.live_in_index)
+                self.hold.wake()  # a pod whose heartbeat came back (scheduler_up is the usual way)
+                if self.report is not None:  # what the operator scales from zero on
+                    await asyncio.to_thread(self.report.publish, len(self.choices))
                 dead = await asyncio.to_thread(self.index.sweep)
                 if dead:
                     log.warning("pods with expired heartbeats removed from the prefix index: %s", dead)
@@ -421,7 +420,9 @@ class Gateway:
 
     def scheduler_up(self, h: SchedulerHandle) -> None:
         """``h`` reports again: what could not be aborted on it while it was away is aborted now (a
-        pod that was only paused still holds those requests; a restarted one ignores the rids)."""
+        pod that was only paused still holds those requests; a restarted one ignores the rids). The
+        requests held for want of a scheduler go now."""
+        self.hold.wake()
         if h.pending_aborts:
             pending, h.pending_aborts = h.pending_aborts, {}
             for reason in set(pending.values()):

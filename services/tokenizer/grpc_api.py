@@ -16,8 +16,8 @@ from radixserve.common.rpc import pb, pb_grpc
 from radixserve.common.sampling import SamplingParams
 from radixserve.common.wire import sampling_from_proto
 from radixserve.tokenizer.auth import MISSING_GRPC
-from radixserve.tokenizer.errors import ApiError
-from radixserve.tokenizer.gateway import Gateway, validate_sampling
+from radixserve.tokenizer.errors import ApiError, validate_sampling
+from radixserve.tokenizer.gateway import Gateway
 from radixserve.tokenizer.openai_api.requests import COMPLETIONS_DEFAULT_MAX_TOKENS, logit_bias_ids
 from radixserve.tokenizer.session import Output, RequestSession
 from radixserve.tokenizer.tracing import inference_span
@@ -70,7 +70,7 @@ class GatewayService(pb_grpc.GatewayServicer):
                 s = request.sampling
                 skip = s.skip_special_tokens if s.HasField("skip_special_tokens") else True
                 session.trace.child("tokenize", session.trace.start, time.monotonic())
-                await session.submit([ids], sp, 1, skip)
+                await session.submit([ids], sp, 1, skip, deadline_s=context.time_remaining())
                 whole = pb.GenerateResponse()  # a non-streamed call's one response, built up
                 parts: list[str] = []  # its text (joined once: protobuf strings do not grow in place)
                 async for outputs in session:

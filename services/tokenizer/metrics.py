@@ -76,6 +76,13 @@ class GatewayMetrics:
         self.in_flight = Gauge(
             "radixserve_requests_in_flight", "Client requests being served", model, registry=r
         ).labels(model_name)
+        # The activation signal of scale to zero (KEDA's trigger; the operator reads it from Redis).
+        self.held = Gauge(
+            "radixserve_held_requests",
+            "Requests waiting at the gateway for a scheduler to come up (--hold-timeout)",
+            model,
+            registry=r,
+        ).labels(model_name)
 
     def _gateway_series(self) -> None:
         r = self.registry

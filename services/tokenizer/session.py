@@ -105,14 +105,23 @@ class RequestSession:
         return self._done
 
     async def submit(
-        self, prompts: Sequence[list[int]], sp: SamplingParams, n: int = 1, skip_special_tokens: bool = True
+        self,
+        prompts: Sequence[list[int]],
+        sp: SamplingParams,
+        n: int = 1,
+        skip_special_tokens: bool = True,
+        deadline_s: float | None = None,
     ) -> None:
-        """``n`` choices of each prompt to the schedulers; raises ApiError (and the session ends)."""
+        """``n`` choices of each prompt to the schedulers; raises ApiError (and the session ends).
+        ``deadline_s``: the seconds the client still waits, if it said (a gRPC deadline)."""
         try:
-            for p, ids in enumerate(prompts):
-                self._choices += await self.gw.submit(
-                    self.rid, ids, sp, n, skip_special_tokens, self.trace, self._queue, p
-                )
+            # No scheduler serving: the request waits its turn for one (--hold-timeout), all its prompts.
+            async with self.gw.hold.turn(deadline_s) as held:
+                self.trace.held(held)
+                for p, ids in enumerate(prompts):
+                    self._choices += await self.gw.submit(
+                        self.rid, ids, sp, n, skip_special_tokens, self.trace, self._queue, p
+                    )
         except BaseException as e:  # refused, cancelled (the client went away), or a bug
             # What was submitted of it must not run on: the session ends here.
             err = self._client_error(e)

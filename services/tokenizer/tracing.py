@@ -28,6 +28,7 @@ from radixserve.common import telemetry
 from radixserve.tokenizer.routing.router import Decision
 
 if TYPE_CHECKING:
+    from radixserve.tokenizer.routing.hold_queue import Held
     from radixserve.tokenizer.session import Usage
 
 Attributes = Mapping[str, AttributeValue]
@@ -96,6 +97,12 @@ class RequestTrace:
             }
             self.child("route", start, end, attrs)
             self.span.set_attributes(attrs)
+
+    def held(self, held: Held | None) -> None:
+        """The request waited for a scheduler (gateway's hold queue): a ``hold`` span, and how long."""
+        if self.on and held is not None:
+            self.child("hold", held.since, held.until, {"radixserve.hold.ahead": held.position})
+            self.span.set_attribute("radixserve.held_s", held.until - held.since)
 
     def result(self) -> None:
         now = time.monotonic()

@@ -83,6 +83,7 @@ def test_config_map_holds_the_engine_settings_as_radixserve_variables() -> None:
         "kind": "ConfigMap",
         "metadata": meta("llm-engine", "config"),
         "data": {
+            "FLASHINFER_WORKSPACE_BASE": "/cache/compiled",
             "HOME": "/cache",
             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4317",
             "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
@@ -96,6 +97,8 @@ def test_config_map_holds_the_engine_settings_as_radixserve_variables() -> None:
             "RADIXSERVE_MODEL": "/models/llama-8b",
             "RADIXSERVE_PAGE_SIZE": "16",
             "RADIXSERVE_ROUTER": "cache-aware",
+            "TORCHINDUCTOR_CACHE_DIR": "/cache/compiled/inductor",  # compiled kernels: the pod's cache
+            "TRITON_CACHE_DIR": "/cache/compiled/triton",
         },
     }
 

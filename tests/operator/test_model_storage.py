@@ -242,3 +242,27 @@ def test_every_model_kind_builds_valid_kubernetes(version: str) -> None:
     ):
         for obj in build_all(ctx(model)):
             kv.validate(obj, version, strict=True)
+
+
+def test_compiled_kernels_live_on_the_model_cache_where_the_model_is_downloaded() -> None:
+    """flashinfer's JIT cache (and Triton's, Inductor's) on the cache volume: a scheduler that starts
+    again on it (scale to zero and back) compiles nothing. Without a download, the pod's /cache."""
+    model = {"uri": "s3://weights/llama-8b", "cache": {"pvc": {"claimName": "model-cache"}}}
+    p = pod(model)
+    mounts = p["containers"][0]["volumeMounts"]
+    assert {"name": "model", "mountPath": "/compile-cache", "subPath": ".compiled"} in mounts  # writable
+    data = config_map(ctx(model))["data"]
+    assert data["FLASHINFER_WORKSPACE_BASE"] == "/compile-cache"
+    assert data["TRITON_CACHE_DIR"] == "/compile-cache/triton"
+    local = config_map(ctx({"path": "demo"}))["data"]
+    assert local["FLASHINFER_WORKSPACE_BASE"] == "/cache/compiled"
+
+
+def test_the_compile_cache_folder_is_never_an_entry_the_size_limit_evicts(tmp_path) -> None:
+    from radixserve.common.model_cache import COMPILED, ModelCache
+
+    (tmp_path / COMPILED).mkdir()
+    (tmp_path / COMPILED / "kernel.so").write_bytes(b"x" * 100)
+    (tmp_path / "entry").mkdir()
+    (tmp_path / "entry" / "w.bin").write_bytes(b"x" * 10)
+    assert ModelCache(tmp_path, 1).usage() == 10  # the model's bytes only

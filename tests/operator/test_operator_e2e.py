@@ -334,6 +334,43 @@ async def test_autoscaler_follows_reported_load_within_bounds(harness: Harness) 
     assert harness.obj(DEPLOY, "default", "auto-gateway")["spec"]["template"] == gateway["spec"]["template"]
 
 
+async def test_scale_to_zero_and_back_on_the_gateways_held_requests(harness: Harness) -> None:
+    """Mode operator with minReplicas 0: idle scaleToZeroAfter seconds -> 0 schedulers (each drains at
+    its SIGTERM within the StatefulSet's grace period); a gateway's held requests in Redis -> 1."""
+    auto = {"mode": "operator", "minReplicas": 0, "maxReplicas": 2, "scaleToZeroAfter": 1}
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "redis-url", "namespace": "default"}}
+    secret["data"] = {"url": base64.b64encode(b"redis://ext:6379/1").decode()}
+    await harness.call(harness.kube.apply, secret)
+    redis = {"mode": "external", "urlSecretRef": {"name": "redis-url"}}
+    sched = {**CPU, "replicas": 1, "drainTimeoutSeconds": 20, "autoscaling": auto}
+    tokenizer = {"holdTimeoutSeconds": 300}
+    await harness.call(harness.kube.apply, isvc("zero", scheduler=sched, tokenizer=tokenizer, redis=redis))
+    await harness.until(lambda: harness.obj(STS, "default", "zero-scheduler") is not None, what="schedulers")
+    sts = harness.obj(STS, "default", "zero-scheduler")
+    assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 35  # the drain fits
+    assert env(harness.obj(DEPLOY, "default", "zero-gateway"))["RADIXSERVE_HOLD_TIMEOUT"] == "300"
+    pod = "zero-scheduler-0.zero-scheduler.default.svc:50051"
+    harness.loads.by_pod[pod] = {"waiting": 0, "running": 1}  # busy: stays at one
+    await asyncio.sleep(2)
+    assert harness.obj(STS, "default", "zero-scheduler")["spec"]["replicas"] == 1
+    harness.loads.by_pod[pod] = {"waiting": 0, "running": 0}  # idle for scaleToZeroAfter: to zero
+    await harness.until(
+        lambda: harness.obj(STS, "default", "zero-scheduler")["spec"]["replicas"] == 0, what="0 schedulers"
+    )
+    del harness.loads.by_pod[pod]  # its heartbeat went with it
+    harness.loads.by_gateway["10.1.2.3:50050"] = {"held": 0, "in_flight": 0}
+    await asyncio.sleep(1.5)  # nothing held: it stays at zero
+    assert harness.obj(STS, "default", "zero-scheduler")["spec"]["replicas"] == 0
+    harness.loads.by_gateway["10.1.2.3:50050"] = {"held": 2, "in_flight": 0}  # a request came
+    await harness.until(
+        lambda: harness.obj(STS, "default", "zero-scheduler")["spec"]["replicas"] == 1, what="back to 1"
+    )
+    await harness.until(
+        lambda: harness.obj(ISVC, "default", "zero")["status"]["autoscaling"]["held"] == 2, what="status"
+    )
+    assert harness.obj(ISVC, "default", "zero")["status"]["schedulerReplicas"] == 1
+
+
 async def test_python_m_radixserve_operator_serves_the_same_handlers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -151,3 +151,90 @@ def test_switching_to_external_drops_only_the_operators_claim_on_replicas() -> N
     released = {"metadata": {"resourceVersion": "43", "managedFields": patch["metadata"]["managedFields"]}}
     assert replicas_release(released) is None  # nothing left to release
     assert replicas_release({"metadata": {}}) is None  # an API without managedFields (the emulator)
+
+
+# ----------------------------------------------------------------------------- scale to zero
+ZERO = {"mode": "operator", "minReplicas": 0, "maxReplicas": 3, "scaleToZeroAfter": 60}
+HOLD = {"holdTimeoutSeconds": 120, "maxHeldRequests": 64}
+SCHED = "llm-scheduler-0.llm-scheduler.prod.svc:50051"
+
+
+def _zero_ctx(replicas: int, auto: dict[str, Any] = ZERO) -> Any:
+    return ctx({**SPEC, "scheduler": {**SPEC["scheduler"], "autoscaling": auto}, "tokenizer": HOLD}, replicas)
+
+
+def test_held_requests_bring_the_schedulers_from_zero_and_idle_takes_them_back() -> None:
+    from radixserve.operator.scaling import Stabilizer, StaticLoadSource
+    from radixserve.operator.scheduler_scale import autoscale
+
+    source, stab = StaticLoadSource(), Stabilizer()
+    # At zero nothing waits anywhere: it stays at zero (no scheduler heartbeats, no held requests).
+    source.by_gateway = {"10.0.0.5:50050": {"held": 0, "in_flight": 0}}
+    assert autoscale(_zero_ctx(0), source, stab, {}, now=0)[0] == 0
+    # A gateway holds a request: to minReplicas-at-load (1) at once, no stabilization window.
+    source.by_gateway["10.0.0.5:50050"] = {"held": 3, "in_flight": 0}
+    n, decision, said = autoscale(_zero_ctx(0), source, stab, {}, now=1)
+    assert n == 1 and decision["held"] == 3 and "0 -> 1 (3 requests held" in said
+    # Serving: requests keep the idle clock at zero.
+    source.by_gateway["10.0.0.5:50050"] = {"held": 0, "in_flight": 2}
+    source.by_pod = {SCHED: {"waiting": 0, "running": 2}}
+    assert autoscale(_zero_ctx(1), source, stab, {}, now=30)[0] == 1
+    source.by_gateway["10.0.0.5:50050"] = {"held": 0, "in_flight": 0}
+    source.by_pod = {SCHED: {"waiting": 0, "running": 0}}
+    assert autoscale(_zero_ctx(1), source, stab, {}, now=89)[0] == 1  # idle 59 s < 60
+    n, decision, said = autoscale(_zero_ctx(1), source, stab, {}, now=91)
+    assert n == 0 and decision["desiredReplicas"] == 0 and "no requests for 61 s" in said
+    # The decision holds through the count in force (status), not clamped back to 1.
+    zero = spec(scheduler={"replicas": 1, "autoscaling": ZERO}, tokenizer=HOLD)
+    assert scheduler_replicas(zero, {"autoscaling": {"desiredReplicas": 0}}) == 0
+
+
+def test_never_below_one_without_scale_to_zero_after() -> None:
+    from radixserve.operator.scaling import Stabilizer, StaticLoadSource
+    from radixserve.operator.scheduler_scale import autoscale
+
+    auto = {"mode": "operator", "minReplicas": 1, "maxReplicas": 3, "scaleDownStabilizationSeconds": 0}
+    source, stab = StaticLoadSource(by_pod={SCHED: {"waiting": 0, "running": 0}}), Stabilizer()
+    for now in (0, 1000, 100_000):  # idle for days: still one
+        assert autoscale(_zero_ctx(1, auto), source, stab, {}, now=now)[0] == 1
+    plain = spec(scheduler={"replicas": 1, "autoscaling": auto})
+    assert scheduler_replicas(plain, {"autoscaling": {"desiredReplicas": 0}}) == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (
+            {"scheduler": {"autoscaling": {**ZERO, "scaleToZeroAfter": None}}, "tokenizer": HOLD},
+            "minReplicas 0 needs scaleToZeroAfter",
+        ),
+        ({"scheduler": {"autoscaling": ZERO}}, "need tokenizer.holdTimeoutSeconds above 0"),
+        (
+            {"scheduler": {"autoscaling": {"mode": "external", "scaleToZeroAfter": 60}}, "tokenizer": HOLD},
+            "scaleToZeroAfter is the built-in autoscaler's: mode is external",
+        ),
+    ],
+)
+def test_scale_to_zero_that_cannot_work_is_a_problem(fields: dict[str, Any], words: str) -> None:
+    fields["scheduler"]["autoscaling"] = {
+        k: v for k, v in fields["scheduler"]["autoscaling"].items() if v is not None
+    }
+    problems = validate(spec(**fields), None, "redis://r")
+    assert any(words in p.message for p in problems), problems
+
+
+def test_scale_to_zero_is_sound_with_a_hold_and_the_crd_says_the_rules() -> None:
+    assert validate(spec(scheduler={"autoscaling": ZERO}, tokenizer=HOLD), None, "redis://r") == []
+    root = crds.INFERENCE_SERVICE_SPEC
+    (hold_rule,) = root["x-kubernetes-validations"]
+    assert "holdTimeoutSeconds > 0" in hold_rule["rule"] and "minReplicas != 0" in hold_rule["rule"]
+    auto = root["properties"]["scheduler"]["properties"]["autoscaling"]
+    assert auto["properties"]["minReplicas"]["minimum"] == 0
+    assert any("has(self.scaleToZeroAfter)" in r["rule"] for r in auto["x-kubernetes-validations"])
+    # The deprecated field keeps its floor of one.
+    assert root["properties"]["autoscaling"]["properties"]["minReplicas"]["minimum"] == 1
+    # The gateway gets the hold settings.
+    gateway = gateway_deployment(_zero_ctx(1))
+    env = {e["name"]: e.get("value") for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RADIXSERVE_HOLD_TIMEOUT"] == "120" and env["RADIXSERVE_MAX_HELD_REQUESTS"] == "64"
+    assert scheduler_statefulset(_zero_ctx(0))["spec"]["replicas"] == 0

@@ -21,7 +21,15 @@ linear-attention tensors are placed by model/linear_weights.py.
 from __future__ import annotations
 
 import json
+import os
+import struct
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -150,6 +158,7 @@ def load_model(
             fp8, params, unfilled, place, lambda n: checkpoint_slice(n, cfg, layout), read_part, place_moe
         )
     )
+    reads = ParallelReads()  # tensors taken whole: read from the files straight into their parameters
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
@@ -172,7 +181,10 @@ def load_model(
                 if rows is None and part is not None and part[0] == 0:
                     rows = part[2] - part[1]  # a vocabulary slice: the last rank's is short
                 index = () if rows is None else (slice(start, start + rows),)
-                _fill(name, read_part(f, name, part), target_name, index, params, unfilled, file.name)
+                claim = partial(fill, params, unfilled, target_name, index, name=name, copy=False)
+                if part is not None or not reads.queue(file, name, claim):  # else: read with the others
+                    _fill(name, read_part(f, name, part), target_name, index, params, unfilled, file.name)
+    reads.run()
     missing = sorted({missing_tensor(name, rows, cfg.arch) for name, rows in unfilled.items() if rows.any()})
     if missing:
         raise ValueError(f"checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -180,6 +192,133 @@ def load_model(
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()  # what loading left in torch's cache is free memory for the KV pool
     return model.eval()
+
+
+# ----------------------------------------------------------------------------- reading the files
+# safetensors' mmap path copies each tensor from the page cache into its parameter one page fault at a
+# time, on one thread (docs/reliability.md, cold start, has the figures against `cat`). A tensor this
+# rank takes whole is instead read with pread straight into its parameter (on a GPU through a pinned
+# buffer), in chunks spread over a few threads: pread releases the GIL and the kernel copies into the
+# final memory.
+READ_CHUNK_BYTES = 64 << 20
+READ_THREADS = 4
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTensor:
+    """Where a tensor lies in a .safetensors file: its bytes at ``offset`` (from the file's start)."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    def empty(self) -> torch.Tensor:
+        """A meta tensor of its shape (what ``fill`` checks against the parameter)."""
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+
+def read_header(file: Path) -> dict[str, StoredTensor]:
+    """The tensors of a .safetensors file whose dtype torch has (8-byte little-endian header length,
+    the JSON header, then the data); others are left to safetensors' own reader."""
+    with open(file, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    out = {}
+    for name, t in header.items():
+        dtype = _DTYPES.get(t.get("dtype", "")) if name != "__metadata__" else None
+        if dtype is not None:
+            begin, end = t["data_offsets"]
+            out[name] = StoredTensor(dtype, tuple(t["shape"]), 8 + n + begin, end - begin)
+    return out
+
+
+class ParallelReads:
+    """Reads queued tensors from their files into their targets on ``READ_THREADS`` threads: into a
+    CPU parameter directly, into a device parameter through a pinned buffer per thread (reused, so
+    its pages are faulted in once, and host memory stays bounded). A tensor stored in another dtype
+    than its parameter's is read at once, into a buffer converted into its place: one such buffer at
+    a time, as safetensors' own path held."""
+
+    def __init__(self) -> None:
+        self._jobs: list[tuple[Path, StoredTensor, torch.Tensor]] = []
+        self._staging = threading.local()
+        self._headers: dict[Path, dict[str, StoredTensor]] = {}
+
+    def add(self, file: Path, stored: StoredTensor, target: torch.Tensor) -> None:
+        if target.dtype == stored.dtype and target.is_contiguous():
+            self._jobs.append((file, stored, target))
+            return
+        buffer = torch.empty(stored.shape, dtype=stored.dtype)
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            _pread_fully(fd, _bytes(buffer.reshape(-1).view(torch.uint8)), stored.offset)
+        finally:
+            os.close(fd)
+        with torch.no_grad():
+            target.copy_(buffer)
+
+    def queue(self, file: Path, name: str, claim: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+        """Queue tensor ``name`` of ``file`` for its place, ``claim(a meta tensor of its shape and
+        dtype)`` (which checks it); False, nothing queued, for a dtype torch has not."""
+        if file not in self._headers:
+            self._headers[file] = read_header(file)
+        stored = self._headers[file].get(name)
+        if stored is None:
+            return False
+        self.add(file, stored, claim(stored.empty()))
+        return True
+
+    def run(self) -> None:
+        if not self._jobs:
+            return
+        files = sorted({file for file, _, _ in self._jobs})
+        fds = {file: os.open(file, os.O_RDONLY) for file in files}
+        chunks: list[tuple[int, int, torch.Tensor]] = []  # (fd, file offset, destination bytes)
+        try:
+            for file, stored, target in self._jobs:
+                raw = target.detach().reshape(-1).view(torch.uint8)  # the bytes, written in place
+                for at in range(0, stored.nbytes, READ_CHUNK_BYTES):
+                    chunks.append((fds[file], stored.offset + at, raw[at : at + READ_CHUNK_BYTES]))
+            with ThreadPoolExecutor(READ_THREADS) as pool:
+                list(pool.map(self._read_chunk, chunks))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        self._jobs.clear()
+
+    def _read_chunk(self, chunk: tuple[int, int, torch.Tensor]) -> None:
+        fd, offset, dest = chunk
+        if dest.device.type == "cpu":
+            _pread_fully(fd, _bytes(dest), offset)
+            return
+        staging: torch.Tensor | None = getattr(self._staging, "buffer", None)
+        if staging is None:
+            staging = self._staging.buffer = torch.empty(READ_CHUNK_BYTES, dtype=torch.uint8).pin_memory()
+        part = staging[: dest.numel()]
+        _pread_fully(fd, _bytes(part), offset)
+        dest.copy_(part)  # synchronous: the buffer is this thread's next chunk's
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    """A uint8 CPU tensor's memory, writable in place."""
+    array: Any = t.numpy()  # numpy's stubs do not say ndarray is a Buffer
+    return memoryview(array)
+
+
+def _pread_fully(fd: int, into: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(into):
+        n = os.preadv(fd, [into[done:]], offset + done)
+        if n <= 0:
+            raise ValueError(f"checkpoint file ended {len(into) - done} bytes early (truncated?)")
+        done += n
 
 
 def _fill(

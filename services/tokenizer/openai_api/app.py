@@ -42,7 +42,7 @@ from radixserve.tokenizer.openai_api.choices import (
     finish_reason,
 )
 from radixserve.tokenizer.openai_api.fields import CHAT, COMPLETIONS, refused
-from radixserve.tokenizer.openai_api.http_util import event_stream, unless_gone
+from radixserve.tokenizer.openai_api.http_util import event_stream, submitted, unless_gone
 from radixserve.tokenizer.openai_api.responses_route import add_response_routes
 from radixserve.tokenizer.openai_api.tokenize import add_routes, model_card
 from radixserve.tokenizer.session import Output, RequestSession
@@ -83,7 +83,8 @@ def build_app(gw: Gateway) -> FastAPI:
 
 
 def _error(e: ApiError) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 503 else None
+    retry_after = e.retry_after if e.retry_after is not None else RETRY_AFTER_S if e.status == 503 else None
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
@@ -137,8 +138,13 @@ class OpenAIRoutes:
     # ------------------------------------------------------------------------------ endpoints
     async def health(self) -> JSONResponse:
         up = {h.address: h.healthy for h in self.gw.pool.handles}
-        ok = any(up.values())
-        return JSONResponse({"status": "ok" if ok else "no scheduler", "schedulers": up}, 200 if ok else 503)
+        if any(up.values()):
+            return JSONResponse({"status": "ok", "schedulers": up})
+        # Holding requests (scale to zero), the gateway serves without a scheduler: it stays ready.
+        hold = self.gw.hold
+        if hold.enabled:
+            return JSONResponse({"status": "holding", "schedulers": up, "held": hold.held})
+        return JSONResponse({"status": "no scheduler", "schedulers": up}, 503)
 
     async def prometheus(self) -> Response:
         self.metrics.schedulers_up.set(sum(h.healthy for h in self.gw.pool.handles))
@@ -204,7 +210,12 @@ class OpenAIRoutes:
         session = RequestSession(self.gw, name, request.headers, attributes, start=tokenized[0])
         session.trace.annotate({"gen_ai.response.id": resp.response_id(session.rid, chat)})
         session.trace.child("tokenize", *tokenized, {"radixserve.prompts": len(prompts)})
-        await session.submit(prompts, sp, body.n, body.skip_special_tokens)  # failing, it ends the session
+        # Failing, it ends the session; a client that leaves while it is held (no scheduler yet) too.
+        if not await submitted(
+            request, session.submit(prompts, sp, body.n, body.skip_special_tokens), self.gw.hold.enabled
+        ):
+            self.metrics.requests.labels(path, "499").inc()
+            return Response(status_code=499)
         if body.stream:
             usage = _StreamUsage(body.include_usage, body.continuous_usage)
             return event_stream(_stream(session, out, usage, path))

@@ -33,5 +33,20 @@ async def unless_gone(request: Request, work: Coroutine[object, object, T]) -> T
     return done_task.result()
 
 
+async def submitted(request: Request, submitting: Coroutine[object, object, None], watch: bool) -> bool:
+    """Runs ``submitting``; False when the client went away first (it is cancelled then). ``watch``:
+    whether to look for that at all (a request held for want of a scheduler may wait long enough for
+    its client to leave; without the hold a submission is over in milliseconds)."""
+    if not watch:
+        await submitting
+        return True
+
+    async def done() -> bool:
+        await submitting
+        return True
+
+    return await unless_gone(request, done()) is not None
+
+
 def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)

@@ -31,7 +31,7 @@ from radixserve.tokenizer.openai_api.chat_plan import ChatPlan, plan_chat
 from radixserve.tokenizer.openai_api.chat_request import ChatCompletionRequest
 from radixserve.tokenizer.openai_api.choices import ChatAnswer, ChatChoiceState, ChatStep, chat_answer
 from radixserve.tokenizer.openai_api.fields import RESPONSES, refused
-from radixserve.tokenizer.openai_api.http_util import event_stream, unless_gone
+from radixserve.tokenizer.openai_api.http_util import event_stream, submitted, unless_gone
 from radixserve.tokenizer.openai_api.response_store import ResponseStore, StoredResponse, owner_of
 from radixserve.tokenizer.session import RequestSession, Usage
 from radixserve.tokenizer.tracing import inference_span
@@ -82,7 +82,12 @@ class ResponsesRoutes:
         response_id = f"resp_{session.rid}"
         session.trace.annotate({"gen_ai.response.id": response_id})
         session.trace.child("tokenize", *plan.tokenized, {"radixserve.prompts": 1})
-        await session.submit([plan.ids], plan.sampling, 1, True)  # failing, it ends the session
+        # Failing, it ends the session; a client that leaves while it is held (no scheduler yet) too.
+        if not await submitted(
+            request, session.submit([plan.ids], plan.sampling, 1, True), self.gw.hold.enabled
+        ):
+            self.gw.metrics.requests.labels(PATH, "499").inc()
+            return Response(status_code=499)
         run = _Run(self.gw, self.store, owner, response_id, body, plan, history, int(time.time()))
         if body.stream:
             return event_stream(run.events(session))
