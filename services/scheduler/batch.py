@@ -12,6 +12,7 @@ import numpy.typing as npt
 from radixserve.scheduler.req import Req
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.memory.radix_cache import KVTransfers
     from radixserve.scheduler.memory.states import StatePlan
 
 
@@ -92,6 +93,8 @@ class ScheduleBatch:
     scores: ScoreLayout | None = None
     constrained: bool = False
     states: StatePlan | None = None  # a hybrid model's state copies and snapshots (memory/states.py)
+    # Host-tier copies to run before the forward (write-backs, then loads: memory/radix_cache.py)
+    kv_transfers: KVTransfers | None = None
 
     @property
     def size(self) -> int:

@@ -176,6 +176,9 @@ class BatchScheduler:
                 self.consecutive_prefills = self.consecutive_prefills + 1 if prefill else 0
                 if self.kv.states is not None:  # a hybrid model: its state copies and snapshots
                     batch.states = self.kv.states.plan(batch)
+                # Copies the host tier queued while this batch took its pages: they run first
+                # (a page written back may be one this batch writes).
+                batch.kv_transfers = self.kv.take_transfers()
                 self._commit(batch)
                 return batch
         return None

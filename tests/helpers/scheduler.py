@@ -34,6 +34,8 @@ class KVEchoRunner:
         self.kv = np.full(scheduler.kv.allocator.pool_slots, -1, dtype=np.int64)
         self.futures: dict[int, int] = {}  # FutureMap: placeholder id -> sampled token
         self.states: dict[int, tuple[int, ...]] = {}  # state slot -> the tokens it has seen
+        self.host: np.ndarray | None = None  # the host KV tier's fake pool
+        self.stored = self.loaded = 0  # tokens copied to and from it
 
     def _states(self, batch: ScheduleBatch) -> None:
         plan, cache = batch.states, self.s.kv.cache
@@ -61,7 +63,22 @@ class KVEchoRunner:
             ids[i] = self.futures[int(-1 - ids[i])]
         return ids
 
+    def _transfers(self, batch: ScheduleBatch) -> None:
+        """The host tier's copies (write-backs, then loads), as the model runner runs them."""
+        t = batch.kv_transfers
+        if t is None:
+            return
+        host = self.s.kv.host
+        assert host is not None, "host-tier copies without a host tier"
+        if self.host is None:
+            self.host = np.full(host.pool_slots, -1, dtype=np.int64)
+        self.host[t.store_dst] = self.kv[t.store_src]
+        self.kv[t.load_dst] = self.host[t.load_src]
+        self.stored += len(t.store_dst)
+        self.loaded += len(t.load_dst)
+
     def forward(self, batch: ScheduleBatch) -> list[int]:
+        self._transfers(batch)
         self.kv[batch.out_slots] = self.resolve(batch.input_ids)
         self._states(batch)
         out = []
@@ -127,9 +144,10 @@ def make_req(rid: str, ids, max_new: int = 8, t: float = 0.0) -> Req:
 
 
 def sched(
-    clock=None, total=4096, page=1, rows=64, ctx=2048, no_cache=False, snapshots=None, **kw
+    clock=None, total=4096, page=1, rows=64, ctx=2048, no_cache=False, snapshots=None, host=0, **kw
 ) -> BatchScheduler:
-    """``snapshots``: a hybrid model's scheduler with that many state snapshots (None: a dense one)."""
+    """``snapshots``: a hybrid model's scheduler with that many state snapshots (None: a dense one);
+    ``host``: tokens of host KV tier (0: none)."""
     mem = MemoryConfig(
         max_total_tokens=total,
         page_size=page,
@@ -138,6 +156,7 @@ def sched(
         disable_radix_cache=no_cache,
         hybrid=snapshots is not None,
         state_snapshots=snapshots or 0,
+        host_kv_tokens=host,
     )
     if clock is None:
         return BatchScheduler(SchedulerConfig(memory=mem, **kw))

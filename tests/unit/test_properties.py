@@ -35,9 +35,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         ratio=st.sampled_from([0.0, 0.3, 0.7]),
         overlap=st.booleans(),
         snapshots=st.sampled_from([None, 0, 2, 8]),
+        host_pages=st.sampled_from([0, 0, 8, 40]),
     )
-    def setup(self, page, pages, policy, chunk, no_cache, fairness, ratio, overlap, snapshots):
-        """``snapshots``: a hybrid model's scheduler (recurrent states, that many prefix snapshots)."""
+    def setup(self, page, pages, policy, chunk, no_cache, fairness, ratio, overlap, snapshots, host_pages):
+        """``snapshots``: a hybrid model's scheduler (recurrent states, that many prefix snapshots);
+        ``host_pages``: a host KV tier of that many pages (dense models)."""
         chunk = None if chunk is None else max(chunk, page)
         mem = MemoryConfig(
             max_total_tokens=pages * page,
@@ -48,6 +50,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             hybrid=snapshots is not None,
             state_snapshots=snapshots or 0,
             snapshot_interval=16,
+            host_kv_tokens=host_pages * page if snapshots is None else 0,
         )
         self.t = 0.0
         cfg = SchedulerConfig(
@@ -127,6 +130,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.s.kv.available() == self.s.kv.capacity
         self.s.kv.cache.evict(self.s.kv.capacity)
         assert self.s.kv.allocator.free_tokens == self.s.kv.capacity
+        host = self.s.kv.host
+        if host is not None:  # the host tier holds at most its size, and gives it all back
+            self.s.kv.check(())
+            self.s.kv.cache.evict_host(host.capacity_tokens)
+            assert host.free_tokens == host.capacity_tokens and self.s.kv.cache.host_size == 0
         hybrid = self.s.kv.states.hybrid if self.s.kv.states is not None else None
         if hybrid is not None:  # every snapshot slot free again (the rows' states: the rows, checked above)
             assert hybrid.snapshots.num_free == hybrid.snapshots.capacity and not hybrid.copies

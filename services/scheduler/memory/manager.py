@@ -4,6 +4,10 @@ It composes the page allocator, the ReqToTokenPool and the prefix cache, and kee
 the accounting invariant checkable at any time:
 
     free + evictable + protected + private pages of live requests == capacity
+
+and, with a host tier (``host_kv_tokens``), every host page is free or one tree node's:
+
+    host free + host_size == host capacity
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import numpy.typing as npt
 from radixserve.common.service_config import ENGINE_DEFAULTS
 from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator, pages_for
 from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache, SnapshotSlots
-from radixserve.scheduler.memory.radix_cache import MatchResult, NoCache, RadixCache
+from radixserve.scheduler.memory.radix_cache import KVTransfers, MatchResult, NoCache, RadixCache, TreeNode
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.memory.state_pool import first_snapshot_slot, zero_slot
 from radixserve.scheduler.memory.states import StateTracker
@@ -36,6 +40,9 @@ class MemoryConfig:
     hybrid: bool = False
     state_snapshots: int = 0
     snapshot_interval: int = 0
+    # The host KV tier (docs/engine.md, "KV tiers"): tokens of host memory for KV evicted from the
+    # device (0: off), in pages of ``page_size``.
+    host_kv_tokens: int = 0
 
 
 class KVCacheManager:
@@ -47,6 +54,11 @@ class KVCacheManager:
         self.allocator = PagedAllocator(config.max_total_tokens // config.page_size, config.page_size)
         rows = config.max_running_requests
         self.req_to_token = ReqToTokenPool(rows, config.max_context_len)
+        self.host: PagedAllocator | None = None
+        if config.host_kv_tokens >= config.page_size and not config.disable_radix_cache:
+            if config.hybrid:
+                raise ValueError("the host KV tier does not serve hybrid models yet (set host KV cache to 0)")
+            self.host = PagedAllocator(config.host_kv_tokens // config.page_size, config.page_size)
         self.cache: RadixCache
         if config.disable_radix_cache:
             self.cache = NoCache(self.allocator, self.req_to_token)
@@ -54,7 +66,7 @@ class KVCacheManager:
             snapshots = SnapshotSlots(first_snapshot_slot(rows), config.state_snapshots)
             self.cache = HybridRadixCache(self.allocator, self.req_to_token, snapshots)
         else:
-            self.cache = RadixCache(self.allocator, self.req_to_token)
+            self.cache = RadixCache(self.allocator, self.req_to_token, self.host)
         self.states = (
             StateTracker(self.cache, zero_slot(rows), config.page_size, config.snapshot_interval)
             if config.hybrid
@@ -85,7 +97,7 @@ class KVCacheManager:
         # A request scoring its prompt needs the logits of every prompt position: it recomputes the
         # prompt rather than reuse cached KV, whose logits were never kept.
         m = self.cache.match_prefix(ids[: 0 if req.scores_prompt else len(ids) - 1])
-        req.match_len = len(m.slots)
+        req.match_len = m.length
         req.last_match = (self.cache.version, m)
         return m
 
@@ -114,13 +126,19 @@ class KVCacheManager:
         return self.available() - self.cache.wanted_evictable_size()
 
     def admit(self, req: Req, m: MatchResult) -> None:
-        """Give ``req`` a table row and lock its matched prefix (no new pages yet)."""
+        """Give ``req`` a table row and lock its matched prefix; a host part of the match gets device
+        pages and its load is queued (``req.cached_len`` says how much of ``m`` it got)."""
         assert req.req_pool_idx is None
         row = self.req_to_token.alloc()
         req.req_pool_idx = row
+        self.cache.lock(m.node)
+        if m.host_node is not None:  # the host part back to the device, before this step's forward
+            loaded = self.cache.load_back(m)
+            self.cache.lock(loaded.node)
+            self.cache.unlock(m.node)
+            m = loaded
         if len(m.slots):
             self.req_to_token.write(row, 0, m.slots)
-        self.cache.lock(m.node)
         req.last_node = m.node
         req.last_match = None
         req.cached_len = req.kv_len = req.alloc_len = len(m.slots)
@@ -196,6 +214,10 @@ class KVCacheManager:
             r.alloc_len += 1
         return slots
 
+    def take_transfers(self) -> KVTransfers | None:
+        """The host-tier copies the next step runs before its forward (None: none)."""
+        return self.cache.take_transfers()
+
     # ------------------------------------------------------------- release
     def cache_written(self, req: Req, upto: int) -> None:
         """After a forward wrote ``req``'s first ``upto`` tokens: hand them to the cache, keep them locked."""
@@ -223,16 +245,23 @@ class KVCacheManager:
         for node in nodes:
             assert len(node) % ps == 0 and len(node) > 0, f"unaligned node {node!r}"
             assert node.lock_ref >= 0
+            assert node.parent is not None
+            assert node.on_device or node.on_host, f"{node!r} is on no tier"
+            for tier in (node.value, node.host_value):
+                assert len(tier) in (0, len(node)), f"{node!r} holds part of its KV"
+            if node.on_device:  # device residency is closed under parents
+                assert node.parent is cache.root or node.parent.on_device, f"{node!r} under a host-only node"
+            else:
+                assert node.lock_ref == 0, f"host-only {node!r} is locked"
             if node.lock_ref:
                 protected += len(node)
-            else:
-                evictable += len(node)
-            if node.lock_ref:
-                assert node.parent is not None
                 assert node.parent is cache.root or node.parent.lock_ref >= node.lock_ref
+            elif node.on_device:
+                evictable += len(node)
             np.add.at(owner, node.value[::ps] // ps, 1)
         assert evictable == cache.evictable_size, (evictable, cache.evictable_size)
         assert protected == cache.protected_size, (protected, cache.protected_size)
+        self._check_host(nodes)
 
         private = 0
         rows = set()
@@ -269,3 +298,29 @@ class KVCacheManager:
         assert total == self.capacity, (total, self.capacity)
         if self.states is not None:
             self.states.check()
+
+    def _check_host(self, nodes: list[TreeNode]) -> None:
+        """Every host page is free or one node's; a node a queued load reads keeps its host copy."""
+        host, cache = self.host, self.cache
+        if host is None:
+            assert not any(n.on_host for n in nodes), "host KV without a host tier"
+            return
+        ps = self.page_size
+        owner = np.zeros(host.num_pages + 1, dtype=np.int32)
+        size = 0
+        for node in nodes:
+            if node.on_host:
+                size += len(node)
+                pages = node.host_value[::ps] // ps
+                expect = host.pages_to_slots(pages)
+                assert np.array_equal(expect, node.host_value), "host slots do not follow their pages"
+                np.add.at(owner, pages, 1)
+        for node in cache.loading:
+            assert node.on_device and node.on_host, f"a queued load of {node!r} has lost a tier"
+        assert size == cache.host_size, (size, cache.host_size)
+        np.add.at(owner, host._stack[: host._top], 1)
+        assert owner[0] == 0 and (owner[1:] == 1).all(), (
+            f"host pages with no owner: {np.flatnonzero(owner[1:] == 0)[:8] + 1}, "
+            f"with several: {np.flatnonzero(owner[1:] > 1)[:8] + 1}"
+        )
+        assert host.free_tokens + cache.host_size == host.capacity_tokens

@@ -27,6 +27,17 @@ leaf: evicting one of those costs its whole prefill again when the request is ad
 Accounting: ``free + evictable + protected + sum(private pages of live requests)``
 equals the pool's capacity after every operation (``KVCacheManager.check``).
 
+Host tier (off unless the cache gets a ``host`` allocator; docs/engine.md, "KV tiers"): a node's KV
+may be on the device (``value``), on the host (``host_value``), or on both. Device residency is
+closed under parents (a node on the device has its whole path on the device), so a path reads
+[device nodes][host-only nodes]. Evicting an unlocked device leaf first copies its KV to host pages
+(write-back; the copy is queued, ``take_transfers``); the node stays in the tree, host-resident.
+``match_prefix`` reports the host part after the device part; ``load_back`` gives it new device
+pages and queues the copies back. Queued copies run before the next step's forward, stores before
+loads: a page freed by a write-back may be a load's destination in the same step. Host pages are
+evicted LRU (locked and wanted nodes last); a host page that a queued load reads is never freed.
+``evictable_size`` and ``protected_size`` count device tokens only; ``host_size`` counts host ones.
+
 Block events (for the cluster's prefix index; off unless ``enable_block_events``): every full
 block of ``block_size`` tokens in the tree has a chained hash (radixserve.common.block_hash) kept
 on the node its last token lives in. Creating a node records ``stored`` for the blocks ending in
@@ -45,7 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from radixserve.common.block_hash import chain
-from radixserve.scheduler.memory.allocator import PagedAllocator
+from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 
 if TYPE_CHECKING:
@@ -57,15 +68,16 @@ _node_ids = itertools.count()
 
 class TreeNode:
     __slots__ = (
-        "blocks", "children", "depth", "id", "key", "last_access", "lock_ref", "parent", "snaps_below",
-        "snapshot", "value",
+        "blocks", "children", "depth", "host_value", "id", "key", "last_access", "lock_ref", "parent",
+        "snaps_below", "snapshot", "value",
     )  # fmt: skip
 
     def __init__(
         self, key: npt.NDArray[np.int32], value: npt.NDArray[np.int64], parent: TreeNode | None
     ) -> None:
         self.key = key  # token ids (int32), length a multiple of page_size
-        self.value = value  # KV slots (int64), same length
+        self.value = value  # device KV slots (int64), same length; empty: not on the device
+        self.host_value = _EMPTY_SLOTS  # host KV slots (int64); empty: not on the host
         self.parent = parent
         self.children: dict[bytes, TreeNode] = {}
         self.lock_ref = 0
@@ -81,6 +93,14 @@ class TreeNode:
     def __len__(self) -> int:
         return len(self.key)
 
+    @property
+    def on_device(self) -> bool:
+        return len(self.value) > 0
+
+    @property
+    def on_host(self) -> bool:
+        return len(self.host_value) > 0
+
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
 
@@ -95,6 +115,24 @@ class MatchResult(NamedTuple):
     slots: npt.NDArray[np.int64]  # KV slots of the matched prefix; len(slots) is the match length
     node: TreeNode  # deepest matched node: the one to lock
     branch: int = 0  # hybrids: where the tokens leave the tree's KV (>= len(slots); memory/hybrid_cache.py)
+    # Host tier: the deepest matched node when the match runs on past ``node`` through host-only
+    # nodes, and how many tokens those hold (``load_back`` brings them to the device).
+    host_node: TreeNode | None = None
+    host_len: int = 0
+
+    @property
+    def length(self) -> int:
+        """Tokens matched on every tier."""
+        return len(self.slots) + self.host_len
+
+
+class KVTransfers(NamedTuple):
+    """Copies between the device and host KV pools to run before a step's forward, stores first."""
+
+    store_src: npt.NDArray[np.int64]  # device slots written back ...
+    store_dst: npt.NDArray[np.int64]  # ... to these host slots
+    load_src: npt.NDArray[np.int64]  # host slots loaded back ...
+    load_dst: npt.NDArray[np.int64]  # ... into these device slots
 
 
 class InsertResult(NamedTuple):
@@ -111,15 +149,36 @@ def common_len(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32], page_size: in
     return n - n % page_size
 
 
+_Copies = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]  # (source slots, destination slots)
+
+
+def _without(pairs: _Copies, slots: npt.NDArray[np.int64], side: int) -> _Copies:
+    """``pairs`` less the copies whose ``side`` (0: source, 1: destination) is in ``slots``."""
+    out = []
+    for pair in pairs:
+        keep = ~np.isin(pair[side], slots)
+        if keep.all():
+            out.append(pair)
+        elif keep.any():
+            out.append((pair[0][keep], pair[1][keep]))
+    return out
+
+
 class RadixCache:
     """Prefix cache: token sequences -> KV slots, LRU eviction of unlocked leaves (wanted ones last)."""
 
     disabled = False
 
-    def __init__(self, allocator: PagedAllocator, req_to_token: ReqToTokenPool) -> None:
+    def __init__(
+        self, allocator: PagedAllocator, req_to_token: ReqToTokenPool, host: PagedAllocator | None = None
+    ) -> None:
+        """``host``: the host KV pool's pages (same page size), None: no host tier."""
         self.allocator = allocator
         self.req_to_token = req_to_token
         self.page_size = allocator.page_size
+        if host is not None and host.page_size != allocator.page_size:
+            raise ValueError("the host KV pool's pages must be the device pool's size")
+        self.host = host
         self.block_size = 0  # 0: no block events
         self._root_block_hash = 0
         self.block_events: list[tuple[str, list[int]]] = []  # ("stored" | "removed" | "cleared", hashes)
@@ -152,6 +211,12 @@ class RadixCache:
         # Nodes on the cached prefixes that waiting requests matched (``want``): evicted last, and
         # the scheduler keeps them out of what it admits new work into.
         self.wanted: set[TreeNode] = set()
+        self.host_size = 0  # tokens in nodes with a host copy
+        if self.host is not None:  # the host pages go back with the nodes
+            self.host.free_pages(np.flatnonzero(~self.host._is_free[1:]) + 1)
+        self._stores: _Copies = []  # queued write-backs
+        self._loads: _Copies = []  # queued load-backs
+        self.loading: set[TreeNode] = set()  # nodes whose host pages a queued load reads
         if self.block_size:
             self.block_events.append(("cleared", []))
 
@@ -167,15 +232,15 @@ class RadixCache:
     def _child_key(self, tokens: npt.NDArray[np.int32]) -> bytes:
         return tokens[: self.page_size].tobytes()
 
-    def _walk(self, tokens: npt.NDArray[np.int32]) -> tuple[TreeNode, int, list[npt.NDArray[np.int64]]]:
+    def _walk(self, tokens: npt.NDArray[np.int32]) -> tuple[TreeNode, int, list[TreeNode]]:
         """Follow ``tokens`` down as far as they match (page aligned), touching the path.
 
         A match that ends inside a node splits it there, so the returned node ends exactly at
-        the returned length. Returns (node, matched length, the slot arrays along the path).
+        the returned length. Returns (node, matched length, the nodes along the path).
         """
         ps = self.page_size
         node, pos, now = self.root, 0, self._tick()
-        parts: list[npt.NDArray[np.int64]] = []
+        path: list[TreeNode] = []
         while pos < len(tokens):
             child = node.children.get(self._child_key(tokens[pos:]))
             if child is None:
@@ -184,17 +249,26 @@ class RadixCache:
             n = common_len(child.key, tokens[pos:], ps)
             if n < len(child):
                 child = self._split(child, n)
-            parts.append(child.value)
+            path.append(child)
             node, pos = child, pos + n
-        return node, pos, parts
+        return node, pos, path
 
     def match_prefix(self, tokens: npt.NDArray[np.integer]) -> MatchResult:
-        """Longest cached prefix of ``tokens`` (page aligned); splits a node a match ends inside."""
+        """Longest cached prefix of ``tokens`` (page aligned); splits a node a match ends inside.
+
+        ``slots``/``node``: its device part; ``host_node``/``host_len``: the host-only part after it.
+        """
         ids = np.asarray(tokens, dtype=np.int32)
-        node, _, parts = self._walk(ids[: len(ids) - len(ids) % self.page_size])
-        if not parts:
-            return MatchResult(_EMPTY_SLOTS, node)
-        return MatchResult(parts[0] if len(parts) == 1 else np.concatenate(parts), node)
+        _, _, path = self._walk(ids[: len(ids) - len(ids) % self.page_size])
+        on_device = sum(1 for n in path if n.on_device)  # a prefix of the path (parents first)
+        node = path[on_device - 1] if on_device else self.root
+        host_len = sum(len(n) for n in path[on_device:])
+        host_node = path[-1] if host_len else None
+        if on_device <= 1:
+            slots = path[0].value if on_device else _EMPTY_SLOTS
+        else:
+            slots = np.concatenate([n.value for n in path[:on_device]])
+        return MatchResult(slots, node, 0, host_node, host_len)
 
     def match_kv(self, tokens: npt.NDArray[np.integer]) -> MatchResult:
         """The longest prefix whose KV is cached (``match_prefix`` itself, but for a hybrid's cache)."""
@@ -204,6 +278,10 @@ class RadixCache:
         """Cut ``child`` after ``n`` tokens; returns the new upper node."""
         assert child.parent is not None and 0 < n < len(child) and n % self.page_size == 0
         upper = TreeNode(child.key[:n], child.value[:n], child.parent)
+        upper.host_value = child.host_value[:n]
+        child.host_value = child.host_value[n:]
+        if child in self.loading:
+            self.loading.add(upper)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
         upper.snaps_below = child.snaps_below  # the same subtree (its snapshot stays with ``child``)
@@ -233,8 +311,16 @@ class RadixCache:
         ids = np.asarray(tokens, dtype=np.int32)
         if len(ids) % ps or len(ids) != len(slots):
             raise ValueError("insert needs a page-aligned key and one slot per token")
-        node, pos, parts = self._walk(ids)
-        present = pos
+        node, pos, path = self._walk(ids)
+        present, start = pos, 0
+        for n in path:
+            if not n.on_device:  # host-only (and so is the rest): it takes the caller's pages
+                present = min(present, start)
+                n.value = np.asarray(slots[start : start + len(n)], dtype=np.int64).copy()
+                self.evictable_size += len(n)
+                self.version += 1
+            start += len(n)
+        parts = [n.value for n in path]
         if pos < len(ids):
             leaf = TreeNode(ids[pos:].copy(), np.asarray(slots[pos:], dtype=np.int64).copy(), node)
             leaf.last_access = self._clock
@@ -308,9 +394,10 @@ class RadixCache:
         """Tokens in wanted nodes that nothing locks: evictable, but waiting requests will hit them."""
         return sum(len(n) for n in self.wanted if n.lock_ref == 0)
 
-    def evict(self, num_tokens: int) -> int:
-        """Free at least ``num_tokens`` tokens from unlocked leaves: leaves nobody waits for first,
-        each group least recently used first.
+    def evict(self, num_tokens: int, write_back: bool = True) -> int:
+        """Free at least ``num_tokens`` device tokens from unlocked device leaves (no child on the
+        device): leaves nobody waits for first, each group least recently used first. With a host
+        tier (and ``write_back``), a leaf's KV is copied to the host first and the node stays.
 
         Returns the number of tokens freed (less when not enough is evictable).
         """
@@ -321,25 +408,154 @@ class RadixCache:
         def entry(n: TreeNode) -> tuple[bool, bool, int, int, TreeNode]:
             return (n in wanted, self._evict_last(n), n.last_access, n.id, n)
 
-        heap = [entry(n) for n in self._leaves() if n.lock_ref == 0]
+        heap = [entry(n) for n in self._device_leaves() if n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
             leaf = heapq.heappop(heap)[-1]
-            parent = leaf.parent
-            assert parent is not None
-            self.allocator.free_slots(leaf.value)
-            del parent.children[self._child_key(leaf.key)]
-            wanted.discard(leaf)
-            self._evicting(leaf)
-            self._blocks_event("removed", leaf)
-            self.evictable_size -= len(leaf)
+            parent = _parent(leaf)
+            if write_back and self.host is not None and not leaf.on_host:
+                self._write_back(leaf)
+            self._free_device(leaf)
+            if not leaf.on_host:
+                self._remove(leaf)
             freed += len(leaf)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent is not self.root and parent.lock_ref == 0 and not self._device_children(parent):
                 heapq.heappush(heap, entry(parent))
         if freed:
             self.version += 1
         return freed
+
+    def _device_children(self, node: TreeNode) -> bool:
+        return any(c.on_device for c in node.children.values())
+
+    def _device_leaves(self) -> list[TreeNode]:
+        return [n for n in self.nodes() if n.on_device and not self._device_children(n)]
+
+    def _free_device(self, node: TreeNode) -> None:
+        """``node`` leaves the device (unlocked); a load queued into its pages is dropped."""
+        self.allocator.free_slots(node.value)
+        if node in self.loading:
+            self._loads = _without(self._loads, node.value, 1)
+            self.loading.discard(node)
+        node.value = _EMPTY_SLOTS
+        self.evictable_size -= len(node)
+
+    def _remove(self, node: TreeNode) -> None:
+        """Take ``node`` and its subtree (host-only, if any) out of the tree, freeing their host pages."""
+        del _parent(node).children[self._child_key(node.key)]
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            assert not n.on_device and n not in self.loading, "removed a node the device still uses"
+            if n.on_host:
+                self._free_host(n)
+            self.wanted.discard(n)
+            self._evicting(n)
+            self._blocks_event("removed", n)
+
+    def _free_host(self, node: TreeNode) -> None:
+        assert self.host is not None and node not in self.loading
+        self._stores = _without(self._stores, node.host_value, 1)  # a queued write-back into it
+        self.host.free_slots(node.host_value)
+        node.host_value = _EMPTY_SLOTS
+        self.host_size -= len(node)
+
+    def _write_back(self, node: TreeNode) -> None:
+        """Queue a copy of ``node``'s device KV to new host pages (none when the host is full of
+        pages that cannot go)."""
+        assert self.host is not None
+        pages = len(node) // self.page_size
+        short = pages - self.host.num_free_pages
+        if short > 0:
+            self.evict_host(short * self.page_size, keep=node)
+            if self.host.num_free_pages < pages:
+                return
+        host = self.host.pages_to_slots(self.host.alloc_pages(pages))
+        self._stores.append((node.value, host))
+        node.host_value = host
+        self.host_size += len(node)
+
+    def evict_host(self, num_tokens: int, keep: TreeNode | None = None) -> int:
+        """Free at least ``num_tokens`` host tokens: drop the host copy of nodes also on the device,
+        remove host-only leaves; unlocked and unwanted first, each least recently used first. Never
+        ``keep``'s path, nor a page a queued load reads. Returns the tokens freed."""
+        if num_tokens <= 0 or self.host is None:
+            return 0
+        keep_path: set[TreeNode] = set()
+        while keep is not None and keep is not self.root:
+            keep_path.add(keep)
+            keep = keep.parent
+
+        def can_go(n: TreeNode) -> bool:
+            free_to_go = n not in keep_path and n not in self.loading
+            return n.on_host and free_to_go and (n.on_device or not n.children)
+
+        def entry(n: TreeNode) -> tuple[bool, bool, int, int, TreeNode]:
+            return (n.lock_ref > 0, n in self.wanted, n.last_access, n.id, n)
+
+        heap = [entry(n) for n in self.nodes() if can_go(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            node = heapq.heappop(heap)[-1]
+            parent = _parent(node)
+            freed += len(node)
+            if node.on_device:
+                self._free_host(node)
+                continue
+            self._remove(node)
+            if parent is not self.root and can_go(parent):
+                heapq.heappush(heap, entry(parent))
+        if freed:
+            self.version += 1
+        return freed
+
+    def load_back(self, m: MatchResult) -> MatchResult:
+        """Give the host-only part of ``m`` device pages (evicting others as needed; ``m.node`` must
+        be locked) and queue the copies; returns the match on the device now. When the device cannot
+        hold it, returns ``m``'s device part alone."""
+        if m.host_node is None:
+            return m
+        nodes: list[TreeNode] = []
+        node: TreeNode = m.host_node
+        while node is not m.node:
+            nodes.append(node)
+            node = _parent(node)
+        nodes.reverse()
+        pages = m.host_len // self.page_size
+        self.loading.update(nodes)  # their host pages stay while the device makes room
+        try:
+            short = pages - self.allocator.num_free_pages
+            if short > 0:
+                self.evict(short * self.page_size)
+            dev = self.allocator.pages_to_slots(self.allocator.alloc_pages(pages))
+        except OutOfPagesError:
+            self.loading.difference_update(nodes)
+            return MatchResult(m.slots, m.node)
+        start = 0
+        for n in nodes:
+            n.value = dev[start : start + len(n)]
+            self.evictable_size += len(n)
+            self._loads.append((n.host_value, n.value))
+            start += len(n)
+        self.version += 1
+        return MatchResult(np.concatenate([m.slots, dev]), nodes[-1])
+
+    def take_transfers(self) -> KVTransfers | None:
+        """The copies queued since the last call (None: none), for the next step to run first."""
+        if not self._stores and not self._loads:
+            return None
+
+        def cat(pairs: _Copies, i: int) -> npt.NDArray[np.int64]:
+            return np.concatenate([p[i] for p in pairs]) if pairs else _EMPTY_SLOTS
+
+        stores, loads = self._stores, self._loads
+        out = KVTransfers(cat(stores, 0), cat(stores, 1), cat(loads, 0), cat(loads, 1))
+        self._stores, self._loads = [], []
+        self.loading = set()
+        return out
 
     def _evict_last(self, leaf: TreeNode) -> bool:
         """Among equally wanted leaves, whether ``leaf`` goes after those that return False."""
@@ -347,16 +563,6 @@ class RadixCache:
 
     def _evicting(self, leaf: TreeNode) -> None:
         """``leaf`` leaves the tree (its pages are freed already)."""
-
-    def _leaves(self) -> list[TreeNode]:
-        out, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            elif node is not self.root:
-                out.append(node)
-        return out
 
     def nodes(self) -> list[TreeNode]:
         """Every node but the root (for checks and stats)."""

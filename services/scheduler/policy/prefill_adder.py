@@ -149,7 +149,7 @@ class PrefillAdder:
         ):
             return AddResult.BATCH_FULL
         m = self.kv.cached_match(req)
-        extend = req.seq_len - len(m.slots)
+        extend = req.seq_len - m.length  # a host-tier part is loaded back, not computed
         n = extend
         limit = self._chunk_limit()
         if n > limit:
@@ -160,7 +160,8 @@ class PrefillAdder:
             else:
                 return AddResult.BATCH_FULL
         self.kv.admit(req, m)  # locks its own prefix: not counted as wanted room below
-        if not self._fits(req, keep_wanted, followers):
+        if req.cached_len < m.length or not self._fits(req, keep_wanted, followers):
+            # (a host-tier part the device had no room to load: the request does not fit either)
             self.kv.unadmit(req)
             return AddResult.NO_ROOM
         self._take(req, n)

@@ -1,0 +1,117 @@
+"""HostKVPool: the host tier's K and V tensors (docs/engine.md, "KV tiers"), and the copies between it
+and the device's KVPool that the radix cache queues (``KVTransfers``), run before a step's forward.
+
+Same layout as KVPool (per layer, ``[slots, kv_heads, head_dim]``), host slots in pages of the
+device's page size; which pages hold what is the radix cache's business (its host allocator).
+
+CPU: plain memory; the copies run synchronously, write-backs first, then loads.
+
+CUDA: pinned memory, so that copies are asynchronous DMA. The copies run on a side stream that first
+waits for the forward stream (the pages a write-back reads were written by earlier forwards), and the
+forward stream waits for the copies' event before the forward (it reads loaded pages and may
+overwrite written-back ones). Each direction is one transfer per step: the pages are gathered into
+one contiguous buffer (on the device for write-backs, in pinned memory for loads), copied once, and
+scattered. A write-back lands in the host pool (a host-side scatter) at the start of the next step's
+copies, when its transfer is long done, so the scheduler thread does not wait for it; a load in the
+same step that reads a page just written back waits for it first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from radixserve.scheduler.memory.kv_pool import KVPool
+from radixserve.scheduler.memory.radix_cache import KVTransfers
+
+
+class HostKVPool:
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        """``device``: the device pool's device (CUDA: the host memory is pinned, the copies async)."""
+        self.cuda = device.type == "cuda"
+        self.device = device
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.tensors = [
+            torch.zeros(shape, dtype=dtype, pin_memory=self.cuda) for _ in range(2 * num_layers)
+        ]  # K of every layer, then V
+        self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors)
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        # CUDA: a write-back whose transfer is queued: (its done event, the pinned buffer, host slots)
+        self._landing: tuple[torch.cuda.Event, torch.Tensor, torch.Tensor] | None = None
+
+    def run(self, pool: KVPool, t: KVTransfers) -> None:
+        """The step's copies: ``t.store_src`` device slots to ``t.store_dst`` host slots, then
+        ``t.load_src`` host slots to ``t.load_dst`` device slots."""
+        dev = [*pool.k, *pool.v]
+        if not self.cuda:
+            if len(t.store_src):
+                src, dst = _index(t.store_src), _index(t.store_dst)
+                for h, d in zip(self.tensors, dev, strict=True):
+                    h.index_copy_(0, dst, d.index_select(0, src))
+            if len(t.load_src):
+                src, dst = _index(t.load_src), _index(t.load_dst)
+                for h, d in zip(self.tensors, dev, strict=True):
+                    d.index_copy_(0, dst, h.index_select(0, src))
+            return
+        self._land()  # the last step's write-back, before anything reads or rewrites those pages
+        assert self.stream is not None
+        main = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(main)
+        with torch.cuda.stream(self.stream):
+            if len(t.store_src):
+                src = self._to_device(t.store_src)
+                gathered = torch.stack([d.index_select(0, src) for d in dev])  # [2L, n, heads, dim]
+                staging = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+                staging.copy_(gathered, non_blocking=True)  # one device -> host transfer
+                stored = torch.cuda.Event()
+                stored.record(self.stream)
+                self._landing = (stored, staging, _index(t.store_dst))
+                if len(t.load_src):
+                    self._land()  # a load may read a page this write-back fills: land it first
+            if len(t.load_src):
+                src = _index(t.load_src)
+                staging = torch.empty(
+                    (len(self.tensors), len(src), *self.tensors[0].shape[1:]),
+                    dtype=self.tensors[0].dtype,
+                    pin_memory=True,
+                )
+                torch.stack([h.index_select(0, src) for h in self.tensors], out=staging)
+                loaded = staging.to(self.device, non_blocking=True)  # one host -> device transfer
+                dst = self._to_device(t.load_dst)
+                for i, d in enumerate(dev):
+                    d.index_copy_(0, dst, loaded[i])
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        main.wait_event(done)
+
+    def _land(self) -> None:
+        """Scatter a queued write-back into the host pool (waits for its transfer)."""
+        if self._landing is None:
+            return
+        event, staging, dst = self._landing
+        self._landing = None
+        event.synchronize()
+        for i, h in enumerate(self.tensors):
+            h.index_copy_(0, dst, staging[i])
+
+    def _to_device(self, slots: npt.NDArray[np.int64]) -> torch.Tensor:
+        return _index(slots).pin_memory().to(self.device, non_blocking=True)
+
+    def synchronize(self) -> None:
+        """Every queued copy done, write-backs landed (tests, shutdown)."""
+        if self.stream is not None:
+            self.stream.synchronize()
+        self._land()
+
+
+def _index(slots: npt.NDArray[np.int64]) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64))

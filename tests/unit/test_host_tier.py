@@ -1,0 +1,139 @@
+"""The host KV tier (docs/engine.md, "KV tiers"): prefixes evicted from a small device pool are
+written back to host pages and loaded back when a request hits them, with the same outputs, fewer
+prefill tokens, the accounting invariant over both tiers after every step, and every page back
+after the load.
+
+The scheduler tests run the model-free echo runner (tests/helpers/scheduler.py), whose fake KV pool
+and fake host pool run the copies the scheduler plans: a load that brings back the wrong page, or a
+page freed while a copy still reads it, makes some request's KV read back wrong and fails there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from radixserve.scheduler.memory.allocator import PagedAllocator
+from radixserve.scheduler.memory.host_pool import HostKVPool
+from radixserve.scheduler.memory.kv_pool import KVPool
+from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
+from radixserve.scheduler.memory.radix_cache import KVTransfers
+from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
+
+PREFIX = 48  # tokens of each conversation's own prefix
+
+
+def _manager(device: int, host: int) -> KVCacheManager:
+    return KVCacheManager(MemoryConfig(max_total_tokens=device, page_size=4, host_kv_tokens=host))
+
+
+def _conversations(n: int) -> list[list[int]]:
+    return [[1000 + 100 * c + i for i in range(PREFIX)] for c in range(n)]
+
+
+def _two_rounds(host: int, **kw):
+    """Six conversations, two turns each, through a device pool that holds about two of them."""
+    s = sched(total=160, page=4, host=host, min_new_token_ratio=0.0, **kw)
+    convs = _conversations(6)
+    outputs = {}
+    for turn in range(2):
+        for c, prefix in enumerate(convs):
+            s.add(make_req(f"c{c}t{turn}", [*prefix, 7 + turn, 9 + c], max_new=12, t=float(10 * turn + c)))
+        for r in run_to_completion(s):  # checks the invariant and every request's KV at every step
+            outputs[r.rid] = r.output_ids
+            assert r.output_ids == reference_output(r.origin_ids.tolist(), 12), r.rid
+    return s, outputs
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(chunked_prefill_size=None, init_new_token_ratio=0.7),
+        dict(chunked_prefill_size=8, init_new_token_ratio=0.0),  # chunks, and retractions
+    ],
+    ids=["whole", "chunked-retracting"],
+)
+def test_host_tier_serves_evicted_prefixes_with_the_same_outputs_and_fewer_prefill_tokens(kw):
+    off, out_off = _two_rounds(0, **kw)
+    on, out_on = _two_rounds(2048, **kw)
+    assert out_on == out_off
+    echo = runner_for(on)
+    assert echo.stored > 0 and echo.loaded > 0
+    # the second turns' prefixes come back from the host instead of being computed again
+    assert on.prefill_tokens <= off.prefill_tokens - 3 * PREFIX
+    if kw["init_new_token_ratio"] == 0.0:
+        assert on.num_retractions > 0
+    # after the load: nothing locked on either tier, and both pools give every page back
+    kv = on.kv
+    kv.check(())
+    assert kv.available() == kv.capacity and kv.cache.protected_size == 0
+    kv.cache.evict(kv.capacity)
+    assert kv.host is not None
+    kv.check(())
+    kv.cache.evict_host(kv.host.capacity_tokens)
+    assert kv.allocator.free_tokens == kv.capacity and kv.host.free_tokens == kv.host.capacity_tokens
+
+
+def test_host_tier_stays_within_its_size_and_evicts_least_recently_used_first():
+    kv = _manager(device=64, host=64)
+    cache = kv.cache
+    seqs = [np.arange(100 * i, 100 * i + 32, dtype=np.int32) for i in range(6)]
+    for seq in seqs:  # each insert evicts the one before from the 64-token device pool
+        short = 8 - kv.allocator.num_free_pages
+        if short > 0:
+            cache.evict(short * 4)
+        cache.insert(seq, kv.allocator.pages_to_slots(kv.allocator.alloc_pages(8)))
+        kv.check(())
+        assert kv.host is not None and cache.host_size <= kv.host.capacity_tokens
+    # the device holds the last two; the host the two before them, not the oldest
+    held = [cache.match_prefix(s) for s in seqs]
+    assert [len(m.slots) for m in held] == [0, 0, 0, 0, 32, 32]
+    assert [m.host_len for m in held] == [0, 0, 32, 32, 0, 0]
+
+
+def test_a_load_back_takes_device_pages_and_queues_the_copies_from_the_host_pages():
+    kv = _manager(device=32, host=64)
+    cache = kv.cache
+    a = np.arange(1, 33, dtype=np.int32)
+    cache.insert(a, kv.allocator.pages_to_slots(kv.allocator.alloc_pages(8)))
+    old = cache.match_prefix(a).slots.copy()
+    cache.evict(32)
+    wrote = cache.take_transfers()
+    assert wrote is not None and np.array_equal(wrote.store_src, old) and len(wrote.load_src) == 0
+    m = cache.match_prefix(a[:20])  # page aligned: 20 tokens
+    assert len(m.slots) == 0 and m.host_len == 20
+    cache.lock(m.node)
+    loaded = cache.load_back(m)
+    cache.lock(loaded.node)
+    cache.unlock(m.node)
+    assert len(loaded.slots) == 20
+    t = cache.take_transfers()
+    assert t is not None and np.array_equal(t.load_src, wrote.store_dst[:20])
+    assert np.array_equal(t.load_dst, loaded.slots) and len(t.store_src) == 0
+    cache.unlock(loaded.node)
+    kv.check(())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pages_round_trip_device_to_host_to_device_byte_exact(dtype):
+    page, layers, heads, dim = 4, 3, 2, 8
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    pool = KVPool(17 * page, layers, heads, dim, dtype, device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for t in (*pool.k, *pool.v):
+        t.copy_(torch.randn(t.shape, generator=gen).to(dtype))
+    before = [t.clone() for t in (*pool.k, *pool.v)]
+    host = HostKVPool(9 * page, layers, heads, dim, dtype, torch.device(device))
+    src = PagedAllocator(16, page).pages_to_slots(np.array([3, 7, 8, 15], dtype=np.int64))
+    dst_host = PagedAllocator(8, page).pages_to_slots(np.array([6, 1, 2, 5], dtype=np.int64))
+    empty = np.zeros(0, dtype=np.int64)
+    host.run(pool, KVTransfers(src, dst_host, empty, empty))
+    for t in (*pool.k, *pool.v):  # the device pages are overwritten after the write-back
+        t.index_fill_(0, torch.as_tensor(src, device=device), 0)
+    back = PagedAllocator(16, page).pages_to_slots(np.array([1, 2, 10, 11], dtype=np.int64))
+    host.run(pool, KVTransfers(empty, empty, dst_host, back))
+    host.synchronize()
+    for got, want in zip((*pool.k, *pool.v), before, strict=True):
+        assert torch.equal(got[torch.as_tensor(back, device=device)].cpu().view(torch.uint8),
+                           want[torch.as_tensor(src, device=device)].cpu().view(torch.uint8))  # fmt: skip
