@@ -112,6 +112,11 @@ class EngineConfig:
         " ends and prompt ends only)",
         bounds=AT_LEAST_0,
     )
+    # The host KV tier (docs/engine.md, "KV tiers"): prefixes evicted from the device pool are
+    # written back to host memory (pinned on CUDA) and loaded back when a request hits them.
+    host_kv_cache_gb: float = setting(
+        0.0, "GiB of host memory for KV evicted from the device (0: no host tier)", bounds=AT_LEAST_0
+    )
     # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
     # the host's Python and the worker's op dispatch share one GIL: the overlap can hide host work
     # only behind long kernels, which a CPU forward of our models rarely has, so it is opt-in there.
@@ -186,6 +191,7 @@ class EngineOptions(TypedDict, total=False):
     disable_radix_cache: bool
     max_state_snapshots: int | None
     snapshot_interval: int
+    host_kv_cache_gb: float
     disable_overlap: bool | None
     cpu_overlap_thread_min_ms: float
     attention_backend: str

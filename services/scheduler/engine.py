@@ -34,7 +34,7 @@ from radixserve.common.service_config import (
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.event_loop import EventLoop, Step
-from radixserve.scheduler.memory.allocator import kv_capacity
+from radixserve.scheduler.memory.allocator import host_kv_tokens, kv_capacity
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.memory.state_pool import plan_state_memory
 from radixserve.scheduler.model.config import ModelConfig
@@ -176,10 +176,14 @@ class Engine:
                 local.hybrid.state_shape(), local.dtype, cfg.max_running_requests, kv_left, per_token,
                 cfg.max_state_snapshots,
             )  # fmt: skip
+        host_tokens = host_kv_tokens(cfg.host_kv_cache_gb, per_token, cfg.page_size)
+        if host_tokens and cfg.tp_size > 1:
+            raise ValueError("the host KV tier does not serve tensor parallelism yet (host_kv_cache_gb 0)")
         self.scheduler = BatchScheduler(
-            self._scheduler_config(max_context, str(dev), kv_left, snapshots),
+            self._scheduler_config(max_context, str(dev), kv_left, snapshots, host_tokens),
             eos_token_ids=self._eos_token_ids(),
         )
+        host = self.scheduler.kv.host
         self.runner = ModelRunner(
             model,
             self.scheduler.kv.req_to_token,
@@ -190,6 +194,7 @@ class Engine:
             step_sink=followers.send if followers is not None else None,
             eos_token_ids=self._eos_token_ids(),
             state_snapshots=snapshots,
+            host_kv_slots=host.pool_slots if host is not None else 0,
         )
         kv = self.scheduler.kv
         if followers is not None:
@@ -203,6 +208,8 @@ class Engine:
             "kv_bytes_per_rank": kv.capacity * per_token,
             "state_snapshots": snapshots,
             "state_bytes_per_rank": self.runner.states.nbytes if self.runner.states is not None else 0,
+            "host_kv_tokens": host.capacity_tokens if host is not None else 0,
+            "host_kv_bytes": self.runner.host_pool.nbytes if self.runner.host_pool is not None else 0,
         }
         if cfg.tp_size > 1:
             log.info(
@@ -276,11 +283,11 @@ class Engine:
         return sorted(eos)
 
     def _scheduler_config(
-        self, max_context: int, device: str, kv_tokens: int, snapshots: int = 0
+        self, max_context: int, device: str, kv_tokens: int, snapshots: int = 0, host_tokens: int = 0
     ) -> SchedulerConfig:
         """The batch scheduler's and the KV pool's settings, resolved from the engine arguments;
         ``kv_tokens``: what the memory left after the weights holds (every rank's); ``snapshots``: a
-        hybrid model's prefix state snapshots."""
+        hybrid model's prefix state snapshots; ``host_tokens``: the host KV tier's size."""
         cfg = self.config
         # No mix of requests can hold more KV than every running request at full context.
         total = cfg.max_total_tokens or min(kv_tokens, cfg.max_running_requests * max_context)
@@ -293,6 +300,7 @@ class Engine:
             hybrid=self.model_config.hybrid is not None,
             state_snapshots=snapshots,
             snapshot_interval=cfg.snapshot_interval,
+            host_kv_tokens=host_tokens,
         )
         return SchedulerConfig(
             memory=mem,
@@ -331,7 +339,8 @@ class Engine:
                     torch.cuda.synchronize(self.profile.device)
                 self.startup["kernel_compilation"] = time.perf_counter() - t1
         cache = self.scheduler.kv.cache
-        cache.evict(cache.evictable_size)  # serving starts from an empty cache (block events need it)
+        # serving starts from an empty cache (block events need it), on every tier
+        cache.evict(cache.evictable_size, write_back=False)
         if self.profile.device.type == "cuda":
             torch.cuda.synchronize(self.profile.device)
         self.startup["warmup"] = time.perf_counter() - t1 - self.startup["kernel_compilation"]

@@ -144,3 +144,9 @@ def kv_capacity(
         return capacity_from_memory(free, mem_fraction, bytes_per_token, page_size)
     avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // max(ranks_sharing_host, 1)
     return capacity_from_memory(avail, mem_fraction * 0.25, bytes_per_token, page_size)
+
+
+def host_kv_tokens(gib: float, bytes_per_token: int, page_size: int) -> int:
+    """Tokens (whole pages) of a host KV tier of ``gib`` GiB; 0 when that holds no page."""
+    pages = int(gib * 2**30) // (bytes_per_token * page_size) - 1  # one page is the scratch page
+    return max(pages, 0) * page_size

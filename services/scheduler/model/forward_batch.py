@@ -12,6 +12,7 @@ import torch
 from radixserve.scheduler.batch import ForwardMode
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.memory.radix_cache import KVTransfers
     from radixserve.scheduler.model.linear_attention import LinearStep
     from radixserve.scheduler.model.logits import LogitsStep
     from radixserve.scheduler.model.sampler import SamplingInfo
@@ -45,6 +46,7 @@ class ForwardBatch:
     score_targets: torch.Tensor | None = None
     score_top_k: int = 0
     linear: LinearStep | None = None  # a hybrid model's state slots and snapshots (linear_attention.py)
+    kv_transfers: KVTransfers | None = None  # host-tier copies to run before the forward (HostKVPool)
 
     @property
     def batch_size(self) -> int:

@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, ScoreLayout
+from radixserve.scheduler.memory.host_pool import HostKVPool
 from radixserve.scheduler.memory.kv_pool import KVPool
+from radixserve.scheduler.memory.radix_cache import KVTransfers
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.memory.state_pool import StatePool
 from radixserve.scheduler.model.attention import GraphAttentionBackend, make_backend
@@ -81,6 +83,9 @@ class StepResult:
     scores: StepScores | None = None
 
 
+KV_TRANSFERS = ("kv_store_src", "kv_store_dst", "kv_load_src", "kv_load_dst")  # StepPlan arrays
+
+
 @dataclass(slots=True)
 class StepPlan:
     """One step's inputs as host arrays: what rank 0 computes from its ScheduleBatch, and the one
@@ -109,13 +114,15 @@ class ModelRunner:
         step_sink: Callable[[StepPlan], None] | None = None,
         eos_token_ids: Sequence[int] = (),
         state_snapshots: int = 0,
+        host_kv_slots: int = 0,
     ) -> None:
         """``model``: loaded on ``profile.device`` (model/loader.py), the whole model or one rank's
         shard (``model.tp``). ``flashinfer``: the module the fused ops, attention and sampling call
         (None: imported when the profile needs it); the CPU tests pass a stand-in to count the CUDA
         path's launches. ``step_sink``: rank 0 of a tensor-parallel group: gets every step's plan.
         ``eos_token_ids``: the model's end tokens (the sampler holds them back before min_new_tokens).
-        ``state_snapshots``: a hybrid model's prefix snapshots beside its rows' states (StatePool)."""
+        ``state_snapshots``: a hybrid model's prefix snapshots beside its rows' states (StatePool).
+        ``host_kv_slots``: the host KV tier's slots (HostKVPool; 0: none)."""
         self.profile = profile
         self.device = profile.device
         self.config = model.config
@@ -129,6 +136,11 @@ class ModelRunner:
         self.req_to_token = req_to_token
         self.kv_pool = KVPool(
             pool_slots, mc.num_kv_layers, mc.num_kv_heads, mc.head_dim, mc.dtype, self.device
+        )
+        self.host_pool = (
+            HostKVPool(host_kv_slots, mc.num_kv_layers, mc.num_kv_heads, mc.head_dim, mc.dtype, self.device)
+            if host_kv_slots
+            else None
         )
         self.states: StatePool | None = None  # a hybrid model's recurrent states (memory/state_pool.py)
         if mc.hybrid is not None:
@@ -199,6 +211,8 @@ class ModelRunner:
             host = pad_rows(host, bucket, pads)
         if self.states is not None:
             host.update(state_arrays(batch))  # not padded: they name batch rows and slots
+        if batch.kv_transfers is not None:  # not padded either: host-tier copies, slots of the pools
+            host.update(zip(KV_TRANSFERS, batch.kv_transfers, strict=True))
         top_k = 0
         layout = batch.scores
         if layout is not None and layout.prompt:  # prompt positions scored (logprobs): every rank
@@ -265,6 +279,7 @@ class ModelRunner:
             score_targets=score_targets,
             score_top_k=plan.score_top_k,
             linear=linear,
+            kv_transfers=KVTransfers(*(host[k] for k in KV_TRANSFERS)) if KV_TRANSFERS[0] in host else None,
         )
         self.backend.prepare(fb, rows)
         return fb
@@ -272,6 +287,9 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> StepResult:
         """Device side of a step: the sampled tokens [B] and the scores asked for (on the device)."""
+        if fb.kv_transfers is not None:  # the host tier's write-backs and loads, before the KV is read
+            assert self.host_pool is not None, "host-tier copies without a host tier"
+            self.host_pool.run(self.kv_pool, fb.kv_transfers)
         ids = self.futures.resolve(fb.input_ids)
         if fb.linear is not None:  # hybrid: the state copies the scheduler planned, before the step
             run_copies(fb.linear)
