@@ -637,7 +637,7 @@ class NoCache(RadixCache):
     def insert(self, tokens: npt.NDArray[np.integer], slots: npt.NDArray[np.integer]) -> InsertResult:
         raise RuntimeError("the prefix cache is disabled")
 
-    def evict(self, num_tokens: int) -> int:
+    def evict(self, num_tokens: int, write_back: bool = True) -> int:
         return 0
 
     def cache_unfinished_req(self, req: Req, upto: int) -> None:
