@@ -13,6 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.host_pool import HostKVPool
@@ -115,6 +118,23 @@ def test_a_load_back_takes_device_pages_and_queues_the_copies_from_the_host_page
     kv.check(())
 
 
+def test_host_eviction_frees_a_node_once_when_its_host_only_child_goes_first():
+    # (found by TieredCacheMachine: the parent was queued twice and its host copy counted off twice)
+    kv = _manager(device=32, host=32)
+    cache = kv.cache
+    a = np.arange(1, 25, dtype=np.int32)
+    cache.insert(a, kv.allocator.pages_to_slots(kv.allocator.alloc_pages(6)))
+    cache.evict(24)  # to the host
+    m = cache.match_prefix(a[:16])  # splits the host node: 16 + 8
+    cache.lock(m.node)
+    loaded = cache.load_back(m)
+    cache.unlock(m.node)
+    cache.take_transfers()
+    assert cache.evict_host(100) == 24  # the 8 host-only tokens, then the loaded part's host copy
+    assert cache.host_size == 0 and loaded.node.on_device
+    kv.check(())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pages_round_trip_device_to_host_to_device_byte_exact(dtype):
     page, layers, heads, dim = 4, 3, 2, 8
@@ -174,3 +194,103 @@ def test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_and_off(llama_d
     hits_off = sum(o["meta_info"]["cached_tokens"] for o in off[1])
     assert hits_on >= hits_off + 3 * PREFIX  # the second turns' prefixes came back from the host
     assert s_on.prefill_tokens < s_off.prefill_tokens and s_on.num_retractions > 0
+
+
+STEMS = [list(range(1, 33)), list(range(40, 56)), [3, 1, 4, 1, 5, 9, 2, 6] * 3]
+
+
+class TieredCacheMachine(RuleBasedStateMachine):
+    """Random steps on a small device pool and a smaller host pool: evictions (with write-back),
+    host evictions, matches loaded back, then a step (the queued copies run, then the step's forward
+    writes its new tokens' KV, and the tree takes them). After every step the invariant holds on both
+    tiers and every node's KV reads back as its tokens on each tier that holds it."""
+
+    @initialize(page=st.sampled_from([1, 2, 4]), pages=st.integers(10, 24), host_pages=st.integers(1, 16))
+    def setup(self, page, pages, host_pages):
+        self.kv = KVCacheManager(MemoryConfig(max_total_tokens=pages * page, page_size=page,
+                                              host_kv_tokens=host_pages * page))  # fmt: skip
+        assert self.kv.host is not None
+        self.page = page
+        self.dev = np.full(self.kv.allocator.pool_slots, -1, dtype=np.int64)
+        self.host = np.full(self.kv.host.pool_slots, -1, dtype=np.int64)
+        self.locked: list = []
+
+    OP = st.tuples(
+        st.sampled_from(["evict", "evict_host", "load"]),
+        st.integers(0, 40),
+        st.sampled_from(STEMS),
+        st.lists(st.integers(60, 70), max_size=12),
+    )
+
+    @rule(
+        ops=st.lists(OP, max_size=4),
+        stem=st.sampled_from(STEMS),
+        tail=st.lists(st.integers(60, 70), max_size=16),
+    )
+    def step(self, ops, stem, tail):
+        cache = self.kv.cache
+        for op, n, s, t in ops:
+            if op == "evict":
+                cache.evict(n)
+            elif op == "evict_host":
+                cache.evict_host(n)
+            else:
+                self.locked.append(self._load(np.array(s + t, dtype=np.int32)))
+        seq = np.array(stem + tail, dtype=np.int32)
+        seq = seq[: len(seq) - len(seq) % self.page]
+        node = self._load(seq)  # the step's request: its prefix (loaded back), then new pages
+        have = cache.match_prefix(seq).slots
+        need = (len(seq) - len(have)) // self.page
+        new = np.zeros(0, dtype=np.int64)
+        if need:
+            short = need - self.kv.allocator.num_free_pages
+            if short > 0:
+                cache.evict(short * self.page)
+            if self.kv.allocator.num_free_pages >= need:
+                new = self.kv.allocator.pages_to_slots(self.kv.allocator.alloc_pages(need))
+        t = cache.take_transfers()  # the step: copies first, write-backs before loads ...
+        if t is not None:
+            self.host[t.store_dst] = self.dev[t.store_src]
+            self.dev[t.load_dst] = self.host[t.load_src]
+        if len(new):  # ... then the forward writes the new tokens' KV, and the tree takes it
+            self.dev[new] = seq[len(have) :]
+            res = cache.insert(seq, np.concatenate([have, new]))
+            self.kv.allocator.free_slots(np.concatenate([have, new])[len(have) : res.present_len])
+        for locked in [*self.locked, node]:
+            cache.unlock(locked)
+        self.locked = []
+
+    def _load(self, seq):
+        cache = self.kv.cache
+        m = cache.match_prefix(seq)
+        cache.lock(m.node)
+        loaded = cache.load_back(m)
+        cache.lock(loaded.node)
+        cache.unlock(m.node)
+        return loaded.node
+
+    @invariant()
+    def tiers_hold_their_tokens(self):
+        if not hasattr(self, "kv") or self.locked:
+            return
+        self.kv.check(())
+        host = self.kv.host
+        assert host is not None and self.kv.cache.host_size <= host.capacity_tokens
+        for node in self.kv.cache.nodes():
+            if node.on_device:
+                assert np.array_equal(self.dev[node.value], node.key), "device KV is not its tokens"
+            if node.on_host:
+                assert np.array_equal(self.host[node.host_value], node.key), "host KV is not its tokens"
+
+    def teardown(self):
+        if hasattr(self, "kv"):
+            self.kv.cache.evict(self.kv.capacity)
+            self.kv.cache.evict_host(self.kv.capacity * 4)
+            assert self.kv.allocator.free_tokens == self.kv.capacity
+            assert self.kv.host is not None and self.kv.host.free_tokens == self.kv.host.capacity_tokens
+
+
+TestTieredCache = TieredCacheMachine.TestCase
+TestTieredCache.settings = settings(
+    max_examples=80, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
+)

@@ -506,7 +506,8 @@ class RadixCache:
                 self._free_host(node)
                 continue
             self._remove(node)
-            if parent is not self.root and can_go(parent):
+            # a parent on the device is in the heap already; a host-only one may just have become a leaf
+            if parent is not self.root and not parent.on_device and can_go(parent):
                 heapq.heappush(heap, entry(parent))
         if freed:
             self.version += 1
