@@ -177,8 +177,13 @@ class Engine:
                 cfg.max_state_snapshots,
             )  # fmt: skip
         host_tokens = host_kv_tokens(cfg.host_kv_cache_gb, per_token, cfg.page_size)
+        if cfg.host_kv_cache_gb > 0 and not host_tokens:
+            gb, page_bytes = cfg.host_kv_cache_gb, per_token * cfg.page_size
+            raise ValueError(f"host_kv_cache_gb {gb:g} holds no KV page ({page_bytes} bytes)")
         if host_tokens and cfg.tp_size > 1:
             raise ValueError("the host KV tier does not serve tensor parallelism yet (host_kv_cache_gb 0)")
+        if host_tokens:
+            log.info("host KV tier: %d tokens (%.1f MiB)", host_tokens, host_tokens * per_token / 2**20)
         self.scheduler = BatchScheduler(
             self._scheduler_config(max_context, str(dev), kv_left, snapshots, host_tokens),
             eos_token_ids=self._eos_token_ids(),

@@ -72,6 +72,18 @@ class _EngineCollector(Collector):
         f.gauge("radixserve_kv_used_tokens", "KV held by requests", lo.kv_used_tokens)
         f.gauge("radixserve_kv_cached_tokens", "Evictable prefix cache", lo.kv_cached_tokens)
         f.gauge("radixserve_kv_usage_ratio", "Fraction of KV held by requests", sched.kv.usage())
+        host, cache = sched.kv.host, sched.kv.cache
+        if host is not None:  # the host KV tier
+            f.gauge("radixserve_kv_host_capacity_tokens", "Host KV tier capacity", host.capacity_tokens)
+            f.gauge("radixserve_kv_host_used_tokens", "Host KV tier tokens held", cache.host_size)
+            f.counter(
+                "radixserve_kv_host_written_tokens", "KV tokens written back to the host tier",
+                cache.written_back_tokens,
+            )  # fmt: skip
+            f.counter(
+                "radixserve_kv_host_loaded_tokens", "KV tokens loaded back from the host tier",
+                cache.loaded_tokens,
+            )  # fmt: skip
         f.counter("radixserve_retractions", "Decode requests retracted", sched.num_retractions)
         f.counter(
             "radixserve_fairness_preemptions",

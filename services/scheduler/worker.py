@@ -342,7 +342,7 @@ class EngineWorker:
                     updates.append(self._final(lv, msg.reason))
             else:
                 m = self.scheduler.kv.cache.match_prefix(np.asarray(msg.input_ids, dtype=np.int32))
-                msg.answer.set_result(len(m.slots))
+                msg.answer.set_result(m.length)  # a host-tier part is loaded back, not computed
         if updates:
             self._send(updates)
 

@@ -194,6 +194,16 @@ def test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_and_off(llama_d
     hits_off = sum(o["meta_info"]["cached_tokens"] for o in off[1])
     assert hits_on >= hits_off + 3 * PREFIX  # the second turns' prefixes came back from the host
     assert s_on.prefill_tokens < s_off.prefill_tokens and s_on.num_retractions > 0
+    assert s_on.kv.cache.loaded_tokens >= 3 * PREFIX and s_on.kv.cache.written_back_tokens > 0
+
+
+def test_settings_the_host_tier_cannot_serve_are_refused_by_name(llama_dir):
+    from radixserve import Engine
+
+    with pytest.raises(ValueError, match="host_kv_cache_gb 1e-09 holds no KV page"):
+        Engine(llama_dir, max_total_tokens=160, host_kv_cache_gb=1e-9, warmup=False)
+    with pytest.raises(ValueError, match="host KV tier does not serve hybrid models"):
+        KVCacheManager(MemoryConfig(max_total_tokens=64, hybrid=True, state_snapshots=2, host_kv_tokens=64))
 
 
 STEMS = [list(range(1, 33)), list(range(40, 56)), [3, 1, 4, 1, 5, 9, 2, 6] * 3]

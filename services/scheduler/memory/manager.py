@@ -115,8 +115,8 @@ class KVCacheManager:
         (the policy's matches this step) as wanted: evicted last, and kept out of the room that
         ``available_keeping_wanted`` offers new work."""
         version = self.cache.version
-        self.cache.want(
-            r.last_match[1].node
+        self.cache.want(  # a match's host part too: host eviction keeps it last
+            r.last_match[1].host_node or r.last_match[1].node
             for r in waiting
             if r.last_match is not None and r.last_match[0] == version and r.match_len > 0
         )

@@ -179,6 +179,8 @@ class RadixCache:
         if host is not None and host.page_size != allocator.page_size:
             raise ValueError("the host KV pool's pages must be the device pool's size")
         self.host = host
+        self.written_back_tokens = 0  # host tier: tokens copied to the host, all told
+        self.loaded_tokens = 0  # and back to the device
         self.block_size = 0  # 0: no block events
         self._root_block_hash = 0
         self.block_events: list[tuple[str, list[int]]] = []  # ("stored" | "removed" | "cleared", hashes)
@@ -391,8 +393,8 @@ class RadixCache:
         self.wanted = wanted
 
     def wanted_evictable_size(self) -> int:
-        """Tokens in wanted nodes that nothing locks: evictable, but waiting requests will hit them."""
-        return sum(len(n) for n in self.wanted if n.lock_ref == 0)
+        """Device tokens in wanted nodes that nothing locks: evictable, but waiting requests will hit them."""
+        return sum(len(n) for n in self.wanted if n.lock_ref == 0 and n.on_device)
 
     def evict(self, num_tokens: int, write_back: bool = True) -> int:
         """Free at least ``num_tokens`` device tokens from unlocked device leaves (no child on the
@@ -474,6 +476,7 @@ class RadixCache:
                 return
         host = self.host.pages_to_slots(self.host.alloc_pages(pages))
         self._stores.append((node.value, host))
+        self.written_back_tokens += len(node)
         node.host_value = host
         self.host_size += len(node)
 
@@ -540,6 +543,7 @@ class RadixCache:
             n.value = dev[start : start + len(n)]
             self.evictable_size += len(n)
             self._loads.append((n.host_value, n.value))
+            self.loaded_tokens += len(n)
             start += len(n)
         self.version += 1
         return MatchResult(np.concatenate([m.slots, dev]), nodes[-1])
