@@ -28,6 +28,7 @@ DRAIN_TIMEOUT_S = 30.0
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 QUANTIZATIONS = ("none", "fp8")  # --quantization (scheduler/model/quant/)
+KV_WRITE_POLICIES = ("write_back", "write_through")  # --kv-write-policy (the host KV tier)
 
 # The ranges settings admit (config.Bounds): a value outside is refused when the flag or variable
 # is parsed, naming it, before the service starts anything.
@@ -117,6 +118,12 @@ class EngineConfig:
     host_kv_cache_gb: float = setting(
         0.0, "GiB of host memory for KV evicted from the device (0: no host tier)", bounds=AT_LEAST_0
     )
+    kv_write_policy: str = setting(
+        "write_back",
+        "host tier: copy KV to the host when the device evicts it (write_back) or when it is cached"
+        " (write_through: eviction costs no copy, every cached prefix costs one)",
+        choices=KV_WRITE_POLICIES,
+    )
     # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
     # the host's Python and the worker's op dispatch share one GIL: the overlap can hide host work
     # only behind long kernels, which a CPU forward of our models rarely has, so it is opt-in there.
@@ -192,6 +199,7 @@ class EngineOptions(TypedDict, total=False):
     max_state_snapshots: int | None
     snapshot_interval: int
     host_kv_cache_gb: float
+    kv_write_policy: str
     disable_overlap: bool | None
     cpu_overlap_thread_min_ms: float
     attention_backend: str

@@ -306,6 +306,7 @@ class Engine:
             state_snapshots=snapshots,
             snapshot_interval=cfg.snapshot_interval,
             host_kv_tokens=host_tokens,
+            kv_write_through=cfg.kv_write_policy == "write_through",
         )
         return SchedulerConfig(
             memory=mem,

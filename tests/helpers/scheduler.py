@@ -144,7 +144,16 @@ def make_req(rid: str, ids, max_new: int = 8, t: float = 0.0) -> Req:
 
 
 def sched(
-    clock=None, total=4096, page=1, rows=64, ctx=2048, no_cache=False, snapshots=None, host=0, **kw
+    clock=None,
+    total=4096,
+    page=1,
+    rows=64,
+    ctx=2048,
+    no_cache=False,
+    snapshots=None,
+    host=0,
+    write_through=False,
+    **kw,
 ) -> BatchScheduler:
     """``snapshots``: a hybrid model's scheduler with that many state snapshots (None: a dense one);
     ``host``: tokens of host KV tier (0: none)."""
@@ -157,6 +166,7 @@ def sched(
         hybrid=snapshots is not None,
         state_snapshots=snapshots or 0,
         host_kv_tokens=host,
+        kv_write_through=write_through,
     )
     if clock is None:
         return BatchScheduler(SchedulerConfig(memory=mem, **kw))

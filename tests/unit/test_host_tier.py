@@ -54,11 +54,12 @@ def _two_rounds(host: int, **kw):
     [
         dict(chunked_prefill_size=None, init_new_token_ratio=0.7),
         dict(chunked_prefill_size=8, init_new_token_ratio=0.0),  # chunks, and retractions
+        dict(chunked_prefill_size=8, init_new_token_ratio=0.0, write_through=True),
     ],
-    ids=["whole", "chunked-retracting"],
+    ids=["whole", "chunked-retracting", "write-through"],
 )
 def test_host_tier_serves_evicted_prefixes_with_the_same_outputs_and_fewer_prefill_tokens(kw):
-    off, out_off = _two_rounds(0, **kw)
+    off, out_off = _two_rounds(0, **{k: v for k, v in kw.items() if k != "write_through"})
     on, out_on = _two_rounds(2048, **kw)
     assert out_on == out_off
     echo = runner_for(on)
@@ -215,10 +216,16 @@ class TieredCacheMachine(RuleBasedStateMachine):
     writes its new tokens' KV, and the tree takes them). After every step the invariant holds on both
     tiers and every node's KV reads back as its tokens on each tier that holds it."""
 
-    @initialize(page=st.sampled_from([1, 2, 4]), pages=st.integers(10, 24), host_pages=st.integers(1, 16))
-    def setup(self, page, pages, host_pages):
+    @initialize(
+        page=st.sampled_from([1, 2, 4]),
+        pages=st.integers(10, 24),
+        host_pages=st.integers(1, 16),
+        write_through=st.booleans(),
+    )
+    def setup(self, page, pages, host_pages, write_through):
         self.kv = KVCacheManager(MemoryConfig(max_total_tokens=pages * page, page_size=page,
-                                              host_kv_tokens=host_pages * page))  # fmt: skip
+                                              host_kv_tokens=host_pages * page,
+                                              kv_write_through=write_through))  # fmt: skip
         assert self.kv.host is not None
         self.page = page
         self.dev = np.full(self.kv.allocator.pool_slots, -1, dtype=np.int64)
@@ -258,10 +265,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
                 cache.evict(short * self.page)
             if self.kv.allocator.num_free_pages >= need:
                 new = self.kv.allocator.pages_to_slots(self.kv.allocator.alloc_pages(need))
-        t = cache.take_transfers()  # the step: copies first, write-backs before loads ...
-        if t is not None:
-            self.host[t.store_dst] = self.dev[t.store_src]
-            self.dev[t.load_dst] = self.host[t.load_src]
+        self._copies()  # the step: copies first, write-backs before loads ...
         if len(new):  # ... then the forward writes the new tokens' KV, and the tree takes it
             self.dev[new] = seq[len(have) :]
             res = cache.insert(seq, np.concatenate([have, new]))
@@ -269,6 +273,12 @@ class TieredCacheMachine(RuleBasedStateMachine):
         for locked in [*self.locked, node]:
             cache.unlock(locked)
         self.locked = []
+
+    def _copies(self):
+        t = self.kv.cache.take_transfers()
+        if t is not None:
+            self.host[t.store_dst] = self.dev[t.store_src]
+            self.dev[t.load_dst] = self.host[t.load_src]
 
     def _load(self, seq):
         cache = self.kv.cache
@@ -286,6 +296,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
         self.kv.check(())
         host = self.kv.host
         assert host is not None and self.kv.cache.host_size <= host.capacity_tokens
+        self._copies()  # write-throughs queued at insert: the next step runs them before any reader
         for node in self.kv.cache.nodes():
             if node.on_device:
                 assert np.array_equal(self.dev[node.value], node.key), "device KV is not its tokens"

@@ -43,6 +43,7 @@ class MemoryConfig:
     # The host KV tier (docs/engine.md, "KV tiers"): tokens of host memory for KV evicted from the
     # device (0: off), in pages of ``page_size``.
     host_kv_tokens: int = 0
+    kv_write_through: bool = False  # copy to the host at insert instead of at eviction
 
 
 class KVCacheManager:
@@ -66,7 +67,7 @@ class KVCacheManager:
             snapshots = SnapshotSlots(first_snapshot_slot(rows), config.state_snapshots)
             self.cache = HybridRadixCache(self.allocator, self.req_to_token, snapshots)
         else:
-            self.cache = RadixCache(self.allocator, self.req_to_token, self.host)
+            self.cache = RadixCache(self.allocator, self.req_to_token, self.host, config.kv_write_through)
         self.states = (
             StateTracker(self.cache, zero_slot(rows), config.page_size, config.snapshot_interval)
             if config.hybrid

@@ -170,15 +170,21 @@ class RadixCache:
     disabled = False
 
     def __init__(
-        self, allocator: PagedAllocator, req_to_token: ReqToTokenPool, host: PagedAllocator | None = None
+        self,
+        allocator: PagedAllocator,
+        req_to_token: ReqToTokenPool,
+        host: PagedAllocator | None = None,
+        write_through: bool = False,
     ) -> None:
-        """``host``: the host KV pool's pages (same page size), None: no host tier."""
+        """``host``: the host KV pool's pages (same page size), None: no host tier. ``write_through``:
+        copy new nodes to the host when they are inserted, not when they are evicted."""
         self.allocator = allocator
         self.req_to_token = req_to_token
         self.page_size = allocator.page_size
         if host is not None and host.page_size != allocator.page_size:
             raise ValueError("the host KV pool's pages must be the device pool's size")
         self.host = host
+        self.write_through = write_through and host is not None
         self.written_back_tokens = 0  # host tier: tokens copied to the host, all told
         self.loaded_tokens = 0  # and back to the device
         self.block_size = 0  # 0: no block events
@@ -334,6 +340,8 @@ class RadixCache:
             self.version += 1
             parts.append(leaf.value)
             node = leaf
+            if self.write_through:  # its KV is written (insert comes after the forward)
+                self._write_back(leaf)
         tree_slots = np.concatenate(parts) if parts else _EMPTY_SLOTS
         return InsertResult(present, node, tree_slots)
 
