@@ -58,7 +58,7 @@ class KVCacheManager:
         self.host: PagedAllocator | None = None
         if config.host_kv_tokens >= config.page_size and not config.disable_radix_cache:
             if config.hybrid:
-                raise ValueError("the host KV tier does not serve hybrid models yet (set host KV cache to 0)")
+                raise ValueError("host_kv_cache_gb: the host KV tier does not serve hybrid models yet")
             self.host = PagedAllocator(config.host_kv_tokens // config.page_size, config.page_size)
         self.cache: RadixCache
         if config.disable_radix_cache:
