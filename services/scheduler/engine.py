@@ -180,8 +180,6 @@ class Engine:
         if cfg.host_kv_cache_gb > 0 and not host_tokens:
             gb, page_bytes = cfg.host_kv_cache_gb, per_token * cfg.page_size
             raise ValueError(f"host_kv_cache_gb {gb:g} holds no KV page ({page_bytes} bytes)")
-        if host_tokens and cfg.tp_size > 1:
-            raise ValueError("the host KV tier does not serve tensor parallelism yet (host_kv_cache_gb 0)")
         if host_tokens:
             log.info("host KV tier: %d tokens (%.1f MiB)", host_tokens, host_tokens * per_token / 2**20)
         self.scheduler = BatchScheduler(
@@ -205,7 +203,8 @@ class Engine:
         if followers is not None:
             table = kv.req_to_token
             shape = (kv.allocator.pool_slots, table.max_running, table.max_context, cfg.max_running_requests)
-            followers.build(RunnerSpec(*shape, cfg.page_size, snapshots))
+            host_slots = host.pool_slots if host is not None else 0
+            followers.build(RunnerSpec(*shape, cfg.page_size, snapshots, host_slots))
         self.placement: dict[str, Any] = {
             "tp_size": cfg.tp_size,
             "weight_bytes_per_rank": weights,

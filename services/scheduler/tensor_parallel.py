@@ -104,6 +104,7 @@ class RunnerSpec:
     max_batch: int
     page_size: int
     state_snapshots: int = 0  # a hybrid model's prefix snapshots (the StatePool's size)
+    host_kv_slots: int = 0  # the host KV tier's slots (each rank holds its own heads' HostKVPool)
 
 
 CAPTURE = "capture"  # capture the decode graphs now
@@ -313,7 +314,7 @@ def _serve(spec: FollowerSpec, conn: Connection) -> None:
     table = ReqToTokenPool(rs.table_rows, rs.max_context)
     runner = ModelRunner(
         model, table, rs.pool_slots, rs.max_batch, spec.profile, page_size=rs.page_size,
-        state_snapshots=rs.state_snapshots,
+        state_snapshots=rs.state_snapshots, host_kv_slots=rs.host_kv_slots,
     )  # fmt: skip
     conn.send("built")
     while True:

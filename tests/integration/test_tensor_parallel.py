@@ -28,6 +28,7 @@ from radixserve.scheduler.model.parallel import ShardLayout, tp_problem
 from radixserve.scheduler.tensor_parallel import weight_bytes
 from tests.helpers.fp8_models import expected_bytes, source_model, write_fp8
 from tests.helpers.hf import NEW, PROMPTS, hf_greedy, one_thread
+from tests.helpers.host_tier import PREFIX, engine_turns
 
 REPO = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
@@ -250,3 +251,12 @@ def test_tp2_block_fp8_serves_hf_greedy_tokens_with_half_the_weights_per_rank(tm
     whole, _ = expected_bytes(ref, "block", dtype_bytes=4)  # the model on one rank
     print(f"{arch} block FP8, tp 2: each rank {[round(b / whole, 3) for b in per_rank]} of the whole")
     assert len(per_rank) == 2 and all(0.49 < b / whole < 0.52 for b in per_rank), per_rank
+
+
+def test_tp2_greedy_with_the_host_kv_tier_equals_tp1_without(demo_model):
+    """Each rank holds its own heads' host pool; rank 0 plans the copies, every rank runs them."""
+    path = demo_model("llama")
+    off, _ = engine_turns(path, host_kv_cache_gb=0.0, disable_overlap=True)
+    on, s = engine_turns(path, host_kv_cache_gb=0.01, disable_overlap=False, tp_size=2)
+    assert [[o["token_ids"] for o in t] for t in on] == [[o["token_ids"] for o in t] for t in off]
+    assert s.kv.cache.loaded_tokens >= 3 * PREFIX and s.num_retractions > 0

@@ -22,9 +22,8 @@ from radixserve.scheduler.memory.host_pool import HostKVPool
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
 from radixserve.scheduler.memory.radix_cache import KVTransfers
+from tests.helpers.host_tier import PREFIX, engine_turns
 from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
-
-PREFIX = 48  # tokens of each conversation's own prefix
 
 
 def _manager(device: int, host: int) -> KVCacheManager:
@@ -165,31 +164,9 @@ def llama_dir(demo_model):
     return demo_model("llama")
 
 
-def _engine_turns(model_dir, host_gb: float, overlap: bool):
-    """Two turns of six conversations through a device pool of 160 tokens (about two of them)."""
-    from radixserve import Engine, SamplingParams
-
-    rng = np.random.default_rng(0)
-    prefixes = [rng.integers(5, 200, PREFIX).tolist() for _ in range(6)]
-    greedy = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
-    with Engine(
-        model_dir, max_total_tokens=160, page_size=4, chunked_prefill_size=16, init_new_token_ratio=0.0,
-        host_kv_cache_gb=host_gb, disable_overlap=not overlap, cpu_overlap_thread_min_ms=0,
-        max_running_requests=6, warmup=False,
-    ) as engine:  # fmt: skip
-        turns = []
-        for turn in range(2):
-            ids = [[*p, 3 + turn, 4 + c] for c, p in enumerate(prefixes)]
-            turns.append(engine.generate(input_ids=ids, sampling_params=greedy))
-        kv = engine.scheduler.kv
-        kv.check(())
-        assert kv.available() == kv.capacity  # every device page free or evictable after the load
-        return turns, engine.scheduler
-
-
 def test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_and_off(llama_dir):
-    off, s_off = _engine_turns(llama_dir, 0.0, overlap=False)
-    on, s_on = _engine_turns(llama_dir, 0.01, overlap=True)
+    off, s_off = engine_turns(llama_dir, host_kv_cache_gb=0.0, disable_overlap=True)
+    on, s_on = engine_turns(llama_dir, host_kv_cache_gb=0.01, disable_overlap=False)
     assert [[o["token_ids"] for o in t] for t in on] == [[o["token_ids"] for o in t] for t in off]
     hits_on = sum(o["meta_info"]["cached_tokens"] for o in on[1])
     hits_off = sum(o["meta_info"]["cached_tokens"] for o in off[1])

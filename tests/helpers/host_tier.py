@@ -1,0 +1,35 @@
+"""The host KV tier's engine workload, shared by the unit test and the tensor-parallel one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from radixserve import Engine, SamplingParams
+from radixserve.scheduler.batch_scheduler import BatchScheduler
+from radixserve.scheduler.engine import GenerateOutput
+
+PREFIX = 48  # tokens of each conversation's own prefix
+
+
+def engine_turns(model_dir: Any, **options: Any) -> tuple[list[list[GenerateOutput]], BatchScheduler]:
+    """Two turns of six conversations through a device pool of 160 tokens (about two of them), with
+    chunked prefill and retraction; returns each turn's outputs and the scheduler, checked after."""
+    rng = np.random.default_rng(0)
+    prefixes = [rng.integers(5, 200, PREFIX).tolist() for _ in range(6)]
+    greedy = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
+    with Engine(
+        model_dir, max_total_tokens=160, page_size=4, chunked_prefill_size=16, init_new_token_ratio=0.0,
+        cpu_overlap_thread_min_ms=0, max_running_requests=6, warmup=False, device="cpu", **options,
+    ) as engine:  # fmt: skip
+        turns = []
+        for turn in range(2):
+            ids = [[*p, 3 + turn, 4 + c] for c, p in enumerate(prefixes)]
+            outs = engine.generate(input_ids=ids, sampling_params=greedy)
+            assert isinstance(outs, list)
+            turns.append(outs)
+        kv = engine.scheduler.kv
+        kv.check(())
+        assert kv.available() == kv.capacity  # every device page free or evictable after the load
+        return turns, engine.scheduler
