@@ -13,7 +13,9 @@ from radixserve.scheduler.engine import GenerateOutput
 PREFIX = 48  # tokens of each conversation's own prefix
 
 
-def engine_turns(model_dir: Any, **options: Any) -> tuple[list[list[GenerateOutput]], BatchScheduler]:
+def engine_turns(
+    model_dir: Any, device: str = "cpu", **options: Any
+) -> tuple[list[list[GenerateOutput]], BatchScheduler]:
     """Two turns of six conversations through a device pool of 160 tokens (about two of them), with
     chunked prefill and retraction; returns each turn's outputs and the scheduler, checked after."""
     rng = np.random.default_rng(0)
@@ -21,7 +23,7 @@ def engine_turns(model_dir: Any, **options: Any) -> tuple[list[list[GenerateOutp
     greedy = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
     with Engine(
         model_dir, max_total_tokens=160, page_size=4, chunked_prefill_size=16, init_new_token_ratio=0.0,
-        cpu_overlap_thread_min_ms=0, max_running_requests=6, warmup=False, device="cpu", **options,
+        cpu_overlap_thread_min_ms=0, max_running_requests=6, warmup=False, device=device, **options,
     ) as engine:  # fmt: skip
         turns = []
         for turn in range(2):
