@@ -346,6 +346,7 @@ class Engine:
         cache = self.scheduler.kv.cache
         # serving starts from an empty cache (block events need it), on every tier
         cache.evict(cache.evictable_size, write_back=False)
+        cache.evict_host(cache.host_size)
         if self.profile.device.type == "cuda":
             torch.cuda.synchronize(self.profile.device)
         self.startup["warmup"] = time.perf_counter() - t1 - self.startup["kernel_compilation"]
