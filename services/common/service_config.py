@@ -113,7 +113,7 @@ class EngineConfig:
         " ends and prompt ends only)",
         bounds=AT_LEAST_0,
     )
-    # The host KV tier (docs/engine.md, "KV tiers"): prefixes evicted from the device pool are
+    # The host KV tier (docs/architecture.md, "KV tiers"): prefixes evicted from the device pool are
     # written back to host memory (pinned on CUDA) and loaded back when a request hits them.
     host_kv_cache_gb: float = setting(
         0.0, "GiB of host memory for KV evicted from the device (0: no host tier)", bounds=AT_LEAST_0

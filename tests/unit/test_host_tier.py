@@ -1,4 +1,4 @@
-"""The host KV tier (docs/engine.md, "KV tiers"): prefixes evicted from a small device pool are
+"""The host KV tier (docs/architecture.md, "KV tiers"): prefixes evicted from a small device pool are
 written back to host pages and loaded back when a request hits them, with the same outputs, fewer
 prefill tokens, the accounting invariant over both tiers after every step, and every page back
 after the load.

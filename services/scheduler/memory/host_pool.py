@@ -1,4 +1,4 @@
-"""HostKVPool: the host tier's K and V tensors (docs/engine.md, "KV tiers"), and the copies between it
+"""HostKVPool: the host tier's K and V tensors (docs/architecture.md, "KV tiers"), and the copies between it
 and the device's KVPool that the radix cache queues (``KVTransfers``), run before a step's forward.
 
 Same layout as KVPool (per layer, ``[slots, kv_heads, head_dim]``), host slots in pages of the

@@ -40,7 +40,7 @@ class MemoryConfig:
     hybrid: bool = False
     state_snapshots: int = 0
     snapshot_interval: int = 0
-    # The host KV tier (docs/engine.md, "KV tiers"): tokens of host memory for KV evicted from the
+    # The host KV tier (docs/architecture.md, "KV tiers"): tokens of host memory for KV evicted from the
     # device (0: off), in pages of ``page_size``.
     host_kv_tokens: int = 0
     kv_write_through: bool = False  # copy to the host at insert instead of at eviction

@@ -27,7 +27,7 @@ leaf: evicting one of those costs its whole prefill again when the request is ad
 Accounting: ``free + evictable + protected + sum(private pages of live requests)``
 equals the pool's capacity after every operation (``KVCacheManager.check``).
 
-Host tier (off unless the cache gets a ``host`` allocator; docs/engine.md, "KV tiers"): a node's KV
+Host tier (off unless the cache gets a ``host`` allocator; docs/architecture.md, "KV tiers"): a node's KV
 may be on the device (``value``), on the host (``host_value``), or on both. Device residency is
 closed under parents (a node on the device has its whole path on the device), so a path reads
 [device nodes][host-only nodes]. Evicting an unlocked device leaf first copies its KV to host pages
