@@ -35,9 +35,14 @@ class PagedAllocator:
         # Stack of free page ids; an allocation takes the slice below _top. Starting in ascending
         # order, a fresh pool hands a request consecutive pages: its KV is contiguous in memory,
         # which the attention backends' gathers read much faster than scattered pages.
-        self._stack = np.arange(num_pages, 0, -1, dtype=np.int64)
-        self._top = num_pages
-        self._is_free = np.ones(num_pages + 1, dtype=bool)
+        self.reset()
+
+    def reset(self) -> None:
+        """Every page free again (its owners are gone: a cache dropping all its nodes)."""
+        n = self.num_pages
+        self._stack = np.arange(n, 0, -1, dtype=np.int64)
+        self._top = n
+        self._is_free = np.ones(n + 1, dtype=bool)
         self._is_free[0] = False  # scratch page, never handed out
 
     # ------------------------------------------------------------------ sizes

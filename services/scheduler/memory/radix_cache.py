@@ -220,8 +220,8 @@ class RadixCache:
         # the scheduler keeps them out of what it admits new work into.
         self.wanted: set[TreeNode] = set()
         self.host_size = 0  # tokens in nodes with a host copy
-        if self.host is not None:  # the host pages go back with the nodes
-            self.host.free_pages(np.flatnonzero(~self.host._is_free[1:]) + 1)
+        if self.host is not None:  # the host pages go back with the nodes (only the tree holds any)
+            self.host.reset()
         self._stores: _Copies = []  # queued write-backs
         self._loads: _Copies = []  # queued load-backs
         self.loading: set[TreeNode] = set()  # nodes whose host pages a queued load reads
