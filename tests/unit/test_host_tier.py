@@ -233,6 +233,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
         seq = np.array(stem + tail, dtype=np.int32)
         seq = seq[: len(seq) - len(seq) % self.page]
         node = self._load(seq)  # the step's request: its prefix (loaded back), then new pages
+        self.kv.check(())  # with copies queued: each into pages of the node it was queued for
         have = cache.match_prefix(seq).slots
         need = (len(seq) - len(have)) // self.page
         new = np.zeros(0, dtype=np.int64)

@@ -46,6 +46,9 @@ class MemoryConfig:
     kv_write_through: bool = False  # copy to the host at insert instead of at eviction
 
 
+_NONE = np.zeros(0, dtype=np.int64)
+
+
 class KVCacheManager:
     def __init__(self, config: MemoryConfig) -> None:
         if config.max_total_tokens < config.page_size:
@@ -318,6 +321,19 @@ class KVCacheManager:
                 np.add.at(owner, pages, 1)
         for node in cache.loading:
             assert node.on_device and node.on_host, f"a queued load of {node!r} has lost a tier"
+
+        # Queued copies touch only pages of the nodes they were queued for: never a free page, nor
+        # one handed to someone else since (two copies into one page would race).
+        def owned(queued: list[npt.NDArray[np.int64]], tier: list[npt.NDArray[np.int64]]) -> bool:
+            if not queued:
+                return True
+            slots = np.concatenate(queued)
+            return len(np.unique(slots)) == len(slots) and bool(np.isin(slots, np.concatenate(tier)).all())
+
+        stores, loads = cache.queued_copies()
+        assert owned([d for _, d in stores], [n.host_value for n in cache.storing] + [_NONE])
+        assert owned([s for s, _ in loads], [n.host_value for n in cache.loading] + [_NONE])
+        assert owned([d for _, d in loads], [n.value for n in cache.loading] + [_NONE])
         assert size == cache.host_size, (size, cache.host_size)
         np.add.at(owner, host._stack[: host._top], 1)
         assert owner[0] == 0 and (owner[1:] == 1).all(), (

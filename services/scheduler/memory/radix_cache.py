@@ -225,6 +225,7 @@ class RadixCache:
         self._stores: _Copies = []  # queued write-backs
         self._loads: _Copies = []  # queued load-backs
         self.loading: set[TreeNode] = set()  # nodes whose host pages a queued load reads
+        self.storing: set[TreeNode] = set()  # nodes whose host pages a queued write-back fills
         if self.block_size:
             self.block_events.append(("cleared", []))
 
@@ -290,6 +291,8 @@ class RadixCache:
         child.host_value = child.host_value[n:]
         if child in self.loading:
             self.loading.add(upper)
+        if child in self.storing:
+            self.storing.add(upper)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
         upper.snaps_below = child.snaps_below  # the same subtree (its snapshot stays with ``child``)
@@ -467,7 +470,9 @@ class RadixCache:
 
     def _free_host(self, node: TreeNode) -> None:
         assert self.host is not None and node not in self.loading
-        self._stores = _without(self._stores, node.host_value, 1)  # a queued write-back into it
+        if node in self.storing:  # a queued write-back into its pages: dropped with them
+            self._stores = _without(self._stores, node.host_value, 1)
+            self.storing.discard(node)
         self.host.free_slots(node.host_value)
         node.host_value = _EMPTY_SLOTS
         self.host_size -= len(node)
@@ -479,11 +484,16 @@ class RadixCache:
         pages = len(node) // self.page_size
         short = pages - self.host.num_free_pages
         if short > 0:
-            self.evict_host(short * self.page_size, keep=node)
+            # At least 1/64 of the tier at a time: each host eviction scans the tree, and an eviction
+            # of many device leaves would scan it once per leaf (500 leaves of a 3,500-node tree:
+            # 2.3 s, docs/architecture.md).
+            batch = max(short, self.host.num_pages // 64) * self.page_size
+            self.evict_host(batch, keep=node)
             if self.host.num_free_pages < pages:
                 return
         host = self.host.pages_to_slots(self.host.alloc_pages(pages))
         self._stores.append((node.value, host))
+        self.storing.add(node)
         self.written_back_tokens += len(node)
         node.host_value = host
         self.host_size += len(node)
@@ -556,6 +566,10 @@ class RadixCache:
         self.version += 1
         return MatchResult(np.concatenate([m.slots, dev]), nodes[-1])
 
+    def queued_copies(self) -> tuple[_Copies, _Copies]:
+        """The write-backs and loads queued since the last ``take_transfers`` (for checks)."""
+        return self._stores, self._loads
+
     def take_transfers(self) -> KVTransfers | None:
         """The copies queued since the last call (None: none), for the next step to run first."""
         if not self._stores and not self._loads:
@@ -567,7 +581,7 @@ class RadixCache:
         stores, loads = self._stores, self._loads
         out = KVTransfers(cat(stores, 0), cat(stores, 1), cat(loads, 0), cat(loads, 1))
         self._stores, self._loads = [], []
-        self.loading = set()
+        self.loading, self.storing = set(), set()
         return out
 
     def _evict_last(self, leaf: TreeNode) -> bool:
