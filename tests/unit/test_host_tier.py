@@ -210,7 +210,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
         self.locked: list = []
 
     OP = st.tuples(
-        st.sampled_from(["evict", "evict_host", "load"]),
+        st.sampled_from(["evict", "evict_host", "load", "load_unadmitted"]),
         st.integers(0, 40),
         st.sampled_from(STEMS),
         st.lists(st.integers(60, 70), max_size=12),
@@ -228,8 +228,10 @@ class TieredCacheMachine(RuleBasedStateMachine):
                 cache.evict(n)
             elif op == "evict_host":
                 cache.evict_host(n)
-            else:
+            elif op == "load":
                 self.locked.append(self._load(np.array(s + t, dtype=np.int32)))
+            else:  # loaded for a request that did not fit after all: its pages may go this step
+                cache.unlock(self._load(np.array(s + t, dtype=np.int32)))
         seq = np.array(stem + tail, dtype=np.int32)
         seq = seq[: len(seq) - len(seq) % self.page]
         node = self._load(seq)  # the step's request: its prefix (loaded back), then new pages
