@@ -12,8 +12,8 @@ import numpy.typing as npt
 from radixserve.scheduler.req import Req
 
 if TYPE_CHECKING:
-    from radixserve.scheduler.memory.radix_cache import KVTransfers
     from radixserve.scheduler.memory.states import StatePlan
+    from radixserve.scheduler.memory.tiered_cache import KVTransfers
 
 
 def _empty() -> npt.NDArray[np.int64]:

@@ -176,17 +176,12 @@ class Engine:
                 local.hybrid.state_shape(), local.dtype, cfg.max_running_requests, kv_left, per_token,
                 cfg.max_state_snapshots,
             )  # fmt: skip
-        host_tokens = host_kv_tokens(cfg.host_kv_cache_gb, per_token, cfg.page_size)
-        if cfg.host_kv_cache_gb > 0 and not host_tokens:
-            gb, page_bytes = cfg.host_kv_cache_gb, per_token * cfg.page_size
-            raise ValueError(f"host_kv_cache_gb {gb:g} holds no KV page ({page_bytes} bytes)")
-        if host_tokens:
-            log.info("host KV tier: %d tokens (%.1f MiB)", host_tokens, host_tokens * per_token / 2**20)
         self.scheduler = BatchScheduler(
-            self._scheduler_config(max_context, str(dev), kv_left, snapshots, host_tokens),
+            self._scheduler_config(max_context, str(dev), kv_left, snapshots, self._host_tokens(per_token)),
             eos_token_ids=self._eos_token_ids(),
         )
-        host = self.scheduler.kv.host
+        kv = self.scheduler.kv
+        host_slots = kv.host.pool_slots if kv.host is not None else 0
         self.runner = ModelRunner(
             model,
             self.scheduler.kv.req_to_token,
@@ -197,24 +192,13 @@ class Engine:
             step_sink=followers.send if followers is not None else None,
             eos_token_ids=self._eos_token_ids(),
             state_snapshots=snapshots,
-            host_kv_slots=host.pool_slots if host is not None else 0,
+            host_kv_slots=host_slots,
         )
-        kv = self.scheduler.kv
         if followers is not None:
             table = kv.req_to_token
             shape = (kv.allocator.pool_slots, table.max_running, table.max_context, cfg.max_running_requests)
-            host_slots = host.pool_slots if host is not None else 0
             followers.build(RunnerSpec(*shape, cfg.page_size, snapshots, host_slots))
-        self.placement: dict[str, Any] = {
-            "tp_size": cfg.tp_size,
-            "weight_bytes_per_rank": weights,
-            "kv_tokens": kv.capacity,
-            "kv_bytes_per_rank": kv.capacity * per_token,
-            "state_snapshots": snapshots,
-            "state_bytes_per_rank": self.runner.states.nbytes if self.runner.states is not None else 0,
-            "host_kv_tokens": host.capacity_tokens if host is not None else 0,
-            "host_kv_bytes": self.runner.host_pool.nbytes if self.runner.host_pool is not None else 0,
-        }
+        self.placement = self._placement(weights, per_token, snapshots)
         if cfg.tp_size > 1:
             log.info(
                 "tensor parallelism %d: weights per rank %s MiB; KV pool %d tokens (%.1f MiB per rank; "
@@ -241,6 +225,30 @@ class Engine:
         self.startup["graph_capture"] = self.runner.capture_graphs()  # CUDA; nothing on CPU
         if cfg.warmup:
             self.warmup()
+
+    def _host_tokens(self, per_token: int) -> int:
+        """The host KV tier's size in tokens (``host_kv_cache_gb``; 0: none)."""
+        gb, page = self.config.host_kv_cache_gb, self.config.page_size
+        tokens = host_kv_tokens(gb, per_token, page)
+        if gb > 0 and not tokens:
+            raise ValueError(f"host_kv_cache_gb {gb:g} holds no KV page ({per_token * page} bytes)")
+        if tokens:
+            log.info("host KV tier: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)
+        return tokens
+
+    def _placement(self, weights: list[int], per_token: int, snapshots: int) -> dict[str, Any]:
+        """What this engine holds where, per rank (metrics, benchmarks)."""
+        kv, runner = self.scheduler.kv, self.runner
+        return {
+            "tp_size": self.config.tp_size,
+            "weight_bytes_per_rank": weights,
+            "kv_tokens": kv.capacity,
+            "kv_bytes_per_rank": kv.capacity * per_token,
+            "state_snapshots": snapshots,
+            "state_bytes_per_rank": runner.states.nbytes if runner.states is not None else 0,
+            "host_kv_tokens": kv.host.capacity_tokens if kv.host is not None else 0,
+            "host_kv_bytes": runner.host_pool.nbytes if runner.host_pool is not None else 0,
+        }
 
     def attach_grammar(self, req: Req, timeout_s: float = GRAMMAR_TIMEOUT_S) -> None:
         """Give a constrained request its grammar state. Compiling runs on the grammar backend's

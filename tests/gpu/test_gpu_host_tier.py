@@ -14,7 +14,7 @@ import torch
 from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.host_pool import HostKVPool
 from radixserve.scheduler.memory.kv_pool import KVPool
-from radixserve.scheduler.memory.radix_cache import KVTransfers
+from radixserve.scheduler.memory.tiered_cache import KVTransfers
 from tests.helpers.host_tier import PREFIX, engine_turns
 
 if not torch.cuda.is_available():

@@ -21,7 +21,7 @@ from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.host_pool import HostKVPool
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
-from radixserve.scheduler.memory.radix_cache import KVTransfers
+from radixserve.scheduler.memory.tiered_cache import KVTransfers
 from tests.helpers.host_tier import PREFIX, engine_turns
 from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
 

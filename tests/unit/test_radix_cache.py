@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.scheduler.memory.radix_cache import NoCache
+from radixserve.scheduler.memory.no_cache import NoCache
 from tests.helpers.radix import make_cache, put
 
 

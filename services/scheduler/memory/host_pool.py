@@ -23,7 +23,7 @@ import numpy.typing as npt
 import torch
 
 from radixserve.scheduler.memory.kv_pool import KVPool
-from radixserve.scheduler.memory.radix_cache import KVTransfers
+from radixserve.scheduler.memory.tiered_cache import KVTransfers
 
 
 class HostKVPool:

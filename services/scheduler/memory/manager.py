@@ -21,10 +21,12 @@ import numpy.typing as npt
 from radixserve.common.service_config import ENGINE_DEFAULTS
 from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator, pages_for
 from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache, SnapshotSlots
-from radixserve.scheduler.memory.radix_cache import KVTransfers, MatchResult, NoCache, RadixCache, TreeNode
+from radixserve.scheduler.memory.no_cache import NoCache
+from radixserve.scheduler.memory.radix_cache import MatchResult, RadixCache, TreeNode
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.memory.state_pool import first_snapshot_slot, zero_slot
 from radixserve.scheduler.memory.states import StateTracker
+from radixserve.scheduler.memory.tiered_cache import KVTransfers, TieredRadixCache
 from radixserve.scheduler.req import Req
 
 
@@ -69,8 +71,11 @@ class KVCacheManager:
         elif config.hybrid:
             snapshots = SnapshotSlots(first_snapshot_slot(rows), config.state_snapshots)
             self.cache = HybridRadixCache(self.allocator, self.req_to_token, snapshots)
+        elif self.host is not None:
+            write_through = config.kv_write_through
+            self.cache = TieredRadixCache(self.allocator, self.req_to_token, self.host, write_through)
         else:
-            self.cache = RadixCache(self.allocator, self.req_to_token, self.host, config.kv_write_through)
+            self.cache = RadixCache(self.allocator, self.req_to_token)
         self.states = (
             StateTracker(self.cache, zero_slot(rows), config.page_size, config.snapshot_interval)
             if config.hybrid
@@ -309,6 +314,7 @@ class KVCacheManager:
         if host is None:
             assert not any(n.on_host for n in nodes), "host KV without a host tier"
             return
+        assert isinstance(cache, TieredRadixCache)
         ps = self.page_size
         owner = np.zeros(host.num_pages + 1, dtype=np.int32)
         size = 0

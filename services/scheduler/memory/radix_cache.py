@@ -27,16 +27,7 @@ leaf: evicting one of those costs its whole prefill again when the request is ad
 Accounting: ``free + evictable + protected + sum(private pages of live requests)``
 equals the pool's capacity after every operation (``KVCacheManager.check``).
 
-Host tier (off unless the cache gets a ``host`` allocator; docs/architecture.md, "KV tiers"): a node's KV
-may be on the device (``value``), on the host (``host_value``), or on both. Device residency is
-closed under parents (a node on the device has its whole path on the device), so a path reads
-[device nodes][host-only nodes]. Evicting an unlocked device leaf first copies its KV to host pages
-(write-back; the copy is queued, ``take_transfers``); the node stays in the tree, host-resident.
-``match_prefix`` reports the host part after the device part; ``load_back`` gives it new device
-pages and queues the copies back. Queued copies run before the next step's forward, stores before
-loads: a page freed by a write-back may be a load's destination in the same step. Host pages are
-evicted LRU (locked and wanted nodes last); a host page that a queued load reads is never freed.
-``evictable_size`` and ``protected_size`` count device tokens only; ``host_size`` counts host ones.
+Host tier: memory/tiered_cache.py (TieredRadixCache) keeps a node's KV on the host too, or only.
 
 Block events (for the cluster's prefix index; off unless ``enable_block_events``): every full
 block of ``block_size`` tokens in the tree has a chained hash (radixserve.common.block_hash) kept
@@ -56,10 +47,11 @@ import numpy as np
 import numpy.typing as npt
 
 from radixserve.common.block_hash import chain
-from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator
+from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.memory.tiered_cache import KVTransfers
     from radixserve.scheduler.req import Req
 
 _EMPTY_SLOTS = np.zeros(0, dtype=np.int64)
@@ -126,15 +118,6 @@ class MatchResult(NamedTuple):
         return len(self.slots) + self.host_len
 
 
-class KVTransfers(NamedTuple):
-    """Copies between the device and host KV pools to run before a step's forward, stores first."""
-
-    store_src: npt.NDArray[np.int64]  # device slots written back ...
-    store_dst: npt.NDArray[np.int64]  # ... to these host slots
-    load_src: npt.NDArray[np.int64]  # host slots loaded back ...
-    load_dst: npt.NDArray[np.int64]  # ... into these device slots
-
-
 class InsertResult(NamedTuple):
     present_len: int  # leading tokens that were already cached (caller's slots there are duplicates)
     node: TreeNode  # node ending exactly at the inserted key's end
@@ -149,44 +132,19 @@ def common_len(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32], page_size: in
     return n - n % page_size
 
 
-_Copies = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]  # (source slots, destination slots)
-
-
-def _without(pairs: _Copies, slots: npt.NDArray[np.int64], side: int) -> _Copies:
-    """``pairs`` less the copies whose ``side`` (0: source, 1: destination) is in ``slots``."""
-    out = []
-    for pair in pairs:
-        keep = ~np.isin(pair[side], slots)
-        if keep.all():
-            out.append(pair)
-        elif keep.any():
-            out.append((pair[0][keep], pair[1][keep]))
-    return out
-
-
 class RadixCache:
     """Prefix cache: token sequences -> KV slots, LRU eviction of unlocked leaves (wanted ones last)."""
 
     disabled = False
 
-    def __init__(
-        self,
-        allocator: PagedAllocator,
-        req_to_token: ReqToTokenPool,
-        host: PagedAllocator | None = None,
-        write_through: bool = False,
-    ) -> None:
-        """``host``: the host KV pool's pages (same page size), None: no host tier. ``write_through``:
-        copy new nodes to the host when they are inserted, not when they are evicted."""
+    # The host tier (memory/tiered_cache.py) adds to these; without it everything is on the device.
+    host_size = 0  # tokens in nodes with a host copy
+    written_back_tokens = loaded_tokens = 0  # tokens copied to the host and back, all told
+
+    def __init__(self, allocator: PagedAllocator, req_to_token: ReqToTokenPool) -> None:
         self.allocator = allocator
         self.req_to_token = req_to_token
         self.page_size = allocator.page_size
-        if host is not None and host.page_size != allocator.page_size:
-            raise ValueError("the host KV pool's pages must be the device pool's size")
-        self.host = host
-        self.write_through = write_through and host is not None
-        self.written_back_tokens = 0  # host tier: tokens copied to the host, all told
-        self.loaded_tokens = 0  # and back to the device
         self.block_size = 0  # 0: no block events
         self._root_block_hash = 0
         self.block_events: list[tuple[str, list[int]]] = []  # ("stored" | "removed" | "cleared", hashes)
@@ -219,13 +177,6 @@ class RadixCache:
         # Nodes on the cached prefixes that waiting requests matched (``want``): evicted last, and
         # the scheduler keeps them out of what it admits new work into.
         self.wanted: set[TreeNode] = set()
-        self.host_size = 0  # tokens in nodes with a host copy
-        if self.host is not None:  # the host pages go back with the nodes (only the tree holds any)
-            self.host.reset()
-        self._stores: _Copies = []  # queued write-backs
-        self._loads: _Copies = []  # queued load-backs
-        self.loading: set[TreeNode] = set()  # nodes whose host pages a queued load reads
-        self.storing: set[TreeNode] = set()  # nodes whose host pages a queued write-back fills
         if self.block_size:
             self.block_events.append(("cleared", []))
 
@@ -289,10 +240,6 @@ class RadixCache:
         upper = TreeNode(child.key[:n], child.value[:n], child.parent)
         upper.host_value = child.host_value[:n]
         child.host_value = child.host_value[n:]
-        if child in self.loading:
-            self.loading.add(upper)
-        if child in self.storing:
-            self.storing.add(upper)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
         upper.snaps_below = child.snaps_below  # the same subtree (its snapshot stays with ``child``)
@@ -343,8 +290,7 @@ class RadixCache:
             self.version += 1
             parts.append(leaf.value)
             node = leaf
-            if self.write_through:  # its KV is written (insert comes after the forward)
-                self._write_back(leaf)
+            self._inserted(leaf)
         tree_slots = np.concatenate(parts) if parts else _EMPTY_SLOTS
         return InsertResult(present, node, tree_slots)
 
@@ -427,8 +373,8 @@ class RadixCache:
         while freed < num_tokens and heap:
             leaf = heapq.heappop(heap)[-1]
             parent = _parent(leaf)
-            if write_back and self.host is not None and not leaf.on_host:
-                self._write_back(leaf)
+            if write_back:
+                self._leaving_device(leaf)
             self._free_device(leaf)
             if not leaf.on_host:
                 self._remove(leaf)
@@ -446,150 +392,48 @@ class RadixCache:
         return [n for n in self.nodes() if n.on_device and not self._device_children(n)]
 
     def _free_device(self, node: TreeNode) -> None:
-        """``node`` leaves the device (unlocked); a load queued into its pages is dropped."""
+        """``node`` leaves the device (unlocked)."""
         self.allocator.free_slots(node.value)
-        if node in self.loading:
-            self._loads = _without(self._loads, node.value, 1)
-            self.loading.discard(node)
         node.value = _EMPTY_SLOTS
         self.evictable_size -= len(node)
 
     def _remove(self, node: TreeNode) -> None:
-        """Take ``node`` and its subtree (host-only, if any) out of the tree, freeing their host pages."""
+        """Take ``node`` and its subtree (host-only, if any) out of the tree."""
         del _parent(node).children[self._child_key(node.key)]
         stack = [node]
         while stack:
             n = stack.pop()
             stack.extend(n.children.values())
-            assert not n.on_device and n not in self.loading, "removed a node the device still uses"
-            if n.on_host:
-                self._free_host(n)
+            assert not n.on_device, "removed a node the device still uses"
             self.wanted.discard(n)
             self._evicting(n)
             self._blocks_event("removed", n)
 
-    def _free_host(self, node: TreeNode) -> None:
-        assert self.host is not None and node not in self.loading
-        if node in self.storing:  # a queued write-back into its pages: dropped with them
-            self._stores = _without(self._stores, node.host_value, 1)
-            self.storing.discard(node)
-        self.host.free_slots(node.host_value)
-        node.host_value = _EMPTY_SLOTS
-        self.host_size -= len(node)
+    # ---------------------------------------------------- the host tier's hooks
+    def _inserted(self, leaf: TreeNode) -> None:
+        """``leaf`` is new in the tree, its KV written (insert follows the forward)."""
 
-    def _write_back(self, node: TreeNode) -> None:
-        """Queue a copy of ``node``'s device KV to new host pages (none when the host is full of
-        pages that cannot go)."""
-        assert self.host is not None
-        pages = len(node) // self.page_size
-        short = pages - self.host.num_free_pages
-        if short > 0:
-            # At least 1/64 of the tier at a time: each host eviction scans the tree, and an eviction
-            # of many device leaves would scan it once per leaf (500 leaves of a 3,500-node tree:
-            # 2.3 s, docs/architecture.md).
-            batch = max(short, self.host.num_pages // 64) * self.page_size
-            self.evict_host(batch, keep=node)
-            if self.host.num_free_pages < pages:
-                return
-        host = self.host.pages_to_slots(self.host.alloc_pages(pages))
-        self._stores.append((node.value, host))
-        self.storing.add(node)
-        self.written_back_tokens += len(node)
-        node.host_value = host
-        self.host_size += len(node)
-
-    def evict_host(self, num_tokens: int, keep: TreeNode | None = None) -> int:
-        """Free at least ``num_tokens`` host tokens: drop the host copy of nodes also on the device,
-        remove host-only leaves; unlocked and unwanted first, each least recently used first. Never
-        ``keep``'s path, nor a page a queued load reads. Returns the tokens freed."""
-        if num_tokens <= 0 or self.host is None:
-            return 0
-        keep_path: set[TreeNode] = set()
-        while keep is not None and keep is not self.root:
-            keep_path.add(keep)
-            keep = keep.parent
-
-        def can_go(n: TreeNode) -> bool:
-            free_to_go = n not in keep_path and n not in self.loading
-            return n.on_host and free_to_go and (n.on_device or not n.children)
-
-        def entry(n: TreeNode) -> tuple[bool, bool, int, int, TreeNode]:
-            return (n.lock_ref > 0, n in self.wanted, n.last_access, n.id, n)
-
-        heap = [entry(n) for n in self.nodes() if can_go(n)]
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_tokens and heap:
-            node = heapq.heappop(heap)[-1]
-            parent = _parent(node)
-            freed += len(node)
-            if node.on_device:
-                self._free_host(node)
-                continue
-            self._remove(node)
-            # a parent on the device is in the heap already; a host-only one may just have become a leaf
-            if parent is not self.root and not parent.on_device and can_go(parent):
-                heapq.heappush(heap, entry(parent))
-        if freed:
-            self.version += 1
-        return freed
+    def _leaving_device(self, leaf: TreeNode) -> None:
+        """``leaf``'s device pages are about to be freed by an eviction."""
 
     def load_back(self, m: MatchResult) -> MatchResult:
-        """Give the host-only part of ``m`` device pages (evicting others as needed; ``m.node`` must
-        be locked) and queue the copies; returns the match on the device now. When the device cannot
-        hold it, returns ``m``'s device part alone."""
-        if m.host_node is None:
-            return m
-        nodes: list[TreeNode] = []
-        node: TreeNode = m.host_node
-        while node is not m.node:
-            nodes.append(node)
-            node = _parent(node)
-        nodes.reverse()
-        pages = m.host_len // self.page_size
-        self.loading.update(nodes)  # their host pages stay while the device makes room
-        try:
-            short = pages - self.allocator.num_free_pages
-            if short > 0:
-                self.evict(short * self.page_size)
-            dev = self.allocator.pages_to_slots(self.allocator.alloc_pages(pages))
-        except OutOfPagesError:
-            self.loading.difference_update(nodes)
-            return MatchResult(m.slots, m.node)
-        start = 0
-        for n in nodes:
-            n.value = dev[start : start + len(n)]
-            self.evictable_size += len(n)
-            self._loads.append((n.host_value, n.value))
-            self.loaded_tokens += len(n)
-            start += len(n)
-        self.version += 1
-        return MatchResult(np.concatenate([m.slots, dev]), nodes[-1])
+        """``m`` with any part on a lower tier brought to the device (memory/tiered_cache.py)."""
+        return m
 
-    def queued_copies(self) -> tuple[_Copies, _Copies]:
-        """The write-backs and loads queued since the last ``take_transfers`` (for checks)."""
-        return self._stores, self._loads
+    def evict_host(self, num_tokens: int, keep: TreeNode | None = None) -> int:
+        return 0
 
     def take_transfers(self) -> KVTransfers | None:
-        """The copies queued since the last call (None: none), for the next step to run first."""
-        if not self._stores and not self._loads:
-            return None
+        """Copies between tiers for the next step to run first (memory/tiered_cache.py)."""
+        return None
 
-        def cat(pairs: _Copies, i: int) -> npt.NDArray[np.int64]:
-            return np.concatenate([p[i] for p in pairs]) if pairs else _EMPTY_SLOTS
-
-        stores, loads = self._stores, self._loads
-        out = KVTransfers(cat(stores, 0), cat(stores, 1), cat(loads, 0), cat(loads, 1))
-        self._stores, self._loads = [], []
-        self.loading, self.storing = set(), set()
-        return out
-
+    # ------------------------------------------------------- the hybrids' hooks
     def _evict_last(self, leaf: TreeNode) -> bool:
         """Among equally wanted leaves, whether ``leaf`` goes after those that return False."""
         return False
 
     def _evicting(self, leaf: TreeNode) -> None:
-        """``leaf`` leaves the tree (its pages are freed already)."""
+        """``leaf`` leaves the tree (its device pages are freed already)."""
 
     def nodes(self) -> list[TreeNode]:
         """Every node but the root (for checks and stats)."""
@@ -651,26 +495,3 @@ class RadixCache:
             ps = self.page_size
             slots = self.req_to_token.read(req.req_pool_idx, req.cached_len, req.alloc_len)
             self.allocator.free_pages(slots[::ps] // ps)
-
-
-class NoCache(RadixCache):
-    """The cache turned off, same interface: nothing is shared, a request owns all its pages."""
-
-    disabled = True
-
-    def match_prefix(self, tokens: npt.NDArray[np.integer]) -> MatchResult:
-        return MatchResult(_EMPTY_SLOTS, self.root)
-
-    def insert(self, tokens: npt.NDArray[np.integer], slots: npt.NDArray[np.integer]) -> InsertResult:
-        raise RuntimeError("the prefix cache is disabled")
-
-    def evict(self, num_tokens: int, write_back: bool = True) -> int:
-        return 0
-
-    def cache_unfinished_req(self, req: Req, upto: int) -> None:
-        return None
-
-    def cache_finished_req(self, req: Req) -> None:
-        assert req.req_pool_idx is not None
-        self._free_private(req)
-        self._drop_row(req)

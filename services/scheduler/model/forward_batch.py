@@ -12,7 +12,7 @@ import torch
 from radixserve.scheduler.batch import ForwardMode
 
 if TYPE_CHECKING:
-    from radixserve.scheduler.memory.radix_cache import KVTransfers
+    from radixserve.scheduler.memory.tiered_cache import KVTransfers
     from radixserve.scheduler.model.linear_attention import LinearStep
     from radixserve.scheduler.model.logits import LogitsStep
     from radixserve.scheduler.model.sampler import SamplingInfo

@@ -28,9 +28,9 @@ import torch
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, ScoreLayout
 from radixserve.scheduler.memory.host_pool import HostKVPool
 from radixserve.scheduler.memory.kv_pool import KVPool
-from radixserve.scheduler.memory.radix_cache import KVTransfers
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.memory.state_pool import StatePool
+from radixserve.scheduler.memory.tiered_cache import KVTransfers
 from radixserve.scheduler.model.attention import GraphAttentionBackend, make_backend
 from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.forward_batch import ForwardBatch
