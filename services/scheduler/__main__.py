@@ -110,9 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_http_server(cfg.metrics_port, addr=cfg.host, registry=service.metrics.registry)
     if engine.followers is not None:
         engine.followers.watch(on_failure)
-    startup.report(
-        {"process_start": started, "model_fetch": fetched, **engine.startup}, service.metrics.registry
-    )
+    phases = {"process_start": started, "model_fetch": fetched, **engine.startup}
+    startup.report(phases, service.metrics.registry, service.model_name)
     compiled.report()
     logging.info("serving on %s:%d (KV %d tokens)", cfg.host, cfg.port, engine.scheduler.kv.capacity)
     while not stop.wait(1.0):

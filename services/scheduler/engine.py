@@ -48,6 +48,7 @@ from radixserve.scheduler.tensor_parallel import RunnerSpec, TPFollowers, start_
 
 if TYPE_CHECKING:
     from radixserve.scheduler.grammar import GrammarBackend
+    from radixserve.scheduler.model.llama import CausalLM
 
 log = logging.getLogger(__name__)
 GRAMMAR_TIMEOUT_S = 60.0  # compiling one constraint (a huge schema); the gateway checked it already
@@ -157,25 +158,7 @@ class Engine:
         model = load_model(model_path, self.model_config, dev, max_positions, tp=tp)
         t_loaded = time.perf_counter()
         per_token = model.local_config.kv_bytes_per_token()
-        # Rank 0's penalty tables are allocated on the first penalised request: room kept for them.
-        penalties = PenaltyState.table_bytes(cfg.max_running_requests + 1, self.model_config.vocab_size)
-        kv_tokens = [
-            kv_capacity(dev, per_token, cfg.mem_fraction, cfg.page_size, cfg.tp_size) - penalties // per_token
-        ]
-        weights = [weight_bytes(model)]
-        if followers is not None:
-            for loaded in followers.loaded():
-                kv_tokens.append(loaded.kv_tokens)
-                weights.append(loaded.weight_bytes)
-        # Every rank's pool has the same slots: the smallest any rank can hold. A hybrid's recurrent
-        # states come out of it first (every rank holds the same number, of its own heads).
-        snapshots, kv_left = 0, min(kv_tokens)
-        local = model.local_config
-        if local.hybrid is not None:
-            snapshots, kv_left = plan_state_memory(
-                local.hybrid.state_shape(), local.dtype, cfg.max_running_requests, kv_left, per_token,
-                cfg.max_state_snapshots,
-            )  # fmt: skip
+        kv_tokens, weights, snapshots, kv_left = self._memory_plan(model, per_token)
         self.scheduler = BatchScheduler(
             self._scheduler_config(max_context, str(dev), kv_left, snapshots, self._host_tokens(per_token)),
             eos_token_ids=self._eos_token_ids(),
@@ -213,13 +196,9 @@ class Engine:
         self._ids = itertools.count()
         self._closed = False
         # Seconds per start-up phase (startup.py names them; the process's own come from __main__).
-        self.startup = {
-            "weight_load": t_loaded - t_start,
-            "kv_allocation": time.perf_counter() - t_loaded,  # the pool, tables, runner, loop
-            "graph_capture": 0.0,
-            "kernel_compilation": 0.0,
-            "warmup": 0.0,
-        }
+        # (kv_allocation: the pool, tables, runner, loop)
+        self.startup = {"weight_load": t_loaded - t_start, "kv_allocation": time.perf_counter() - t_loaded}
+        self.startup |= dict.fromkeys(("graph_capture", "kernel_compilation", "warmup"), 0.0)
         if followers is not None and self.runner.graphs.capture_graphs:
             followers.capture()  # every rank captures at once: the graphs hold collectives
         self.startup["graph_capture"] = self.runner.capture_graphs()  # CUDA; nothing on CPU
@@ -249,6 +228,32 @@ class Engine:
             "host_kv_tokens": kv.host.capacity_tokens if kv.host is not None else 0,
             "host_kv_bytes": runner.host_pool.nbytes if runner.host_pool is not None else 0,
         }
+
+    def _memory_plan(self, model: CausalLM, per_token: int) -> tuple[list[int], list[int], int, int]:
+        """What each rank could hold (KV tokens, weight bytes), then the state snapshots and KV tokens
+        every rank gets."""
+        cfg, followers = self.config, self.followers
+        # Rank 0's penalty tables are allocated on the first penalised request: room kept for them.
+        penalties = PenaltyState.table_bytes(cfg.max_running_requests + 1, self.model_config.vocab_size)
+        kv_tokens = [
+            kv_capacity(self.profile.device, per_token, cfg.mem_fraction, cfg.page_size, cfg.tp_size)
+            - penalties // per_token
+        ]
+        weights = [weight_bytes(model)]
+        if followers is not None:
+            for loaded in followers.loaded():
+                kv_tokens.append(loaded.kv_tokens)
+                weights.append(loaded.weight_bytes)
+        # Every rank's pool has the same slots: the smallest any rank can hold. A hybrid's recurrent
+        # states come out of it first (every rank holds the same number, of its own heads).
+        snapshots, kv_left = 0, min(kv_tokens)
+        local = model.local_config
+        if local.hybrid is not None:
+            snapshots, kv_left = plan_state_memory(
+                local.hybrid.state_shape(), local.dtype, cfg.max_running_requests, kv_left, per_token,
+                cfg.max_state_snapshots,
+            )  # fmt: skip
+        return kv_tokens, weights, snapshots, kv_left
 
     def attach_grammar(self, req: Req, timeout_s: float = GRAMMAR_TIMEOUT_S) -> None:
         """Give a constrained request its grammar state. Compiling runs on the grammar backend's

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from radixserve.scheduler.metrics import MODEL_LABEL
+
 log = logging.getLogger(__name__)
 
 PHASES = (
@@ -48,16 +50,19 @@ def process_age_s() -> float:
         return 0.0
 
 
-def report(phases: Mapping[str, float], registry: CollectorRegistry | None = None) -> str:
-    """Log the phases (one line, in start order) and set the gauge in ``registry``; returns the line."""
+def report(
+    phases: Mapping[str, float], registry: CollectorRegistry | None = None, model_name: str = ""
+) -> str:
+    """Log the phases (one line, in start order) and set the gauge in ``registry`` (labelled with the
+    served model's name, as every scheduler series is); returns the line."""
     known = {p: phases[p] for p in PHASES if p in phases}
     line = f"started in {sum(known.values()):.2f} s: " + ", ".join(f"{p} {s:.2f} s" for p, s in known.items())
     log.info(line)
     if registry is not None:
         gauge = Gauge(
-            "radixserve_startup_seconds", "Seconds each phase of this scheduler's start took", ["phase"],
-            registry=registry,
+            "radixserve_startup_seconds", "Seconds each phase of this scheduler's start took",
+            [MODEL_LABEL, "phase"], registry=registry,
         )  # fmt: skip
         for p, s in known.items():
-            gauge.labels(p).set(s)
+            gauge.labels(model_name, p).set(s)
     return line

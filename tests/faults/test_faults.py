@@ -19,6 +19,7 @@ from radixserve.launcher import Cluster, RestartPolicy, counter_by
 from tests.helpers.cluster import (
     MODEL_NAME,
     failovers,
+    greedy_body,
     read_grpc_stream,
     read_stream,
     start_cluster,
@@ -338,7 +339,7 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
             async with httpx.AsyncClient(base_url=cluster.url, timeout=120) as h:
                 first = [asyncio.Event(), asyncio.Event()]
                 # long enough to be running at the kill on a fast machine (~1 ms a token here); traced
-                body = _greedy("victim's running one", 1950)
+                body = greedy_body("victim's running one", 1950)
                 traced = {"traceparent": f"00-{'f' * 32}-{1:016x}-01"}
                 running = [asyncio.create_task(read_stream(h, body, first[0], traced))]
                 await first[0].wait()  # one at a time: round-robin sends them in this order
@@ -394,17 +395,6 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
     finally:
         cluster.stop(drain_timeout=2)
         otlp.stop(0)
-
-
-def _greedy(prompt: str, max_tokens: int) -> dict:
-    return {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream_options": {"include_usage": True},
-    }
 
 
 def _check_failover_span(receiver, trace_id: str, source: str, target: str, max_tokens: int) -> None:

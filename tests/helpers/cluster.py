@@ -46,10 +46,9 @@ def start_cluster(
     return cluster
 
 
-async def stream_completion(h, prompt: str, on_first, max_tokens: int) -> dict:
-    """A greedy streamed completion of exactly ``max_tokens`` (EOS ignored), read by read_stream
-    (its usage included)."""
-    body = {
+def greedy_body(prompt: str, max_tokens: int) -> dict:
+    """A greedy completion's body: exactly ``max_tokens`` (EOS ignored), its usage in the stream."""
+    return {
         "model": MODEL_NAME,
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -57,7 +56,11 @@ async def stream_completion(h, prompt: str, on_first, max_tokens: int) -> dict:
         "ignore_eos": True,
         "stream_options": {"include_usage": True},
     }
-    return await read_stream(h, body, on_first)
+
+
+async def stream_completion(h, prompt: str, on_first, max_tokens: int) -> dict:
+    """A greedy streamed completion of exactly ``max_tokens``, read by read_stream."""
+    return await read_stream(h, greedy_body(prompt, max_tokens), on_first)
 
 
 async def read_stream(h, body: dict, on_first=None, headers: dict | None = None) -> dict:

@@ -112,10 +112,12 @@ def _check_hold_traces(receiver) -> None:
         spans = [s for _, s in list(receiver.spans) if s.name == "hold"]
         return sorted((attrs(s)["radixserve.hold.ahead"], s.end_time_unix_nano) for s in spans)
 
+    def roots() -> list:  # a request's root span ends (and is exported) after its hold span
+        return [s for _, s in list(receiver.spans) if "radixserve.held_s" in attrs(s)]
+
     _wait("8 hold spans exported", lambda: len(holds()) == 8, 15)
-    roots = [s for _, s in list(receiver.spans) if "radixserve.held_s" in attrs(s)]
-    assert len(roots) == 8
-    assert all(attrs(s)["radixserve.ttft_s"] > attrs(s)["radixserve.held_s"] for s in roots)
+    _wait("8 held requests' root spans exported", lambda: len(roots()) == 8, 15)
+    assert all(attrs(s)["radixserve.ttft_s"] > attrs(s)["radixserve.held_s"] for s in roots())
     got = holds()
     assert [ahead for ahead, _ in got] == list(range(8))
     ends = [end for _, end in got]

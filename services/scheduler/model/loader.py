@@ -138,19 +138,7 @@ def load_model(
     fp8 = plan(model, files, cfg, place, place_moe)  # FP8 projections become Fp8Linear (still on meta)
     model.to_empty(device=device)
     params = dict(model.named_parameters())
-    # still to fill: each output row (1-D, 2-D), each expert's rows (3-D expert stacks), each scale
-    unfilled = {
-        name: torch.ones(
-            p.shape if name.endswith(".weight_scale") else p.shape[: max(1, p.dim() - 1)], dtype=torch.bool
-        )
-        for name, p in params.items()
-    }
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        real = layout.vocab_end(cfg) - layout.vocab_start
-        if name in params and real < params[name].shape[0]:  # the last rank's padding rows
-            with torch.no_grad():
-                params[name][real:].zero_()
-            unfilled[name][real:] = False
+    unfilled = _still_to_fill(params, layout.vocab_end(cfg) - layout.vocab_start)
     loading = (
         None
         if fp8 is None
@@ -192,6 +180,23 @@ def load_model(
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()  # what loading left in torch's cache is free memory for the KV pool
     return model.eval()
+
+
+def _still_to_fill(params: dict[str, torch.nn.Parameter], vocab_rows: int) -> dict[str, torch.Tensor]:
+    """Each output row (1-D, 2-D), each expert's rows (3-D expert stacks) and each scale still to
+    fill; the last rank's vocabulary padding rows (past ``vocab_rows``) are zeroed and count as filled."""
+    unfilled = {
+        name: torch.ones(
+            p.shape if name.endswith(".weight_scale") else p.shape[: max(1, p.dim() - 1)], dtype=torch.bool
+        )
+        for name, p in params.items()
+    }
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in params and vocab_rows < params[name].shape[0]:
+            with torch.no_grad():
+                params[name][vocab_rows:].zero_()
+            unfilled[name][vocab_rows:] = False
+    return unfilled
 
 
 # ----------------------------------------------------------------------------- reading the files
