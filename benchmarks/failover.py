@@ -122,17 +122,9 @@ def run_once(model: Path, config: str, prompts: list[list[int]], args: argparse.
 
 def failovers(url: str) -> dict[str, float]:
     """The gateway's radixserve_stream_failovers counters, as ``cause/outcome``: count."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
+    from radixserve.launcher import counter_by
 
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {
-        f"{x.labels['cause']}/{x.labels['outcome']}": x.value
-        for f in text_string_to_metric_families(text)
-        if f.name == "radixserve_stream_failovers"
-        for x in f.samples
-        if x.name.endswith("_total")
-    }
+    return counter_by(f"{url}/metrics", "radixserve_stream_failovers", "cause", "outcome")
 
 
 def resumed(s: common.Stream, killed_at: float) -> float | None:

@@ -261,13 +261,14 @@ class Cluster:
             s.reap()
 
 
-def counter_by(url: str, family: str, label: str) -> dict[str, float]:
-    """A Prometheus counter's totals at ``url`` (a /metrics endpoint) by one label's value."""
+def counter_by(url: str, family: str, *labels: str) -> dict[str, float]:
+    """A Prometheus counter's totals at ``url`` (a /metrics endpoint) by its ``labels``' values,
+    joined with ``/`` when there are several."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url, timeout=10).text
     return {
-        x.labels[label]: x.value
+        "/".join(x.labels[label] for label in labels): x.value
         for f in text_string_to_metric_families(text)
         if f.name == family
         for x in f.samples

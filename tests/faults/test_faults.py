@@ -78,17 +78,17 @@ def _wait(what: str, check, timeout: float) -> float:
     return time.monotonic()
 
 
-def _idle(cluster: Cluster) -> bool:
+def _load(scheduler):
     import grpc
 
     from radixserve.common.rpc import pb, pb_grpc
 
-    for s in cluster.schedulers:
-        with grpc.insecure_channel(s.grpc_address or "") as ch:
-            load = pb_grpc.SchedulerStub(ch).GetLoad(pb.LoadRequest(), timeout=5)
-        if load.waiting + load.running:
-            return False
-    return True
+    with grpc.insecure_channel(scheduler.grpc_address or "") as ch:
+        return pb_grpc.SchedulerStub(ch).GetLoad(pb.LoadRequest(), timeout=5)
+
+
+def _idle(cluster: Cluster) -> bool:
+    return all(not (load.waiting + load.running) for load in map(_load, cluster.schedulers))
 
 
 def _supervised(model_dir, **kw) -> Cluster:
@@ -241,20 +241,27 @@ def test_a_killed_detokenizer_fails_no_stream_each_goes_on_where_it_was(model_di
     """Issue 44: two detokenizer replicas; one SIGKILLed during 32 streams. The streams it was
     delivering are continued (their text through the other replica) with no character repeated or
     lost; the others never notice."""
-    refs = _references(engine, MOVED_TOKENS)
+    refs = _references(engine, MAX_TOKENS)  # long enough to be mid-flight at the kill
     cluster = start_cluster(model_dir, schedulers=2, router="cache-aware", detokenizers=2)
     cluster.supervise(RestartPolicy(backoff_s=0.5))
-    detok = cluster.detokenizers[0]
+    running: list[int] = []
+
+    def kill_a_detokenizer_in_use() -> None:
+        # Scheduler i sends to detokenizer i first (launcher.py): kill the one the busiest uses.
+        running.extend(_load(s).running for s in cluster.schedulers)
+        busiest = max(range(len(running)), key=running.__getitem__)
+        cluster.detokenizers[busiest % len(cluster.detokenizers)].proc.send_signal(signal.SIGKILL)
+
     try:
-        killed_at, results, after = _streams_with_a_fault(
-            cluster, lambda: detok.proc.send_signal(signal.SIGKILL), MOVED_TOKENS
-        )
+        killed_at, results, after = _streams_with_a_fault(cluster, kill_a_detokenizer_in_use, MAX_TOKENS)
+        assert max(running) > 0, running  # the victim was delivering streams
         for r, ref in zip(results, refs, strict=True):
             assert r["error"] is None, r["error"]
             assert r["finish"] == "length" and r["text"] == ref
-            assert r["usage"]["completion_tokens"] == MOVED_TOKENS
+            assert r["usage"]["completion_tokens"] == MAX_TOKENS
+        # Moved by the gateway when it sees the victim's stream break first; when the scheduler
+        # reopens to the other replica first, that replica rebuilds each request and nothing moves.
         moved = failovers(cluster).get("detokenizer/moved", 0)
-        assert moved >= 1, failovers(cluster)
         assert after == [200] * AFTER, after
         _wait(
             "the schedulers are idle again (the moved requests' first runs were aborted)",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixserve.launcher import Cluster, build_cluster, free_port
+from radixserve.launcher import Cluster, build_cluster, counter_by, free_port
 
 MODEL_NAME = "tiny-llama"
 
@@ -121,17 +121,7 @@ async def read_grpc_stream(address: str, prompt: str, max_tokens: int, on_first=
 
 def failovers(cluster: Cluster) -> dict[str, float]:
     """The gateway's radixserve_stream_failovers counters, as ``cause/outcome``: count."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
-    return {
-        f"{x.labels['cause']}/{x.labels['outcome']}": x.value
-        for f in text_string_to_metric_families(text)
-        if f.name == "radixserve_stream_failovers"
-        for x in f.samples
-        if x.name.endswith("_total")
-    }
+    return counter_by(f"{cluster.url}/metrics", "radixserve_stream_failovers", "cause", "outcome")
 
 
 @pytest.fixture(scope="session")

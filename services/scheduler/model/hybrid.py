@@ -16,8 +16,6 @@ Every RMSNorm here but the linear layers' gated one stores ``w - 1`` (``norm(x) 
 
 from __future__ import annotations
 
-from typing import overload
-
 import torch
 from torch import nn
 
@@ -32,27 +30,13 @@ from radixserve.scheduler.model.llama import (
     feed_forward,
     row_linear,
 )
-from radixserve.scheduler.model.ops import Ops
 from radixserve.scheduler.model.parallel import TPGroup
 
 
 class OffsetRMSNorm(RMSNorm):
     """RMSNorm with its weight stored as ``w - 1`` (initialised to zeros in HF)."""
 
-    @overload
-    def forward(self, x: torch.Tensor, ops: Ops, residual: None = None) -> torch.Tensor: ...
-
-    @overload
-    def forward(
-        self, x: torch.Tensor, ops: Ops, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def forward(
-        self, x: torch.Tensor, ops: Ops, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return ops.rms_norm_offset(x, self.weight, self.eps)
-        return ops.add_rms_norm_offset(x, residual, self.weight, self.eps)
+    offset = True
 
 
 class GatedAttention(nn.Module):

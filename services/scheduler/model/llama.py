@@ -52,6 +52,8 @@ class StepContext:
 
 
 class RMSNorm(nn.Module):
+    offset = False  # OffsetRMSNorm: the weight stored as ``w - 1``
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -69,6 +71,10 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, ops: Ops, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``."""
+        if self.offset:  # the weight is stored as ``w - 1`` (hybrid models)
+            if residual is None:
+                return ops.rms_norm_offset(x, self.weight, self.eps)
+            return ops.add_rms_norm_offset(x, residual, self.weight, self.eps)
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps)
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
