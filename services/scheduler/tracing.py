@@ -6,6 +6,8 @@ chunk, first token); when it ends, a worker thread turns them into spans under t
 
     scheduler (arrival -> end; pod, cached tokens, retractions, finish reason)
       queue   (arrival -> first admission)
+      kv.load_back (per admission whose prefix came back from the host tier: tokens, tier, bytes;
+                    the step's copies, which its first prefill chunk waits for)
       prefill (one per chunk: tokens, prefix already in KV)
       decode  (first token -> end; output tokens)
 
@@ -32,6 +34,16 @@ class _Timeline:
     carrier: dict[str, str]
     chunks: list[tuple[float, float, int, int]] = field(default_factory=list)  # start, end, tokens, prefix
     first_token: float | None = None
+    loads: dict[int, _LoadBack] = field(default_factory=dict)  # by admission (req.retractions then)
+
+
+@dataclass(frozen=True, slots=True)
+class _LoadBack:
+    start: float  # time.monotonic()
+    end: float
+    tokens: int
+    nbytes: int
+    tier: str
 
 
 class SchedulerTracer:
@@ -54,6 +66,23 @@ class SchedulerTracer:
             tl = self._timelines.get(r.rid)
             if tl is not None:
                 tl.chunks.append((start, end, n, p))
+        if batch.kv_load is not None:
+            self._load_back(batch, end)
+
+    def _load_back(self, batch: ScheduleBatch, end: float) -> None:
+        """The batch's loads, on the traced requests admitted with a host part: a request's first
+        batch after its admission is the one whose copies brought its prefix back."""
+        load = batch.kv_load
+        assert load is not None
+        seconds = load.seconds()
+        begin = load.start + _PERF_TO_MONO if load.start is not None else end
+        done = begin + seconds if seconds is not None else end
+        for r, epoch in zip(batch.reqs, batch.epochs.tolist(), strict=True):
+            tl = self._timelines.get(r.rid)
+            if tl is None or not r.loaded_len or epoch in tl.loads:
+                continue
+            nbytes = r.loaded_len * load.nbytes // load.tokens
+            tl.loads[epoch] = _LoadBack(begin, done, r.loaded_len, nbytes, load.from_tier)
 
     def first_token(self, rid: str) -> None:
         tl = self._timelines.get(rid)
@@ -100,6 +129,18 @@ class SchedulerTracer:
         telemetry.span_between(
             "queue", top, req.arrival_time, admitted, {"radixserve.queue_wait_s": admitted - req.arrival_time}
         )
+        for lb in tl.loads.values():
+            telemetry.span_between(
+                "kv.load_back",
+                top,
+                lb.start,
+                lb.end,
+                {
+                    "radixserve.kv.tokens": lb.tokens,
+                    "radixserve.kv.tier": lb.tier,
+                    "radixserve.kv.bytes": lb.nbytes,
+                },
+            )
         for i, (s, e, n, p) in enumerate(tl.chunks):
             telemetry.span_between(
                 "prefill",
