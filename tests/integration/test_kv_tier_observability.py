@@ -83,6 +83,7 @@ def test_a_prefix_loaded_back_from_the_host_is_counted_by_tier_and_traced(traced
     # the host tier's usage, by the gauges that were there before
     used = after[series("radixserve_kv_host_used_tokens", **MODEL)]
     assert 0 < used <= after[series("radixserve_kv_host_capacity_tokens", **MODEL)]
+    assert after[series("radixserve_kv_used_tokens", **MODEL)] == 0  # every device page back after the load
 
     spans = _spans(receiver, trace_id, {"scheduler", "kv.load_back", "prefill"})
     by_name = {s.name: s for s in spans}
