@@ -21,10 +21,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from radixserve.common import telemetry
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.req import Req
+
+if TYPE_CHECKING:
+    from radixserve.scheduler.memory.host_pool import KVLoad
 
 _PERF_TO_MONO = time.monotonic() - time.perf_counter()
 
@@ -34,7 +38,8 @@ class _Timeline:
     carrier: dict[str, str]
     chunks: list[tuple[float, float, int, int]] = field(default_factory=list)  # start, end, tokens, prefix
     first_token: float | None = None
-    loads: dict[int, _LoadBack] = field(default_factory=dict)  # by admission (req.retractions then)
+    admissions: set[int] = field(default_factory=set)  # req.retractions of each admission seen run
+    loads: list[_LoadBack] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,15 @@ class _LoadBack:
     tokens: int
     nbytes: int
     tier: str
+
+
+def _load_back(load: KVLoad, tokens: int, end: float) -> _LoadBack:
+    """A request's ``tokens`` of the step's ``load``, whose step ended at ``end`` (monotonic): from
+    when the copies began for as long as they took (unknown yet: to the step's end)."""
+    seconds = load.seconds()
+    begin = load.start + _PERF_TO_MONO if load.start is not None else end
+    done = begin + seconds if seconds is not None else end
+    return _LoadBack(begin, done, tokens, tokens * load.nbytes // load.tokens, load.from_tier)
 
 
 class SchedulerTracer:
@@ -62,27 +76,16 @@ class SchedulerTracer:
         if batch.mode is not ForwardMode.EXTEND or not self._timelines:
             return
         start, end = start + _PERF_TO_MONO, end + _PERF_TO_MONO
-        for r, n, p in zip(batch.reqs, batch.extend_lens.tolist(), batch.prefix_lens.tolist(), strict=True):
+        lens, prefixes, epochs = batch.extend_lens.tolist(), batch.prefix_lens.tolist(), batch.epochs.tolist()
+        for r, n, p, epoch in zip(batch.reqs, lens, prefixes, epochs, strict=True):
             tl = self._timelines.get(r.rid)
-            if tl is not None:
-                tl.chunks.append((start, end, n, p))
-        if batch.kv_load is not None:
-            self._load_back(batch, end)
-
-    def _load_back(self, batch: ScheduleBatch, end: float) -> None:
-        """The batch's loads, on the traced requests admitted with a host part: a request's first
-        batch after its admission is the one whose copies brought its prefix back."""
-        load = batch.kv_load
-        assert load is not None
-        seconds = load.seconds()
-        begin = load.start + _PERF_TO_MONO if load.start is not None else end
-        done = begin + seconds if seconds is not None else end
-        for r, epoch in zip(batch.reqs, batch.epochs.tolist(), strict=True):
-            tl = self._timelines.get(r.rid)
-            if tl is None or not r.loaded_len or epoch in tl.loads:
+            if tl is None:
                 continue
-            nbytes = r.loaded_len * load.nbytes // load.tokens
-            tl.loads[epoch] = _LoadBack(begin, done, r.loaded_len, nbytes, load.from_tier)
+            tl.chunks.append((start, end, n, p))
+            if epoch not in tl.admissions:  # its first batch since it was admitted: the one it loads in
+                tl.admissions.add(epoch)
+                if r.loaded_len and batch.kv_load is not None:
+                    tl.loads.append(_load_back(batch.kv_load, r.loaded_len, end))
 
     def first_token(self, rid: str) -> None:
         tl = self._timelines.get(rid)
@@ -129,7 +132,7 @@ class SchedulerTracer:
         telemetry.span_between(
             "queue", top, req.arrival_time, admitted, {"radixserve.queue_wait_s": admitted - req.arrival_time}
         )
-        for lb in tl.loads.values():
+        for lb in tl.loads:
             telemetry.span_between(
                 "kv.load_back",
                 top,

@@ -137,17 +137,17 @@ class HostKVPool:
         )
         torch.stack([h.index_select(0, src) for h in self.tensors], out=staging)
         host_s = time.perf_counter() - start
-        begin = torch.cuda.Event(enable_timing=True) if load is not None else None
-        if begin is not None:
-            begin.record(self.stream)
+        events = None
+        if load is not None:  # the device part: read later, without waiting (KVLoad.seconds)
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record(self.stream)
         loaded = staging.to(self.device, non_blocking=True)  # one host -> device transfer
         dst = self._to_device(t.load_dst)
         for i, d in enumerate(dev):
             d.index_copy_(0, dst, loaded[i])
-        if load is not None and begin is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record(self.stream)
-            load.timed_on_device(start, host_s, begin, end)
+        if load is not None and events is not None:
+            events[1].record(self.stream)
+            load.timed_on_device(start, host_s, *events)
 
     def _land(self) -> None:
         """Scatter a queued write-back into the host pool (waits for its transfer)."""
