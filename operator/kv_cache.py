@@ -9,11 +9,14 @@
         hostPath: /mnt/nvme/kv                        # a node's local disk; or
         persistentVolumeClaim: {claimName: kv-shared} # ReadWriteMany: one directory many pods share
 
-The host tier is pinned memory in the scheduler process, so ``hostGiB`` is added to the scheduler
+The host tier is pinned memory in the scheduler's processes, so ``hostGiB`` is added to the scheduler
 container's memory request, and to its limit where it has one (:func:`grow_memory`): a pod sized for
-its weights and runtime keeps that room and gets the tier on top. The disk is a volume mounted at
-:data:`KV_DISK_DIR` in the scheduler container; the schedulers read where and how much from the
-ConfigMap's RADIXSERVE_KV_DISK_CACHE_DIR / RADIXSERVE_KV_DISK_CACHE_GB (:func:`settings`).
+its weights and runtime keeps that room and gets the tier on top. ``hostGiB`` is the pod's: a
+tensor-parallel pod's ranks each hold their heads' share of the same tokens, and each sizes its pool
+by ``--host-kv-cache-gb``, so each is given ``hostGiB / ranks`` (:func:`settings`).
+
+The disk is a volume mounted at :data:`KV_DISK_DIR` in the scheduler container; the schedulers read
+where and how much from the ConfigMap's RADIXSERVE_KV_DISK_CACHE_DIR / RADIXSERVE_KV_DISK_CACHE_GB.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from radixserve.common.config import env_name, env_var
 from radixserve.common.model_source import parse_quantity
 from radixserve.common.service_config import KV_WRITE_POLICIES, SchedulerPodConfig
 from radixserve.operator.objects import Obj
+from radixserve.operator.pods import tp_size
 from radixserve.operator.schema import Schema, obj, string
 
 KV_DISK_DIR = "/kv-cache"  # where the disk tier's volume is mounted in the scheduler container
@@ -81,7 +85,8 @@ KV_CACHE_SCHEMA: Schema = obj(
             "type": "number",
             "minimum": 0,
             "description": "GiB of host memory per scheduler pod for KV evicted from the GPU "
-            "(--host-kv-cache-gb; 0 or unset: none); added to the pod's memory request and limit",
+            "(--host-kv-cache-gb, split over a tensor-parallel pod's ranks; 0 or unset: none); added "
+            "to the pod's memory request and limit",
         },
         "writePolicy": string(
             enum=list(KV_WRITE_POLICIES),
@@ -126,16 +131,17 @@ def problems(spec: Obj) -> list[str]:
 
 
 def _gb(value: float) -> str:
-    """A GiB figure for a --*-gb setting: 64 rather than 64.0."""
-    return f"{value:g}"
+    """A GiB figure for a --*-gb setting: 64 rather than 64.0; never above ``value`` (rounded down to
+    a millionth: a rank's share of a pod's GiB)."""
+    return f"{math.floor(value * 1e6) / 1e6:.6f}".rstrip("0").rstrip(".")
 
 
 def settings(spec: Obj) -> dict[str, str]:
     """The ConfigMap's variables for the schedulers' tiers (none without kvCache)."""
     kv = _kv_cache(spec)
     out: dict[str, str] = {}
-    if kv.get("hostGiB"):
-        out[env_var(SchedulerPodConfig, "host_kv_cache_gb")] = _gb(float(kv["hostGiB"]))
+    if kv.get("hostGiB"):  # each rank's share: every rank of the pod holds a pool of this size
+        out[env_var(SchedulerPodConfig, "host_kv_cache_gb")] = _gb(float(kv["hostGiB"]) / tp_size(spec))
     if kv.get("writePolicy"):
         out[env_var(SchedulerPodConfig, "kv_write_policy")] = kv["writePolicy"]
     if kv.get("disk"):

@@ -42,6 +42,7 @@ from radixserve.operator.pods import (
     downward,
     grpc_probes,
     http_probes,
+    tp_size,
 )
 from radixserve.operator.volumes import add_api_keys, model_volumes
 
@@ -352,12 +353,6 @@ def scheduler_resources(ctx: BuildContext) -> Obj:
         res.setdefault("limits", {})[name] = gpus
         res.get("requests", {}).pop(name, None)
     return res
-
-
-def tp_size(spec: Obj) -> int:
-    """The scheduler's tensor parallelism: one process per GPU of the pod (1: none)."""
-    sched = spec["scheduler"]
-    return int(sched["gpusPerReplica"]) if sched["device"] == "cuda" else 1
 
 
 def scheduler_statefulset(ctx: BuildContext) -> Obj:

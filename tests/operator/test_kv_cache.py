@@ -70,6 +70,21 @@ def test_host_gib_on_the_default_resources_and_on_a_limit_alone() -> None:
     assert "RADIXSERVE_HOST_KV_CACHE_GB" not in config_map(ctx(_spec({"hostGiB": 0}), pool=None))["data"]
 
 
+def test_a_tensor_parallel_pod_splits_host_gib_over_its_ranks_and_asks_for_it_once() -> None:
+    """Every rank of the pod holds a host pool of --host-kv-cache-gb (its heads' share of the same
+    tokens): each is given hostGiB / ranks, and the pod's memory grows by hostGiB."""
+    for gpus, hosts, per_rank in [(4, 64, "16"), (3, 20, "6.666666"), (1, 10, "10"), (2, 1, "0.5")]:
+        spec = {
+            "model": {"path": "demo"},
+            "scheduler": {"gpusPerReplica": gpus, "kvCache": {"hostGiB": hosts}},
+        }
+        pod = scheduler_statefulset(ctx(spec, pool=None))["spec"]["template"]["spec"]
+        assert pod["containers"][0]["resources"]["requests"]["memory"] == f"{16 + hosts}Gi"
+        assert config_map(ctx(spec, pool=None))["data"]["RADIXSERVE_HOST_KV_CACHE_GB"] == per_rank
+    cpu = _spec({"hostGiB": 10})  # one process on CPU: the whole
+    assert config_map(ctx(cpu, pool=None))["data"]["RADIXSERVE_HOST_KV_CACHE_GB"] == "10"
+
+
 @pytest.mark.parametrize(
     ("disk", "volume"),
     [
