@@ -21,6 +21,7 @@ from radixserve.common.service_config import (
     ROUTING_DEFAULTS,
     SCHEDULE_POLICIES,
 )
+from radixserve.operator.kv_cache import KV_CACHE_SCHEMA
 from radixserve.operator.manifests import MAX_NAME_LENGTH
 from radixserve.operator.nodepool import NODE_LIMITS_MESSAGE
 from radixserve.operator.objects import Obj
@@ -44,7 +45,7 @@ VERSION = "v1alpha1"
 # Which schema this is: bump it with every change to the CRDs (tests/operator/test_logic.py pins the
 # schemas' digest to it). The operator applies its CRDs at start only over an older or equal one, so
 # an older replica (a rollback, a pod restarting mid-rollout) never takes new fields away.
-CRD_REVISION = 4
+CRD_REVISION = 5
 REVISION_ANNOTATION = f"{GROUP}/crd-revision"
 
 
@@ -178,6 +179,7 @@ INFERENCE_SERVICE_SPEC = obj(
             nodePool=string(description="name of a GPUNodePool"),
             drainTimeoutSeconds=integer(0, int(DRAIN_TIMEOUT_S)),
             engine=ENGINE_SCHEMA,
+            kvCache=KV_CACHE_SCHEMA,
             autoscaling=SCHEDULER_AUTOSCALING,
         ),
         "routing": obj(

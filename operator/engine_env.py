@@ -1,11 +1,12 @@
 """The service settings every pod of an InferenceService reads: the ConfigMap's RADIXSERVE_* variables
 (and OpenTelemetry's), from the spec's model (its path, served name and quantization), engine,
-routing, Redis and tracing fields."""
+KV tiers (kv_cache.py), routing, Redis and tracing fields."""
 
 from __future__ import annotations
 
 from radixserve.common.config import CACHE_DIR_ENV, env_name, env_var
 from radixserve.common.service_config import GatewayConfig, SchedulerPodConfig
+from radixserve.operator import kv_cache
 from radixserve.operator.objects import Obj
 from radixserve.operator.redis_acl import key_prefix
 from radixserve.operator.volumes import CACHE_DIR, compile_cache_dir, model_path
@@ -52,6 +53,7 @@ def settings(spec: Obj, namespace: str, name: str) -> dict[str, str]:
             data[env_var(SchedulerPodConfig, setting)] = str(engine[_camel(setting)])
     if engine.get("overlap") is not None:
         data[env_var(SchedulerPodConfig, "disable_overlap")] = "false" if engine["overlap"] else "true"
+    data |= kv_cache.settings(spec)  # the schedulers' host and disk KV tiers
     for setting in _ROUTING_SETTINGS:
         if spec["routing"].get(_camel(setting)) is not None:
             data[env_var(GatewayConfig, setting)] = str(spec["routing"][_camel(setting)])

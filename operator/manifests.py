@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from radixserve.common.config import env_var
 from radixserve.common.service_config import DetokenizerConfig, GatewayConfig, SchedulerPodConfig
-from radixserve.operator import engine_env, scaling, templates, tls
+from radixserve.operator import engine_env, kv_cache, scaling, templates, tls
 from radixserve.operator.objects import Obj
 from radixserve.operator.pods import (
     CONTAINER_SECURITY,
@@ -42,6 +42,7 @@ from radixserve.operator.pods import (
     downward,
     grpc_probes,
     http_probes,
+    tp_size,
 )
 from radixserve.operator.volumes import add_api_keys, model_volumes
 
@@ -341,21 +342,17 @@ def _deployment(ctx: BuildContext, component: str, replicas: int, template: Obj)
 
 
 def scheduler_resources(ctx: BuildContext) -> Obj:
-    """The spec's resources plus the GPU limit (extended resources: requests default to limits)."""
+    """The spec's resources plus the GPU limit (extended resources: requests default to limits), and
+    the host KV tier's memory (kvCache.hostGiB) on top of the memory asked for."""
     sched = ctx.spec["scheduler"]
     res = copy.deepcopy(sched.get("resources") or {"requests": {"cpu": "4", "memory": "16Gi"}})
+    kv_cache.grow_memory(res, ctx.spec)
     gpus = sched["gpusPerReplica"]
     if gpus > 0:
         name = (ctx.pool or {}).get("gpuResourceName", "nvidia.com/gpu")
         res.setdefault("limits", {})[name] = gpus
         res.get("requests", {}).pop(name, None)
     return res
-
-
-def tp_size(spec: Obj) -> int:
-    """The scheduler's tensor parallelism: one process per GPU of the pod (1: none)."""
-    sched = spec["scheduler"]
-    return int(sched["gpusPerReplica"]) if sched["device"] == "cuda" else 1
 
 
 def scheduler_statefulset(ctx: BuildContext) -> Obj:
@@ -396,6 +393,7 @@ def scheduler_statefulset(ctx: BuildContext) -> Obj:
     container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     if tp > 1:
         add_shared_memory(pod, container)  # NCCL between the pod's GPUs
+    kv_cache.add_disk(pod, container, ctx.spec)  # the disk KV tier's volume, when kvCache.disk asks
     if ctx.pool is not None:
         _place_on_pool(ctx, ctx.pool, template)
     # No cluster-autoscaler.kubernetes.io/safe-to-evict annotation: a node whose GPUs our schedulers

@@ -1,4 +1,5 @@
-"""Pod-level pieces the manifests share: the downward API, probes, security contexts, /dev/shm."""
+"""Pod-level pieces the manifests share: the scheduler's processes per pod, the downward API, probes,
+security contexts, /dev/shm."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ POD_SECURITY = {
 # for NCCL's shared-memory buffers and torch's inter-process tensors. A memory-backed emptyDir
 # replaces it: only what is written counts against the pod's memory, and this caps it.
 SHM_SIZE = "16Gi"
+
+
+def tp_size(spec: Obj) -> int:
+    """The scheduler's tensor parallelism: one process per GPU of the pod (1: none)."""
+    sched = spec["scheduler"]
+    return int(sched["gpusPerReplica"]) if sched["device"] == "cuda" else 1
 
 
 def downward(var: str, path: str) -> Obj:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from radixserve.operator import nodepool, scaling, tls, volumes
+from radixserve.operator import kv_cache, nodepool, scaling, tls, volumes
 from radixserve.operator.manifests import MAX_NAME_LENGTH
 from radixserve.operator.objects import Obj
 
@@ -79,6 +79,8 @@ def validate(spec: Obj, pool: Obj | None, chart_redis_url: str) -> list[Problem]
                 "redis.mode none keeps the prefix index in one gateway: tokenizer.replicas must be 1",
             )
         )
+
+    problems += [Problem("InvalidSpec", message) for message in kv_cache.problems(spec)]
 
     bad_tls = tls.problems(spec)
     problems += [Problem("InvalidSpec", message) for message in bad_tls]

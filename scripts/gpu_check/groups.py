@@ -50,6 +50,12 @@ GROUPS = (
             GPU + "test_gpu_fp8.py": ("test_fp8_gemm_agrees_with_the_dequantized_matmul",),
             GPU + "test_gpu_fp8_moe.py": ("test_fp8_grouped_experts_agree_with_the_dequantized_reference",),
             GPU + "test_gpu_hybrid.py": ("test_fla_kernels_agree_with_the_torch_delta_rule_in_bfloat16",),
+            GPU + "test_gpu_host_tier.py": (
+                "test_host_pages_are_pinned_and_round_trip_byte_exact_through_the_side_stream",
+            ),
+            GPU + "test_gpu_kv_tier_metrics.py": (
+                "test_a_loads_seconds_come_from_its_events_once_fired_and_the_pages_arrive",
+            ),
         },
         per_test_s=120,
         limit_s=180,
@@ -95,6 +101,9 @@ GROUPS = (
             ),
             GPU + "test_gpu_fp8_moe.py": ("test_fp8_moe_checkpoints_agree_with_their_dequantized_weights",),
             GPU + "test_gpu_hybrid.py": ("test_cuda_engine_with_decode_graphs_equals_the_cpu_engine",),
+            GPU + "test_gpu_host_tier.py": (
+                "test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_cuda",
+            ),
         },
         per_test_s=150,
         limit_s=300,

@@ -12,6 +12,7 @@ import numpy.typing as npt
 from radixserve.scheduler.req import Req
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.memory.host_pool import KVLoad
     from radixserve.scheduler.memory.states import StatePlan
     from radixserve.scheduler.memory.tiered_cache import KVTransfers
 
@@ -95,6 +96,9 @@ class ScheduleBatch:
     states: StatePlan | None = None  # a hybrid model's state copies and snapshots (memory/states.py)
     # Host-tier copies to run before the forward (write-backs, then loads: memory/radix_cache.py)
     kv_transfers: KVTransfers | None = None
+    # Set when the batch is prepared (ModelRunner.prepare) if it loads KV back: the loads' size and,
+    # once the step has run, their time (metrics and traces read it).
+    kv_load: KVLoad | None = None
 
     @property
     def size(self) -> int:

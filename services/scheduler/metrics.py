@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 MODEL_LABEL = "model_name"
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
+# One step's load-back: a page over PCIe takes microseconds, a large prefix on CPU tens of ms.
+_LOAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _MODES = ("prefill", "decode")
 
 
@@ -84,6 +86,14 @@ class _EngineCollector(Collector):
                 "radixserve_kv_host_loaded_tokens", "KV tokens loaded back from the host tier",
                 cache.loaded_tokens,
             )  # fmt: skip
+        f.labelled(
+            CounterMetricFamily(
+                "radixserve_kv_hit_tokens",
+                "Prefix tokens admitted requests got from each KV tier instead of computing them",
+                labels=[MODEL_LABEL, "tier"],
+            ),
+            [([tier], n) for tier, n in sched.kv.hit_tokens.items()],
+        )
         f.counter("radixserve_retractions", "Decode requests retracted", sched.num_retractions)
         f.counter(
             "radixserve_fairness_preemptions",
@@ -174,6 +184,21 @@ class SchedulerMetrics:
             [MODEL_LABEL],
             registry=r,
         ).labels(model_name)
+        by_tier = [MODEL_LABEL, "from_tier"]
+        self._load_bytes = Counter(
+            "radixserve_kv_load_bytes",
+            "KV bytes loaded back to the device from a lower tier (every rank's)",
+            by_tier,
+            registry=r,
+        )
+        self._load_seconds = Histogram(
+            "radixserve_kv_load_seconds",
+            "One step's load-back copies (CPU: their wall time; CUDA: the host gather and the device"
+            " time of the transfer and scatter)",
+            by_tier,
+            registry=r,
+            buckets=_LOAD_BUCKETS,
+        )
         self._requests = Counter(
             "radixserve_scheduler_requests",
             "Requests ended, by finish reason",
@@ -193,3 +218,9 @@ class SchedulerMetrics:
         self.batch_size[mode].observe(batch.size)
         self.batch_tokens[mode].observe(batch.num_tokens)
         self.step_seconds[mode].observe(end - start)
+        load = batch.kv_load
+        if load is not None:
+            self._load_bytes.labels(self.model_name, load.from_tier).inc(load.nbytes)
+            seconds = load.seconds()
+            if seconds is not None:  # known once the copies are done: always, once the step is
+                self._load_seconds.labels(self.model_name, load.from_tier).observe(seconds)

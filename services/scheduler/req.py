@@ -56,6 +56,8 @@ class Req:
     queue_time: float = -1.0
     waited: float = 0.0
     num_cached_tokens: int = 0  # prompt tokens served from cache at first admission
+    loaded_len: int = 0  # of cached_len at its last admission: tokens loaded back from the host tier
+    undone_loads: int = 0  # loaded_len of an admission undone (no room) since: its loads ran anyway
     retractions: int = 0
     finish_reason: FinishReason | None = None
 

@@ -6,6 +6,8 @@ chunk, first token); when it ends, a worker thread turns them into spans under t
 
     scheduler (arrival -> end; pod, cached tokens, retractions, finish reason)
       queue   (arrival -> first admission)
+      kv.load_back (per admission whose prefix came back from the host tier: tokens, tier, bytes;
+                    the step's copies, which its first prefill chunk waits for)
       prefill (one per chunk: tokens, prefix already in KV)
       decode  (first token -> end; output tokens)
 
@@ -19,10 +21,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from radixserve.common import telemetry
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.req import Req
+
+if TYPE_CHECKING:
+    from radixserve.scheduler.memory.host_pool import KVLoad
 
 _PERF_TO_MONO = time.monotonic() - time.perf_counter()
 
@@ -32,6 +38,26 @@ class _Timeline:
     carrier: dict[str, str]
     chunks: list[tuple[float, float, int, int]] = field(default_factory=list)  # start, end, tokens, prefix
     first_token: float | None = None
+    admissions: set[int] = field(default_factory=set)  # req.retractions of each admission seen run
+    loads: list[_LoadBack] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _LoadBack:
+    start: float  # time.monotonic()
+    end: float
+    tokens: int
+    nbytes: int
+    tier: str
+
+
+def _load_back(load: KVLoad, tokens: int, end: float) -> _LoadBack:
+    """A request's ``tokens`` of the step's ``load``, whose step ended at ``end`` (monotonic): from
+    when the copies began for as long as they took (unknown yet: to the step's end)."""
+    seconds = load.seconds()
+    begin = load.start + _PERF_TO_MONO if load.start is not None else end
+    done = begin + seconds if seconds is not None else end
+    return _LoadBack(begin, done, tokens, tokens * load.nbytes // load.tokens, load.from_tier)
 
 
 class SchedulerTracer:
@@ -50,10 +76,16 @@ class SchedulerTracer:
         if batch.mode is not ForwardMode.EXTEND or not self._timelines:
             return
         start, end = start + _PERF_TO_MONO, end + _PERF_TO_MONO
-        for r, n, p in zip(batch.reqs, batch.extend_lens.tolist(), batch.prefix_lens.tolist(), strict=True):
+        lens, prefixes, epochs = batch.extend_lens.tolist(), batch.prefix_lens.tolist(), batch.epochs.tolist()
+        for r, n, p, epoch in zip(batch.reqs, lens, prefixes, epochs, strict=True):
             tl = self._timelines.get(r.rid)
-            if tl is not None:
-                tl.chunks.append((start, end, n, p))
+            if tl is None:
+                continue
+            tl.chunks.append((start, end, n, p))
+            if epoch not in tl.admissions:  # its first batch since it was admitted: the one it loads in
+                tl.admissions.add(epoch)
+                if r.loaded_len and batch.kv_load is not None:
+                    tl.loads.append(_load_back(batch.kv_load, r.loaded_len, end))
 
     def first_token(self, rid: str) -> None:
         tl = self._timelines.get(rid)
@@ -100,6 +132,18 @@ class SchedulerTracer:
         telemetry.span_between(
             "queue", top, req.arrival_time, admitted, {"radixserve.queue_wait_s": admitted - req.arrival_time}
         )
+        for lb in tl.loads:
+            telemetry.span_between(
+                "kv.load_back",
+                top,
+                lb.start,
+                lb.end,
+                {
+                    "radixserve.kv.tokens": lb.tokens,
+                    "radixserve.kv.tier": lb.tier,
+                    "radixserve.kv.bytes": lb.nbytes,
+                },
+            )
         for i, (s, e, n, p) in enumerate(tl.chunks):
             telemetry.span_between(
                 "prefill",

@@ -14,9 +14,17 @@ one contiguous buffer (on the device for write-backs, in pinned memory for loads
 scattered. A write-back lands in the host pool (a host-side scatter) at the start of the next step's
 copies, when its transfer is long done, so the scheduler thread does not wait for it; a load in the
 same step that reads a page just written back waits for it first.
+
+A step's loads are timed into its ``KVLoad`` (metrics and traces read it once the step is done):
+on CPU the copies' wall time; on CUDA the host-side gather's wall time plus the device time between
+two events on the side stream around the transfer and the scatter, read only once the end event
+has fired (``KVLoad.seconds`` never waits for it).
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +32,36 @@ import torch
 
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.tiered_cache import KVTransfers
+
+
+@dataclass(slots=True, eq=False)
+class KVLoad:
+    """One step's load-back: ``tokens`` KV slots copied from a lower tier to the device, ``nbytes``
+    over every rank (tensor parallelism: each rank copies its own heads), timed by the pool."""
+
+    tokens: int
+    nbytes: int
+    from_tier: str = "host"
+    start: float | None = None  # time.perf_counter() when the copies began (CUDA: were queued)
+    _seconds: float | None = None
+    _events: tuple[float, torch.cuda.Event, torch.cuda.Event] | None = None  # host seconds, begin, end
+
+    def timed(self, start: float, seconds: float) -> None:
+        self.start, self._seconds = start, seconds
+
+    def timed_on_device(
+        self, start: float, host_s: float, begin: torch.cuda.Event, end: torch.cuda.Event
+    ) -> None:
+        self.start, self._events = start, (host_s, begin, end)
+
+    def seconds(self) -> float | None:
+        """How long the copies took; None while that is not known yet (CUDA: the copies' end event
+        has not fired). Never blocks: a step reads it after its results, when the copies are done."""
+        if self._seconds is None and self._events is not None:
+            host_s, begin, end = self._events
+            if end.query():
+                self._seconds, self._events = host_s + begin.elapsed_time(end) / 1e3, None
+        return self._seconds
 
 
 class HostKVPool:
@@ -44,13 +82,14 @@ class HostKVPool:
             torch.zeros(shape, dtype=dtype, pin_memory=self.cuda) for _ in range(2 * num_layers)
         ]  # K of every layer, then V
         self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors)
+        self.bytes_per_slot = self.nbytes // num_slots  # one token's K and V over every layer
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         # CUDA: a write-back whose transfer is queued: (its done event, the pinned buffer, host slots)
         self._landing: tuple[torch.cuda.Event, torch.Tensor, torch.Tensor] | None = None
 
-    def run(self, pool: KVPool, t: KVTransfers) -> None:
+    def run(self, pool: KVPool, t: KVTransfers, load: KVLoad | None = None) -> None:
         """The step's copies: ``t.store_src`` device slots to ``t.store_dst`` host slots, then
-        ``t.load_src`` host slots to ``t.load_dst`` device slots."""
+        ``t.load_src`` host slots to ``t.load_dst`` device slots (timed into ``load``, if given)."""
         dev = [*pool.k, *pool.v]
         if not self.cuda:
             if len(t.store_src):
@@ -58,9 +97,12 @@ class HostKVPool:
                 for h, d in zip(self.tensors, dev, strict=True):
                     h.index_copy_(0, dst, d.index_select(0, src))
             if len(t.load_src):
+                start = time.perf_counter()
                 src, dst = _index(t.load_src), _index(t.load_dst)
                 for h, d in zip(self.tensors, dev, strict=True):
                     d.index_copy_(0, dst, h.index_select(0, src))
+                if load is not None:
+                    load.timed(start, time.perf_counter() - start)
             return
         self._land()  # the last step's write-back, before anything reads or rewrites those pages
         assert self.stream is not None
@@ -78,20 +120,34 @@ class HostKVPool:
                 if len(t.load_src):
                     self._land()  # a load may read a page this write-back fills: land it first
             if len(t.load_src):
-                src = _index(t.load_src)
-                staging = torch.empty(
-                    (len(self.tensors), len(src), *self.tensors[0].shape[1:]),
-                    dtype=self.tensors[0].dtype,
-                    pin_memory=True,
-                )
-                torch.stack([h.index_select(0, src) for h in self.tensors], out=staging)
-                loaded = staging.to(self.device, non_blocking=True)  # one host -> device transfer
-                dst = self._to_device(t.load_dst)
-                for i, d in enumerate(dev):
-                    d.index_copy_(0, dst, loaded[i])
+                self._load(dev, t, load)
             done = torch.cuda.Event()
             done.record(self.stream)
         main.wait_event(done)
+
+    def _load(self, dev: list[torch.Tensor], t: KVTransfers, load: KVLoad | None) -> None:
+        """CUDA, on the side stream: gather the loads' host pages into pinned memory (on this
+        thread), one transfer, a scatter into the device pool; timed into ``load``."""
+        start = time.perf_counter()
+        src = _index(t.load_src)
+        staging = torch.empty(
+            (len(self.tensors), len(src), *self.tensors[0].shape[1:]),
+            dtype=self.tensors[0].dtype,
+            pin_memory=True,
+        )
+        torch.stack([h.index_select(0, src) for h in self.tensors], out=staging)
+        host_s = time.perf_counter() - start
+        events = None
+        if load is not None:  # the device part: read later, without waiting (KVLoad.seconds)
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record(self.stream)
+        loaded = staging.to(self.device, non_blocking=True)  # one host -> device transfer
+        dst = self._to_device(t.load_dst)
+        for i, d in enumerate(dev):
+            d.index_copy_(0, dst, loaded[i])
+        if load is not None and events is not None:
+            events[1].record(self.stream)
+            load.timed_on_device(start, host_s, *events)
 
     def _land(self) -> None:
         """Scatter a queued write-back into the host pool (waits for its transfer)."""

@@ -81,6 +81,9 @@ class KVCacheManager:
             if config.hybrid
             else None
         )
+        # Prefix tokens admitted requests got from each tier instead of computing them (every
+        # admission: a retracted request's readmission counts again); metrics read it.
+        self.hit_tokens = {"device": 0, **({"host": 0} if self.host is not None else {})}
 
     # ---------------------------------------------------------------- sizes
     @property
@@ -141,11 +144,19 @@ class KVCacheManager:
         row = self.req_to_token.alloc()
         req.req_pool_idx = row
         self.cache.lock(m.node)
+        on_device = len(m.slots)
         if m.host_node is not None:  # the host part back to the device, before this step's forward
             loaded = self.cache.load_back(m)
             self.cache.lock(loaded.node)
             self.cache.unlock(m.node)
             m = loaded
+        # Loads queued for it by an admission undone since (no room) ran already: its device part
+        # holds them now, and they are the host's hits still (at most what is on the device).
+        earlier = min(req.undone_loads, on_device)
+        req.loaded_len, req.undone_loads = len(m.slots) - on_device + earlier, 0
+        self.hit_tokens["device"] += on_device - earlier
+        if req.loaded_len:
+            self.hit_tokens["host"] += req.loaded_len
         if len(m.slots):
             self.req_to_token.write(row, 0, m.slots)
         req.last_node = m.node
@@ -157,6 +168,10 @@ class KVCacheManager:
     def unadmit(self, req: Req) -> None:
         """Undo ``admit`` for a request that got no pages after all."""
         assert req.req_pool_idx is not None and req.last_node is not None and req.alloc_len == req.cached_len
+        self.hit_tokens["device"] -= req.cached_len - req.loaded_len  # its next admission counts them
+        if req.loaded_len:
+            self.hit_tokens["host"] -= req.loaded_len
+        req.undone_loads, req.loaded_len = req.loaded_len, 0  # its queued loads run all the same
         self.cache.unlock(req.last_node)
         self.req_to_token.free(req.req_pool_idx)
         req.req_pool_idx = req.last_node = None

@@ -12,6 +12,7 @@ import torch
 from radixserve.scheduler.batch import ForwardMode
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.memory.host_pool import KVLoad
     from radixserve.scheduler.memory.tiered_cache import KVTransfers
     from radixserve.scheduler.model.linear_attention import LinearStep
     from radixserve.scheduler.model.logits import LogitsStep
@@ -47,6 +48,7 @@ class ForwardBatch:
     score_top_k: int = 0
     linear: LinearStep | None = None  # a hybrid model's state slots and snapshots (linear_attention.py)
     kv_transfers: KVTransfers | None = None  # host-tier copies to run before the forward (HostKVPool)
+    kv_load: KVLoad | None = None  # rank 0: where the pool times this step's loads (the batch's too)
 
     @property
     def batch_size(self) -> int:

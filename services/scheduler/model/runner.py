@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, ScoreLayout
-from radixserve.scheduler.memory.host_pool import HostKVPool
+from radixserve.scheduler.memory.host_pool import HostKVPool, KVLoad
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.memory.state_pool import StatePool
@@ -180,6 +180,10 @@ class ModelRunner:
         fb = self.load(plan, SamplingInfo.from_params([r.sampling for r in batch.reqs], steps, self.device))
         if batch.special:
             fb.logits_step = self.logits.plan(batch)
+        loads = batch.kv_transfers.load_src if batch.kv_transfers is not None else ()
+        if len(loads) and self.host_pool is not None:  # timed by the pool, read when the step is done
+            per_token = self.host_pool.bytes_per_slot * (self.tp.size if self.tp is not None else 1)
+            batch.kv_load = fb.kv_load = KVLoad(len(loads), len(loads) * per_token)
         return fb
 
     def plan(self, batch: ScheduleBatch) -> StepPlan:
@@ -289,7 +293,7 @@ class ModelRunner:
         """Device side of a step: the sampled tokens [B] and the scores asked for (on the device)."""
         if fb.kv_transfers is not None:  # the host tier's write-backs and loads, before the KV is read
             assert self.host_pool is not None, "host-tier copies without a host tier"
-            self.host_pool.run(self.kv_pool, fb.kv_transfers)
+            self.host_pool.run(self.kv_pool, fb.kv_transfers, fb.kv_load)
         ids = self.futures.resolve(fb.input_ids)
         if fb.linear is not None:  # hybrid: the state copies the scheduler planned, before the step
             run_copies(fb.linear)
