@@ -130,8 +130,8 @@ def test_any_sequence_of_events_with_junk_keeps_the_index_as_the_valid_events_al
     for h in VALID:
         assert idx.match([h]) == {p: 1 for p, s in model.items() if h in s}
     # the reverse map has no dangling pod nor empty entry
-    assert all(idx._pods_of.values())
-    assert all(h in idx._blocks_of[p] for h, pods in idx._pods_of.items() for p in pods)
+    assert all(idx._tiers.values())
+    assert all(h in idx._blocks_of[p] for h, pods in idx._tiers.items() for p in pods)
 
 
 # ------------------------------------------------------------------ SchedulerPool and Watch updates
