@@ -96,9 +96,9 @@ def test_tier_weights_are_validated_with_the_flags_named() -> None:
 
     cfg = gateway("--tier-weight-host", "0.6", "--tier-weight-disk", "0.1")
     assert cfg.routing.tier_weights() == TierWeights(1.0, 0.6, 0.1)
-    with pytest.raises(ConfigError, match="--tier-weight-host=0.9.*expected device >= host >= disk"):
+    with pytest.raises(ConfigError, match=r"--tier-weight-host=0\.9.*expected device >= host >= disk"):
         gateway("--tier-weight-device", "0.5", "--tier-weight-host", "0.9")
     with pytest.raises(ConfigError, match="--tier-weight-disk"):
         gateway("--tier-weight-disk", "1.5")
-    with pytest.raises(ValueError, match="--tier-weight-device=-0.1: expected a weight in"):
+    with pytest.raises(ValueError, match=r"--tier-weight-device=-0\.1: expected a weight in"):
         TierWeights(-0.1, 0.0, 0.0)
