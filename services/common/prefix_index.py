@@ -9,11 +9,15 @@ Two backends behind one interface:
   gateways read it. A whole prompt is looked up in one round trip (a server-side script that walks
   the prompt's blocks and stops at the first one no candidate pod holds).
 
-Writers: ``apply`` (block events; ``cleared`` first drops everything the pod had), ``heartbeat``
-(returns whether the pod's previous heartbeat was still live: False tells a publisher its entries
-may be gone, a restarted or flushed Redis or a sweep after a stall, so it must republish them),
-``remove_pod``. Readers: ``match`` (pod -> leading blocks held), ``live_pods``, ``sweep`` (remove
-the entries of pods whose heartbeat expired).
+Writers: ``apply`` (block events, each stored block with its tier, ``tiers``: common/kv_tier.py;
+``cleared`` first drops everything the pod had; ``location``: the pod's shared disk directory, under
+which its disk blocks go), ``heartbeat`` (returns whether the pod's previous heartbeat was still
+live: False tells a publisher its entries may be gone, a restarted or flushed Redis or a sweep after
+a stall, so it must republish them), ``remove_pod``. Readers: ``match_tiers`` (pod -> leading blocks
+by the best tier it can load each from, its shared directory's included), ``match`` (pod -> leading
+blocks on any tier), ``live_pods``, ``sweep`` (remove the entries of pods whose heartbeat expired).
+The in-memory index is in prefix_index_memory.py, the checks of what pods write in
+prefix_index_input.py.
 
 Because the hash chains, a pod that holds block i holds the whole prefix up to it (the radix tree
 evicts leaves first), so a pod's match is the longest run of leading blocks it appears in.
@@ -28,7 +32,7 @@ fails loudly (redis.exceptions.NoPermissionError on every call), never silently.
 
 Liveness must survive memory pressure; the index need not. So the two kinds of keys differ:
 
-* index entries (``b:<hash>``, ``p:<pod>:blocks``) carry a Redis TTL (``entry_ttl_s``, refreshed
+* index entries (``k:<hash>``, ``p:<pod>:blocks``) carry a Redis TTL (``entry_ttl_s``, refreshed
   whenever a pod writes them): they are what ``maxmemory-policy volatile-lru`` may evict, the
   least recently used (lookups count as use) first;
 * heartbeats (``p:<pod>:hb``) and the pod list (``pods``) carry none, so no ``volatile-*`` policy
