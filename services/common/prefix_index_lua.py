@@ -120,42 +120,57 @@ local ns, m = ARGV[1], tonumber(ARGV[2])
 local pods_at = {}
 for i = 3, 2 + 2 * m, 2 do
   local l = ARGV[i + 1]
-  pods_at[l] = pods_at[l] or {}
-  table.insert(pods_at[l], ARGV[i])
+  local ps = pods_at[l]
+  if ps == nil then ps = {}; pods_at[l] = ps end
+  ps[#ps + 1] = ARGV[i]
 end
-local alive = nil
-local counts = {}
-for i = 3 + 2 * m, #ARGV do
-  local flat = redis.call('HGETALL', ns .. 'k:' .. ARGV[i])
-  local best = {}
-  for j = 1, #flat, 2 do
-    local holder, tier = flat[j], tonumber(flat[j + 1]) or 0
-    local pods = {holder}
-    if string.sub(holder, 1, 1) == '@' then pods = pods_at[holder] or {} end
-    for _, p in ipairs(pods) do
-      if best[p] == nil or tier < best[p] then best[p] = tier end
-    end
-  end
-  local next_alive = {}
-  local any = false
-  for p, t in pairs(best) do
-    if alive == nil or alive[p] then
-      next_alive[p] = true
-      local c = counts[p] or {0, 0, 0}
+local first = 3 + 2 * m
+local last, tier_at, counts = {}, {}, {}
+-- pod p holds block i at tier t: count it if p held every block before (its last one is i - 1); a
+-- pod seen at block i already (its own entry and its directory's) keeps the better tier
+local function see(p, t, i)
+  local prev = last[p]
+  if prev == i then
+    local old = tier_at[p]
+    if t < old then
+      local c = counts[p]
+      c[old + 1] = c[old + 1] - 1
       c[t + 1] = c[t + 1] + 1
-      counts[p] = c
+      tier_at[p] = t
+    end
+    return true
+  end
+  if i ~= first and prev ~= i - 1 then return false end
+  local c = counts[p]
+  if c == nil then c = {0, 0, 0}; counts[p] = c end
+  c[t + 1] = c[t + 1] + 1
+  last[p], tier_at[p] = i, t
+  return true
+end
+for i = first, #ARGV do
+  local flat = redis.call('HGETALL', ns .. 'k:' .. ARGV[i])
+  local any = false
+  for j = 1, #flat, 2 do
+    local holder, t = flat[j], tonumber(flat[j + 1]) or 0
+    if string.byte(holder, 1) == 64 then  -- '@': a directory, for the pods that mount it
+      local ps = pods_at[holder]
+      if ps then
+        for _, p in ipairs(ps) do
+          if see(p, t, i) then any = true end
+        end
+      end
+    elseif see(holder, t, i) then
       any = true
     end
   end
   if not any then break end
-  alive = next_alive
 end
 local out = {}
 for p, c in pairs(counts) do
-  table.insert(out, p)
-  table.insert(out, c[1])
-  table.insert(out, c[2])
-  table.insert(out, c[3])
+  out[#out + 1] = p
+  out[#out + 1] = c[1]
+  out[#out + 1] = c[2]
+  out[#out + 1] = c[3]
 end
 return out
 """

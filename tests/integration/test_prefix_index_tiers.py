@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from radixserve.common.kv_tier import DEVICE, DISK, HOST, TierMatch
+from radixserve.common.prefix_index import InMemoryPrefixIndex
 from tests.helpers.prefix_index import Backend, backend_fixture, hashes_of, prompt  # noqa: F401
 from tests.redis_server import redis_server_fixture  # noqa: F401
 
@@ -84,3 +85,17 @@ def test_bad_tiers_and_locations_are_logged_and_read_as_the_device_or_the_pod(
     assert "1 tiers for 3 blocks of a" in text and "unknown tier(s) of b" in text and "disk location" in text
     with pytest.raises(ValueError, match="not starting with '@'"):
         idx.apply("@dir-1", h, [])  # a pod may not pose as a location
+
+
+def test_in_memory_a_directorys_blocks_go_with_the_last_pod_that_mounts_it() -> None:
+    idx = InMemoryPrefixIndex()
+    h = hashes_of(prompt(5, 2))
+    mounts = {"r": "dir-1", "new": "dir-1"}  # w is gone by the lookups
+    idx.apply("w", h, [], tiers=[DISK, DISK], location="dir-1")
+    idx.apply("r", [], [], location="dir-1")
+    idx.remove_pod("w")  # r still mounts it: the files are still there for r
+    assert idx.match_tiers(h, mounts) == {"r": TierMatch(disk=2), "new": TierMatch(disk=2)}
+    idx.remove_pod(
+        "r"
+    )  # nobody that reported under it is left: forgotten (a pod's snapshot brings them back)
+    assert idx.match_tiers(h, mounts) == {}
