@@ -243,9 +243,8 @@ class CacheAwareRouter(_Recorder):
             if h.busy - lo > self.balance_abs and h.busy > self.balance_rel * lo:
                 h, reason = least_loaded(candidates, rotate), "balance"
         mine = matched.get(h.address, none)
-        h.routed_tokens += (
-            len(input_ids) - mine.blocks * self.block_size
-        )  # lower tiers are loaded, not computed
+        # what the pod computes: a prefix on its lower tiers is loaded back, not computed
+        h.routed_tokens += len(input_ids) - mine.blocks * self.block_size
         self.recent.remember(hashes, h.address, now)
         # The working set counts prefixes, not requests: a request that shares a prefix adds only
         # that prefix (its own tail blocks are never reused), or every request would grow its
