@@ -119,15 +119,15 @@ class EventHub:
             if sub in self._subs:
                 self._subs.remove(sub)
 
-    def publish(self, events: Events, all_hashes: Callable[[], Events]) -> None:
-        """Engine thread, once per step. ``all_hashes``: the cache's snapshot (for those that need one)."""
+    def publish(self, events: Events, snapshot_of: Callable[[], Events]) -> None:
+        """Engine thread, once per step. ``snapshot_of``: the cache's snapshot (for those that need one)."""
         with self._lock:
             subs = list(self._subs)
         snapshot: Events | None = None
         for sub in subs:
             if sub.need_snapshot:
                 if snapshot is None:
-                    snapshot = all_hashes()
+                    snapshot = snapshot_of()
                 sub.snapshot(snapshot)
             elif events:
                 sub.push(events)

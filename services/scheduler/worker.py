@@ -314,7 +314,7 @@ class EngineWorker:
                     self._wake.wait(0.05)
                     self._wake.clear()
                 # Aborts and finished requests change the tree too: publish after both.
-                self.events.publish(cache.take_block_events(), cache.all_block_hashes)
+                self.events.publish(cache.take_block_events(), cache.block_snapshot)
                 self.beat = time.monotonic()
         except BaseException as e:  # a bug or a device error: end every request with it, loudly
             log.exception("engine loop failed")

@@ -34,5 +34,5 @@ def put(cache: RadixCache, tokens):
 
 
 def snapshot_blocks(cache) -> dict[int, str]:
-    """The cache's snapshot (``all_block_hashes``) as block -> the event that stores it at its tier."""
-    return {h: kind for kind, hashes in cache.all_block_hashes() for h in hashes}
+    """The cache's snapshot (``block_snapshot``) as block -> the event that stores it at its tier."""
+    return {h: kind for kind, hashes in cache.block_snapshot() for h in hashes}

@@ -17,7 +17,7 @@ from radixserve.common.block_hash import block_hashes, root_hash
 from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache
 from radixserve.scheduler.memory.state_pool import StateShape, plan_state_memory
 from tests.helpers.hf import one_thread
-from tests.helpers.radix import make_hybrid_cache, put, snapshot_blocks
+from tests.helpers.radix import make_hybrid_cache, put
 
 BS = 4  # block size of the block events
 
@@ -103,15 +103,15 @@ def test_block_events_report_only_prefixes_that_can_be_resumed():
     for kind, hashes in c.take_block_events():
         assert kind == "stored"
         held |= set(hashes)
-    assert held == set(block_hashes(a[:16], "m", BS)) == set(snapshot_blocks(c))
+    assert held == set(block_hashes(a[:16], "m", BS)) == set(c.all_block_hashes())
     snap(c, a)
     held |= {h for _, hs in c.take_block_events() for h in hs}
-    assert held == set(block_hashes(a, "m", BS)) == set(snapshot_blocks(c))
+    assert held == set(block_hashes(a, "m", BS)) == set(c.all_block_hashes())
     c.drop_snapshot(c.match_prefix(a).node)  # the deeper snapshot goes: its blocks are withdrawn
     for kind, hashes in c.take_block_events():
         assert kind == "removed"
         held -= set(hashes)
-    assert held == set(block_hashes(a[:16], "m", BS)) == set(snapshot_blocks(c))
+    assert held == set(block_hashes(a[:16], "m", BS)) == set(c.all_block_hashes())
 
 
 @settings(max_examples=40, deadline=None)
@@ -160,7 +160,7 @@ def test_random_inserts_matches_and_evictions_keep_the_snapshot_bound_and_invari
                 held |= set(hashes)
             else:
                 held -= set(hashes)
-        assert held == set(snapshot_blocks(c))  # the cluster index sees exactly the resumable blocks
+        assert held == set(c.all_block_hashes())  # the cluster index sees exactly the resumable blocks
     for node in locked:
         c.unlock(node)
     c.evict(c.evictable_size)

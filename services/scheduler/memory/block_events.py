@@ -4,8 +4,8 @@ Every full block of ``block_size`` tokens in the tree has a chained hash (radixs
 kept on the node its last token lives in. A node's blocks are reported at the best tier holding them
 (``stored``: the device; ``stored_host``, ``stored_disk``: common/kv_tier.py; a cache with lower tiers
 says which in ``_tier_event``) when it is created and whenever that tier changes, ``removed`` when it
-leaves the tree, ``cleared`` when the tree is reset. ``all_block_hashes`` is the same as a snapshot
-(what a subscriber that fell behind gets, after ``cleared``).
+leaves the tree, ``cleared`` when the tree is reset. ``block_snapshot`` is the same as a snapshot
+(what a subscriber that fell behind gets, after ``cleared``); ``all_block_hashes`` lists the blocks.
 """
 
 from __future__ import annotations
@@ -38,8 +38,13 @@ class BlockEvents:
         events, self.block_events = self.block_events, []
         return events
 
-    def all_block_hashes(self) -> list[tuple[str, list[int]]]:
-        """Every block held, as the events that store each at its tier (a resync's snapshot)."""
+    def all_block_hashes(self) -> list[int]:
+        """Every block the tree holds, on any tier."""
+        return [h for node in self.nodes() for h in node.blocks]
+
+    def block_snapshot(self) -> list[tuple[str, list[int]]]:
+        """Every block held, as the events that store each at its tier (a resync's snapshot, what a
+        subscriber gets after ``cleared``): the tree's blocks by ``_tier_event``."""
         by_kind: dict[str, list[int]] = {}
         for node in self.nodes():
             if node.blocks:

@@ -160,8 +160,11 @@ class HybridRadixCache(RadixCache):
         if leaf.snapshot >= 0:
             self.drop_snapshot(leaf)
 
-    def all_block_hashes(self) -> list[tuple[str, list[int]]]:
-        return [("stored", [h for node in self.nodes() if node.snaps_below > 0 for h in node.blocks])]
+    def all_block_hashes(self) -> list[int]:
+        return [h for node in self.nodes() if node.snaps_below > 0 for h in node.blocks]
+
+    def block_snapshot(self) -> list[tuple[str, list[int]]]:
+        return [("stored", self.all_block_hashes())]  # no lower tiers (refused with a hybrid model)
 
     def cache_finished_req(self, req: Req) -> None:
         """As the base's, plus a snapshot of the request's state where its cached KV ends, when
