@@ -82,7 +82,7 @@ class PodMonitor:
                 stored, removed = list(u.stored), list(u.removed)
                 with self._lock:
                     self.samples[address].append((now, u.load))
-                    self.index.apply(address, stored, removed, u.cleared)
+                    self.index.apply(address, stored, removed, u.cleared, list(u.tiers), u.load.disk_location)
                     for hs, seen in ((stored, self.prefix_stored), (removed, self.prefix_removed)):
                         for h in hs:
                             i = self.attr.request_of.get(h)

@@ -9,11 +9,15 @@ Two backends behind one interface:
   gateways read it. A whole prompt is looked up in one round trip (a server-side script that walks
   the prompt's blocks and stops at the first one no candidate pod holds).
 
-Writers: ``apply`` (block events; ``cleared`` first drops everything the pod had), ``heartbeat``
-(returns whether the pod's previous heartbeat was still live: False tells a publisher its entries
-may be gone, a restarted or flushed Redis or a sweep after a stall, so it must republish them),
-``remove_pod``. Readers: ``match`` (pod -> leading blocks held), ``live_pods``, ``sweep`` (remove
-the entries of pods whose heartbeat expired).
+Writers: ``apply`` (block events, each stored block with its tier, ``tiers``: common/kv_tier.py;
+``cleared`` first drops everything the pod had; ``location``: the pod's shared disk directory, under
+which its disk blocks go), ``heartbeat`` (returns whether the pod's previous heartbeat was still
+live: False tells a publisher its entries may be gone, a restarted or flushed Redis or a sweep after
+a stall, so it must republish them), ``remove_pod``. Readers: ``match_tiers`` (pod -> leading blocks
+by the best tier it can load each from, its shared directory's included), ``match`` (pod -> leading
+blocks on any tier), ``live_pods``, ``sweep`` (remove the entries of pods whose heartbeat expired).
+The in-memory index is in prefix_index_memory.py, the checks of what pods write in
+prefix_index_input.py.
 
 Because the hash chains, a pod that holds block i holds the whole prefix up to it (the radix tree
 evicts leaves first), so a pod's match is the longest run of leading blocks it appears in.
@@ -28,7 +32,7 @@ fails loudly (redis.exceptions.NoPermissionError on every call), never silently.
 
 Liveness must survive memory pressure; the index need not. So the two kinds of keys differ:
 
-* index entries (``b:<hash>``, ``p:<pod>:blocks``) carry a Redis TTL (``entry_ttl_s``, refreshed
+* index entries (``k:<hash>``, ``p:<pod>:blocks``) carry a Redis TTL (``entry_ttl_s``, refreshed
   whenever a pod writes them): they are what ``maxmemory-policy volatile-lru`` may evict, the
   least recently used (lookups count as use) first;
 * heartbeats (``p:<pod>:hb``) and the pod list (``pods``) carry none, so no ``volatile-*`` policy
@@ -57,21 +61,22 @@ import json
 import logging
 import math
 import re
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from radixserve.common import prefix_index_lua as lua
+from radixserve.common.kv_tier import LOCATION_MARK, TierMatch
+from radixserve.common.prefix_index_input import Load as Load
+from radixserve.common.prefix_index_input import check_pod as check_pod
+from radixserve.common.prefix_index_input import clean_hashes, clean_load, clean_location, clean_stored
+from radixserve.common.prefix_index_memory import InMemoryPrefixIndex as InMemoryPrefixIndex
 from radixserve.common.service_config import INDEX_KEY_PREFIX
 
 if TYPE_CHECKING:
     import redis
 
 log = logging.getLogger(__name__)
-
-# A pod's load report (its heartbeat): a JSON object (Redis stores it as JSON text).
-Load: TypeAlias = dict[str, object]
 
 # Every Redis command a RedisPrefixIndex sends (as ACL names, "container|subcommand"), those its
 # scripts run included: what a service's Redis user needs, and all it gets (acl_rules). At connect
@@ -94,15 +99,14 @@ REDIS_COMMANDS: tuple[str, ...] = (
     "spop",
     "scard",
     "smembers",
+    "hset",
+    "hdel",
+    "hgetall",
 )
 
 # How long an index entry (a block's pods, a pod's blocks) lives after it was last written.
 ENTRY_TTL_S = 24 * 3600.0
 
-_HASH_END = 1 << 64  # block hashes are unsigned 64-bit (radixserve.common.block_hash)
-_MAX_LOAD_FIELDS = 64
-_MAX_LOAD_STR = 256
-_MAX_POD_LEN = 256
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
 
@@ -124,149 +128,24 @@ def acl_rules(prefix: str, password: str | None = None) -> list[str]:
     return rules + [f"+{c}" for c in REDIS_COMMANDS]
 
 
-def _clean_hashes(hashes: Sequence[object], pod: str, what: str, chain: bool = False) -> list[int]:
-    """``hashes`` without the ones that cannot be block hashes (each a warning); ``chain``: a
-    prompt's chain, which ends at the first bad one."""
-    ok = [type(h) is int and 0 <= h < _HASH_END for h in hashes]
-    if all(ok):
-        return list(hashes)  # type: ignore[arg-type]  # every one an int, checked above
-    bad = [h for h, good in zip(hashes, ok, strict=True) if not good]
-    end = ok.index(False) if chain else len(hashes)
-    out = cast(list[int], [h for h, good in zip(hashes[:end], ok, strict=False) if good])
-    log.warning(
-        "prefix index: %d %s block hash(es) of %s ignored, not ints in [0, 2**64): %s",
-        len(bad),
-        what,
-        pod,
-        ", ".join(repr(b)[:40] for b in bad[:3]),
-    )
-    return out
-
-
-def check_pod(pod: object) -> str:
-    """A pod's name (its advertised address) as keys may hold it: a printable str, no spaces."""
-    if not isinstance(pod, str) or not 0 < len(pod) <= _MAX_POD_LEN or not pod.isprintable() or " " in pod:
-        raise ValueError(f"pod name {pod!r}: expected 1-{_MAX_POD_LEN} printable characters without spaces")
-    return pod
-
-
-def clean_load(load: object, pod: str = "?") -> Load:
-    """``load`` with only the fields a heartbeat may carry (str keys; short str, finite int/float,
-    bool, None values); others dropped with a warning. Not a mapping at all: ``{}``."""
-    if not isinstance(load, Mapping):
-        log.warning("prefix index: load of %s is a %s, not a mapping: sent as {}", pod, type(load).__name__)
-        return {}
-    out: Load = {}
-    dropped: list[str] = []
-    for k, v in load.items():
-        ok = isinstance(k, str) and 0 < len(k) <= _MAX_LOAD_STR and len(out) < _MAX_LOAD_FIELDS
-        if ok and isinstance(v, float):
-            ok = math.isfinite(v)
-        elif ok and isinstance(v, str):
-            ok = len(v) <= _MAX_LOAD_STR
-        elif ok:
-            ok = v is None or isinstance(v, bool) or (isinstance(v, int) and -(1 << 63) <= v < _HASH_END)
-        if ok:
-            out[k] = v
-        else:
-            dropped.append(repr(k)[:40])
-    if dropped:
-        log.warning("prefix index: load fields of %s dropped (not a short str/number/bool): %s", pod, dropped)
-    return out
-
-
 class PrefixIndex(Protocol):
     def apply(
-        self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False
+        self,
+        pod: str,
+        stored: Sequence[int],
+        removed: Sequence[int],
+        cleared: bool = False,
+        tiers: Sequence[int] = (),
+        location: str = "",
     ) -> None: ...
     def heartbeat(self, pod: str, load: Load, ttl_s: float) -> bool: ...
     def remove_pod(self, pod: str) -> None: ...
     def match(self, hashes: Sequence[int]) -> dict[str, int]: ...
+    def match_tiers(
+        self, hashes: Sequence[int], locations: Mapping[str, str] | None = None
+    ) -> dict[str, TierMatch]: ...
     def live_pods(self) -> dict[str, Load]: ...
     def sweep(self) -> list[str]: ...
-
-
-class InMemoryPrefixIndex:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._pods_of: dict[int, set[str]] = {}  # block hash -> pods holding it
-        self._blocks_of: dict[str, set[int]] = {}  # pod -> its block hashes
-        self._heartbeats: dict[str, tuple[Load, float]] = {}  # pod -> (load, expires at)
-
-    def apply(self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False) -> None:
-        check_pod(pod)
-        stored, removed = _clean_hashes(stored, pod, "stored"), _clean_hashes(removed, pod, "removed")
-        if cleared:
-            self._drop_blocks(pod)
-        # a pod that only removes (blocks it never announced) gets no entry: nothing to hold
-        mine = self._blocks_of.setdefault(pod, set()) if stored else self._blocks_of.get(pod, set())
-        for h in stored:
-            self._pods_of.setdefault(h, set()).add(pod)
-            mine.add(h)
-        unheld = 0
-        for h in removed:
-            if h not in mine:  # never stored (or already removed): touches no other pod's entry
-                unheld += 1
-                continue
-            mine.discard(h)
-            pods = self._pods_of.get(h)
-            if pods is not None:
-                pods.discard(pod)
-                if not pods:
-                    del self._pods_of[h]
-        if unheld:  # as RedisPrefixIndex: normal when a block is stored and removed between updates
-            log.debug("prefix index: %d removed block(s) of %s were not in the index", unheld, pod)
-
-    def _drop_blocks(self, pod: str) -> None:
-        for h in self._blocks_of.pop(pod, ()):
-            pods = self._pods_of.get(h)
-            if pods is not None:
-                pods.discard(pod)
-                if not pods:
-                    del self._pods_of[h]
-
-    def heartbeat(self, pod: str, load: Load, ttl_s: float) -> bool:
-        check_pod(pod)
-        if not ttl_s > 0 or not math.isfinite(ttl_s):
-            raise ValueError(f"heartbeat ttl_s={ttl_s}: expected a positive number of seconds")
-        now = self._clock()
-        prev = self._heartbeats.get(pod)
-        self._heartbeats[pod] = (clean_load(load, pod), now + ttl_s)
-        return prev is not None and prev[1] > now
-
-    def remove_pod(self, pod: str) -> None:
-        self._drop_blocks(pod)
-        self._heartbeats.pop(pod, None)
-
-    def match(self, hashes: Sequence[int]) -> dict[str, int]:
-        hashes = _clean_hashes(hashes, "a lookup", "looked-up", chain=True)
-        counts: dict[str, int] = {}
-        alive: set[str] | None = None
-        for i, h in enumerate(hashes):
-            pods = self._pods_of.get(h)
-            if not pods:
-                break
-            alive = set(pods) if alive is None else alive & pods
-            if not alive:
-                break
-            for p in alive:
-                counts[p] = i + 1
-        return counts
-
-    def live_pods(self) -> dict[str, Load]:
-        now = self._clock()
-        return {p: load for p, (load, exp) in self._heartbeats.items() if exp > now}
-
-    def sweep(self) -> list[str]:
-        now = self._clock()
-        dead = [p for p, (_, exp) in self._heartbeats.items() if exp <= now]
-        dead += [p for p in self._blocks_of if p not in self._heartbeats]
-        for p in dead:
-            self.remove_pod(p)
-        return dead
-
-    def num_blocks(self, pod: str) -> int:
-        return len(self._blocks_of.get(pod, ()))
 
 
 # --------------------------------------------------------------------------------------- Redis
@@ -344,19 +223,30 @@ class RedisPrefixIndex:
                 raise redis.exceptions.NoPermissionError(f"prefix index {self.url}: {why}") from e
             raise
 
-    def apply(self, pod: str, stored: Sequence[int], removed: Sequence[int], cleared: bool = False) -> None:
+    def apply(
+        self,
+        pod: str,
+        stored: Sequence[int],
+        removed: Sequence[int],
+        cleared: bool = False,
+        tiers: Sequence[int] = (),
+        location: str = "",
+    ) -> None:
         check_pod(pod)
-        stored, removed = _clean_hashes(stored, pod, "stored"), _clean_hashes(removed, pod, "removed")
+        loc = clean_location(location, pod)
+        loc = LOCATION_MARK + loc if loc else ""
+        pairs, removed = clean_stored(stored, tiers, pod), clean_hashes(removed, pod, "removed")
         if cleared:
             self._drop_blocks(pod)
-        head: list[str | int] = [self.ns, pod, self.entry_ttl_ms]
+        head: list[str | int] = [self.ns, pod, self.entry_ttl_ms, loc]
+        flat = [x for pair in pairs for x in pair]  # hash, tier, hash, tier, ...
         unheld = 0
-        if len(stored) + len(removed) <= self.CHUNK:  # a step's events: one round trip
-            unheld = int(self._run(self._apply, [*head, len(stored), *stored, *removed]))
+        if len(pairs) + len(removed) <= self.CHUNK:  # a step's events: one round trip
+            unheld = int(self._run(self._apply, [*head, len(pairs), *flat, *removed]))
         else:
-            for i in range(0, len(stored), self.CHUNK):
-                chunk = stored[i : i + self.CHUNK]
-                self._run(self._apply, [*head, len(chunk), *chunk])
+            for i in range(0, len(flat), 2 * self.CHUNK):
+                chunk = flat[i : i + 2 * self.CHUNK]
+                self._run(self._apply, [*head, len(chunk) // 2, *chunk])
             for i in range(0, len(removed), self.CHUNK):
                 unheld += int(self._run(self._apply, [*head, 0, *removed[i : i + self.CHUNK]]))
         if unheld:  # normal: stored and removed before a write, or an entry Redis evicted
@@ -378,11 +268,19 @@ class RedisPrefixIndex:
         self._run(self._forget, [self.ns, pod])
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
-        hashes = _clean_hashes(hashes, "a lookup", "looked-up", chain=True)
+        return {p: m.blocks for p, m in self.match_tiers(hashes).items()}
+
+    def match_tiers(
+        self, hashes: Sequence[int], locations: Mapping[str, str] | None = None
+    ) -> dict[str, TierMatch]:
+        """Per pod, its leading blocks by the best tier it can load each from: its own, or (disk) its
+        shared location's, ``locations`` naming each pod's (a pod left out: its own entries only)."""
+        hashes = clean_hashes(hashes, "a lookup", "looked-up", chain=True)
         if not hashes:
             return {}
-        flat = self._run(self._match, [self.ns, *hashes])
-        return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        at = [x for pod, loc in (locations or {}).items() if loc for x in (pod, LOCATION_MARK + loc)]
+        flat = self._run(self._match, [self.ns, len(at) // 2, *at, *hashes])
+        return {flat[i]: TierMatch(*map(int, flat[i + 1 : i + 4])) for i in range(0, len(flat), 4)}
 
     def _heartbeats(self) -> tuple[dict[str, Load], list[str]]:
         """(live pods and their loads, pods whose heartbeat expired, is missing or unreadable)."""

@@ -15,6 +15,7 @@ from typing import TypedDict
 
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE
 from radixserve.common.config import Bounds, ConfigError, setting
+from radixserve.common.kv_tier import TierWeights
 
 # A prefill step delays every other request's next token (and a new request's first) until it is
 # done, so its size is a latency bound: milliseconds for 2048 tokens on a GPU, seconds on a CPU core,
@@ -325,6 +326,15 @@ class RoutingConfig:
         " share of the pod's KV capacity",
         bounds=FRACTION,
     )
+    tier_weight_device: float = setting(
+        1.0, "cache-aware: what a matched prefix block is worth on a pod's device", bounds=SHARE
+    )
+    tier_weight_host: float = setting(
+        0.8, "... on its host memory (--host-kv-cache-gb); at most the device's", bounds=SHARE
+    )
+    tier_weight_disk: float = setting(
+        0.5, "... on its disk, or the disk directory it shares; at most the host's", bounds=SHARE
+    )
     sweep_s: float = 1.0  # Redis: how often expired pods are looked for (and removed); not a flag
 
     def check(self) -> None:
@@ -333,6 +343,14 @@ class RoutingConfig:
                 f"--block-size {self.block_size}: the cache-aware router hashes prompts in blocks of at"
                 " least 1 token (0 suits --router least-load or round-robin)"
             )
+        try:
+            self.tier_weights()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def tier_weights(self) -> TierWeights:
+        """The router's weights of a matched block by tier (ValueError: out of order or range)."""
+        return TierWeights(self.tier_weight_device, self.tier_weight_host, self.tier_weight_disk)
 
 
 @dataclass(frozen=True, slots=True)

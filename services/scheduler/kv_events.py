@@ -4,7 +4,8 @@ The engine thread, once per step, hands the radix cache's block events to every
 ``EventSubscriber`` (a Watch stream of a gateway, the Redis publisher). A subscriber's backlog is
 bounded: one that falls behind (or whose sink failed) drops its backlog and asks for a snapshot,
 which the engine thread provides at its next step (``cleared`` + every block it holds), so every
-index heals itself. Consumers take the net effect of everything pending in one go.
+index heals itself. Consumers take the net effect of everything pending in one go: per block, the
+best tier the pod holds it on now (common/kv_tier.py), or removed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+from radixserve.common.kv_tier import DEVICE, STORED_EVENTS
 
 if TYPE_CHECKING:
     from radixserve.common.prefix_index import RedisPrefixIndex
@@ -22,10 +25,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+_REMOVED = -1
+
+
+class BlockDelta(NamedTuple):
+    """The net effect of a pod's block events since the last take."""
+
+    cleared: bool  # everything the pod held before is gone (then ``stored`` is what it holds)
+    stored: list[int]
+    removed: list[int]
+    tiers: list[int]  # along ``stored``: the tier each is on now (common/kv_tier.py)
+
+
+Events = list[tuple[str, list[int]]]  # (kind, hashes), as the radix cache records them
+
+
 class EventSubscriber:
     def __init__(self, max_pending: int = 200_000) -> None:
         self._cond = threading.Condition()
-        self._net: dict[int, bool] = {}  # hash -> stored (True) / removed (False): the net effect
+        self._net: dict[int, int] = {}  # hash -> its tier now, or _REMOVED: the net effect
         self._cleared = False
         self._max = max_pending
         self.need_snapshot = True  # the first thing a subscriber gets is the whole state
@@ -33,7 +51,7 @@ class EventSubscriber:
         self.pending_since: float | None = None  # when the oldest event not yet taken came in
 
     # engine thread
-    def push(self, events: list[tuple[str, list[int]]]) -> None:
+    def push(self, events: Events) -> None:
         with self._cond:
             if self.need_snapshot:
                 return  # a snapshot will cover these
@@ -41,19 +59,20 @@ class EventSubscriber:
                 if kind == "cleared":
                     self._net.clear()
                     self._cleared = True
-                else:
-                    stored = kind == "stored"
-                    for h in hashes:
-                        self._net[h] = stored
+                    continue
+                tier = _REMOVED if kind == "removed" else STORED_EVENTS[kind]  # else a bug: raise
+                for h in hashes:
+                    self._net[h] = tier
             if self.pending_since is None and self._net:
                 self.pending_since = time.monotonic()
             if len(self._net) > self._max:  # fallen behind: resynchronise instead of growing
                 self.request_snapshot()
             self._cond.notify()
 
-    def snapshot(self, hashes: list[int]) -> None:
+    def snapshot(self, held: Events) -> None:
+        """Everything the pod holds: the events that store each block at its tier."""
         with self._cond:
-            self._net = dict.fromkeys(hashes, True)
+            self._net = {h: STORED_EVENTS[kind] for kind, hashes in held for h in hashes}
             self._cleared = True
             self.need_snapshot = False
             self.snapshots += 1
@@ -67,8 +86,8 @@ class EventSubscriber:
             self.need_snapshot = True
 
     # consumer
-    def take(self, timeout: float) -> tuple[bool, list[int], list[int]] | None:
-        """(cleared, stored, removed) pending since the last take, or None if nothing came in time."""
+    def take(self, timeout: float) -> BlockDelta | None:
+        """What is pending since the last take, or None if nothing came in time."""
         with self._cond:
             if not self._net and not self._cleared:
                 self._cond.wait(timeout)
@@ -77,9 +96,10 @@ class EventSubscriber:
             net, cleared = self._net, self._cleared
             self._net, self._cleared = {}, False
             self.pending_since = None
-        stored = [h for h, s in net.items() if s]
-        removed = [h for h, s in net.items() if not s]
-        return cleared, stored, removed
+        stored = [(h, t) for h, t in net.items() if t != _REMOVED]
+        removed = [h for h, t in net.items() if t == _REMOVED]
+        tiers = [t for _, t in stored] if any(t != DEVICE for _, t in stored) else []  # none: all device
+        return BlockDelta(cleared, [h for h, _ in stored], removed, tiers)
 
 
 class EventHub:
@@ -99,15 +119,15 @@ class EventHub:
             if sub in self._subs:
                 self._subs.remove(sub)
 
-    def publish(self, events: list[tuple[str, list[int]]], all_hashes: Callable[[], list[int]]) -> None:
-        """Engine thread, once per step."""
+    def publish(self, events: Events, snapshot_of: Callable[[], Events]) -> None:
+        """Engine thread, once per step. ``snapshot_of``: the cache's snapshot (for those that need one)."""
         with self._lock:
             subs = list(self._subs)
-        snapshot: list[int] | None = None
+        snapshot: Events | None = None
         for sub in subs:
             if sub.need_snapshot:
                 if snapshot is None:
-                    snapshot = all_hashes()
+                    snapshot = snapshot_of()
                 sub.snapshot(snapshot)
             elif events:
                 sub.push(events)
@@ -131,7 +151,10 @@ class RedisPublisher:
         load: Callable[[], dict[str, object]],
         heartbeat_s: float = 1.0,
         ttl_s: float = 5.0,
+        location: str = "",
     ) -> None:
+        """``location``: the id of the shared disk directory whose blocks this pod reports as on disk
+        ("": none, or a disk of its own): they are published under it (common/kv_tier.py)."""
         from radixserve.common.prefix_index import check_pod
 
         if not (heartbeat_s > 0 and ttl_s > heartbeat_s):
@@ -140,6 +163,7 @@ class RedisPublisher:
             )
         self.index, self.pod, self.sub, self.load = index, check_pod(pod), sub, load
         self.heartbeat_s, self.ttl_s = heartbeat_s, ttl_s
+        self.location = location
         self.connected = False
         self.failures = 0
         self.published = 0  # block events written
@@ -155,9 +179,8 @@ class RedisPublisher:
             got = self.sub.take(timeout=min(0.05, self.heartbeat_s))
             try:
                 if got is not None:
-                    cleared, stored, removed = got
-                    self.index.apply(self.pod, stored, removed, cleared)
-                    self.published += len(stored) + len(removed)
+                    self.index.apply(self.pod, got.stored, got.removed, got.cleared, got.tiers, self.location)
+                    self.published += len(got.stored) + len(got.removed)
                 now = time.monotonic()
                 if now >= next_beat:
                     was_live = self.index.heartbeat(self.pod, self._load(), self.ttl_s)

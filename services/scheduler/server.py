@@ -115,6 +115,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             self.load_dict,
             target.heartbeat_interval_s,
             target.heartbeat_ttl_s,
+            location=self.worker.scheduler.kv.cache.disk_location,
         )
 
     def start(self) -> None:
@@ -181,9 +182,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):
                 else:
                     got = sub.take(interval)
                     if got is not None:
-                        update.cleared = got[0]
-                        update.stored.extend(got[1])
-                        update.removed.extend(got[2])
+                        update.cleared = got.cleared
+                        update.stored.extend(got.stored)
+                        update.tiers.extend(got.tiers)
+                        update.removed.extend(got.removed)
                 update.load.CopyFrom(self.load())
                 yield update
         finally:

@@ -119,6 +119,7 @@ class PodLoad:
     max_context_len: int
     draining: bool
     max_waiting_requests: int
+    disk_location: str = ""  # the shared disk directory's id its disk-tier blocks are indexed under
 
 
 # ``emit(updates, on_taken)``: hand a step's updates to the detokenizer; ``on_taken`` runs once the
@@ -278,6 +279,7 @@ class EngineWorker:
             max_context_len=self.scheduler.config.memory.max_context_len,
             draining=self.draining,
             max_waiting_requests=self.scheduler.config.max_waiting_requests,
+            disk_location=kv.cache.disk_location,
         )
 
     def seconds_since_step(self) -> float:
@@ -312,7 +314,7 @@ class EngineWorker:
                     self._wake.wait(0.05)
                     self._wake.clear()
                 # Aborts and finished requests change the tree too: publish after both.
-                self.events.publish(cache.take_block_events(), cache.all_block_hashes)
+                self.events.publish(cache.take_block_events(), cache.block_snapshot)
                 self.beat = time.monotonic()
         except BaseException as e:  # a bug or a device error: end every request with it, loudly
             log.exception("engine loop failed")

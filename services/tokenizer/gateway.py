@@ -292,8 +292,7 @@ class Gateway:
         r1 = time.monotonic()
         decision = self.router.decisions[-1] if self.router.decisions else None
         if decision is not None:
-            self.metrics.route_decisions.labels(self.router.name, decision.reason).inc()
-            self.metrics.route_seconds.observe(decision.seconds)
+            self.metrics.routed(self.router.name, decision)
         trace.routed(decision, self.router.name, r0, r1)
         return h
 

@@ -7,7 +7,14 @@ endpoint, routing, gRPC errors, retries) do not.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from radixserve.common.kv_tier import TIER_NAMES
+
+if TYPE_CHECKING:
+    from radixserve.tokenizer.routing.router import Decision
 
 MODEL_LABEL = "model_name"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -98,6 +105,13 @@ class GatewayMetrics:
             ["policy", "reason"],
             registry=r,
         )
+        self.route_matched_blocks = Counter(
+            "radixserve_router_matched_blocks",
+            "Prefix blocks the chosen pods held when requests were routed there, by the tier each was"
+            " on at best (device, host, disk: the tier-weighted score's parts)",
+            ["tier"],
+            registry=r,
+        )
         self.route_seconds = Histogram(
             "radixserve_router_decision_seconds",
             "Time to choose a pod (index lookup included)",
@@ -134,3 +148,11 @@ class GatewayMetrics:
             registry=r,
         )
         self.schedulers_up = Gauge("radixserve_schedulers_healthy", "Scheduler pods reachable", registry=r)
+
+    def routed(self, policy: str, decision: Decision) -> None:
+        """A routing decision: its reason, time and the tiers of the prefix it matched."""
+        self.route_decisions.labels(policy, decision.reason).inc()
+        self.route_seconds.observe(decision.seconds)
+        for tier in TIER_NAMES:
+            if n := getattr(decision.matched, tier):
+                self.route_matched_blocks.labels(tier).inc(n)

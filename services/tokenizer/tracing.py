@@ -94,6 +94,9 @@ class RequestTrace:
                 "radixserve.route.policy": policy,
                 "radixserve.route.reason": decision.reason,
                 "radixserve.route.matched_blocks": decision.matched_blocks,
+                "radixserve.route.matched_host_blocks": decision.matched.host,  # the rest: device
+                "radixserve.route.matched_disk_blocks": decision.matched.disk,
+                "radixserve.route.score": decision.score,  # tier-weighted
             }
             self.child("route", start, end, attrs)
             self.span.set_attributes(attrs)

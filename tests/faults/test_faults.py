@@ -307,7 +307,7 @@ def test_redis_restarted_under_load_routing_goes_on_and_the_index_refills(model_
                 "the index holds both pods' blocks again",
                 lambda: (
                     all(redis.client().exists(k) for k in hb)
-                    and len(redis.client().keys("radixserve:b:*")) > 0
+                    and len(redis.client().keys("radixserve:k:*")) > 0
                 ),
                 30,
             )

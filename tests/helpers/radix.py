@@ -31,3 +31,8 @@ def put(cache: RadixCache, tokens):
     # Whatever was already present is a duplicate: free it like a request would.
     cache.allocator.free_slots(slots[: res.present_len])
     return res
+
+
+def snapshot_blocks(cache) -> dict[int, str]:
+    """The cache's snapshot (``block_snapshot``) as block -> the event that stores it at its tier."""
+    return {h: kind for kind, hashes in cache.block_snapshot() for h in hashes}

@@ -110,7 +110,7 @@ def test_every_key_starts_with_the_prefix_and_only_index_entries_carry_a_ttl(
     keys = sorted(c.keys("*"))
     assert keys == sorted(
         ["rs:ns/svc:pods", "rs:ns/svc:p:a:1:hb", "rs:ns/svc:p:a:1:blocks", "rs:ns/svc:p:b:1:blocks"]
-        + [f"rs:ns/svc:b:{x}" for x in h]
+        + [f"rs:ns/svc:k:{x}" for x in h]
     )
     ttls = {k: c.pttl(k) for k in keys}
     never = {k for k, t in ttls.items() if t == -1}

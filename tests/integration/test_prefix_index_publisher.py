@@ -26,14 +26,14 @@ def test_a_subscriber_that_falls_behind_gets_a_snapshot_instead() -> None:
     hub = EventHub()
     sub = hub.subscribe(EventSubscriber(max_pending=10))
     held = list(range(100, 130))
-    hub.publish([], lambda: held[:5])  # the first thing a subscriber gets: the whole state
-    assert sub.take(0) == (True, held[:5], [])
-    hub.publish([("stored", held[5:8]), ("removed", held[:1])], lambda: held)
-    assert sub.take(0) == (False, held[5:8], held[:1])
-    hub.publish([("stored", held[8:30])], lambda: held)  # more than max_pending: dropped
+    hub.publish([], lambda: [("stored", held[:5])])  # the first thing a subscriber gets: the whole state
+    assert sub.take(0) == (True, held[:5], [], [])
+    hub.publish([("stored", held[5:8]), ("removed", held[:1])], lambda: [("stored", held)])
+    assert sub.take(0) == (False, held[5:8], held[:1], [])
+    hub.publish([("stored", held[8:30])], lambda: [("stored", held)])  # more than max_pending: dropped
     assert sub.need_snapshot and sub.take(0) is None
-    hub.publish([], lambda: held)
-    assert sub.take(0) == (True, held, [])
+    hub.publish([], lambda: [("stored", held)])
+    assert sub.take(0) == (True, held, [], [])
     assert sub.snapshots == 2
 
 
@@ -68,7 +68,7 @@ class FakeEngine:
                 events, self._events = self._events, []
                 snapshot = sorted(self.held)
             t = time.perf_counter()
-            self.hub.publish(events, lambda s=snapshot: s)  # type: ignore[misc]
+            self.hub.publish(events, lambda s=snapshot: [("stored", s)])  # type: ignore[misc]
             self.publish_s.append(time.perf_counter() - t)
             self._stop.wait(0.005)
 

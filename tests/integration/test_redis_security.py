@@ -83,7 +83,7 @@ def test_each_service_uses_its_own_keys_with_its_own_user_and_nothing_else(serve
         lambda: raw.smembers(f"{B}pods"),
         lambda: raw.set(b_hb, forged),  # a forged heartbeat
         lambda: raw.set(f"{B}p:evil:hb", forged),
-        lambda: raw.sadd(f"{B}b:{h[0]}", "evil:1"),  # a forged KV event
+        lambda: raw.hset(f"{B}k:{h[0]}", "evil:1", 0),  # a forged KV event
         lambda: raw.delete(b_hb),
         lambda: raw.keys("*"),
         lambda: raw.scan(),
@@ -115,7 +115,7 @@ def test_each_service_uses_its_own_keys_with_its_own_user_and_nothing_else(serve
     # B's entries are as B left them
     assert other.match(h) == {"b-0.beta:50051": 6}
     assert other.live_pods() == {"b-0.beta:50051": {"waiting": 9}}
-    assert s.client().sismember(f"{B}b:{h[0]}", "evil:1") == 0
+    assert not s.client().hexists(f"{B}k:{h[0]}", "evil:1")
     assert {reason for reason, _ in _refusals(s, "alpha")} == {"key", "command"}
     assert _refusals(s, "beta") == []
 
@@ -128,7 +128,7 @@ def test_a_publisher_whose_user_is_refused_says_so(
     caplog.set_level(logging.INFO, logger="radixserve.scheduler.kv_events")
     hub = EventHub()
     sub = hub.subscribe(EventSubscriber())
-    hub.publish([], lambda: hashes_of(prompt(1, 2)))
+    hub.publish([], lambda: [("stored", hashes_of(prompt(1, 2)))])
     pub = RedisPublisher(RedisPrefixIndex(url_a, B), "a-0.alpha:50051", sub, lambda: {}, 0.05, 1.0)
     pub.start()
     try:
@@ -172,8 +172,8 @@ def test_liveness_survives_eviction_index_entries_go_first(caplog: pytest.LogCap
         assert all(idx.heartbeat(p, {"waiting": 1, "running": 2}, 600) is True for p in pods)
         assert idx.sweep() == ["dead.alpha:50051"]  # expiry as data still ends a dead pod
         # what is left of the index still routes (which entries went is LRU's choice, to the second)
-        kept = next(k for k in admin.scan_iter(f"{A}b:*", count=1000))
-        assert idx.match([int(kept.removeprefix(f"{A}b:"))]) == dict.fromkeys(admin.smembers(kept), 1)
+        kept = next(k for k in admin.scan_iter(f"{A}k:*", count=1000))
+        assert idx.match([int(kept.removeprefix(f"{A}k:"))]) == dict.fromkeys(admin.hkeys(kept), 1)
         assert _refusals(s, "alpha") == []
 
 
@@ -189,7 +189,7 @@ def test_tls_with_an_acl_user(caplog: pytest.LogCaptureFixture) -> None:
         hub = EventHub()
         sub = hub.subscribe(EventSubscriber())
         h = hashes_of(prompt(1, 4))
-        hub.publish([], lambda: h)
+        hub.publish([], lambda: [("stored", h)])
         pub = RedisPublisher(
             RedisPrefixIndex(url_a, A), "a-0.alpha:50051", sub, lambda: {"waiting": 3}, 0.05, 1.0
         )
@@ -197,7 +197,7 @@ def test_tls_with_an_acl_user(caplog: pytest.LogCaptureFixture) -> None:
         try:
             wait_until(lambda: reader.match(h) == {"a-0.alpha:50051": 4}, what="publishing over TLS")
             wait_until(lambda: reader.live_pods() == {"a-0.alpha:50051": {"waiting": 3}}, what="a heartbeat")
-            hub.publish([("removed", h[2:])], lambda: h[:2])
+            hub.publish([("removed", h[2:])], lambda: [("stored", h[:2])])
             wait_until(lambda: reader.match(h) == {"a-0.alpha:50051": 2}, what="removed blocks")
         finally:
             pub.close()

@@ -153,7 +153,7 @@ def test_with_redis_a_shared_prefix_lands_on_one_pod_and_routing_survives_a_redi
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
                 c = redis.client()
-                if c.exists(f"radixserve:b:{_first_block(system)}"):
+                if c.exists(f"radixserve:k:{_first_block(system)}"):
                     break
                 time.sleep(0.2)
             else:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixserve.common.kv_tier import DEVICE, DISK, HOST, TierMatch
 from radixserve.common.prefix_index import InMemoryPrefixIndex
 from radixserve.common.rpc import pb, pb_grpc
 from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle, SchedulerPool
@@ -130,8 +131,8 @@ def test_any_sequence_of_events_with_junk_keeps_the_index_as_the_valid_events_al
     for h in VALID:
         assert idx.match([h]) == {p: 1 for p, s in model.items() if h in s}
     # the reverse map has no dangling pod nor empty entry
-    assert all(idx._pods_of.values())
-    assert all(h in idx._blocks_of[p] for h, pods in idx._pods_of.items() for p in pods)
+    assert all(idx._tiers.values())
+    assert all(h in idx._blocks_of[p] for h, pods in idx._tiers.items() for p in pods)
 
 
 # ------------------------------------------------------------------ SchedulerPool and Watch updates
@@ -208,6 +209,24 @@ def test_a_pod_of_this_model_is_indexed() -> None:
         assert pool.healthy() == pool.handles and index.match(H) == {pool.handles[0].address: 4}
 
     asyncio.run(_with_pool(lambda: [update(MODEL, BS, H)], body, model_name=MODEL, block_size=BS))
+
+
+def test_a_pods_tiers_and_shared_disk_reach_the_gateways_index_through_its_watch_stream() -> None:
+    def updates() -> list[pb.PodUpdate]:
+        u = update(MODEL, BS, H)
+        u.tiers.extend([DEVICE, HOST, DISK, DISK])  # its last two blocks are on the shared directory
+        u.load.disk_location = "dir-1"
+        return [u]
+
+    async def body(pool: SchedulerPool, index: InMemoryPrefixIndex, fake: FakeScheduler) -> None:
+        await _until(lambda: index.match(H) != {})
+        pod = pool.handles[0].address
+        assert index.match_tiers(H) == {pod: TierMatch(device=1, host=1)}  # the directory is no pod
+        # a pod mounting the same directory loads its blocks too
+        assert index.match_tiers(H[2:], {"other:1": "dir-1"}) == {"other:1": TierMatch(disk=2)}
+        assert index.match_tiers(H, {pod: "dir-1"}) == {pod: TierMatch(device=1, host=1, disk=2)}
+
+    asyncio.run(_with_pool(updates, body, model_name=MODEL, block_size=BS))
 
 
 def test_a_pod_serving_another_model_is_refused_logged_once_and_never_indexed(

@@ -163,6 +163,9 @@ class HybridRadixCache(RadixCache):
     def all_block_hashes(self) -> list[int]:
         return [h for node in self.nodes() if node.snaps_below > 0 for h in node.blocks]
 
+    def block_snapshot(self) -> list[tuple[str, list[int]]]:
+        return [("stored", self.all_block_hashes())]  # no lower tiers (refused with a hybrid model)
+
     def cache_finished_req(self, req: Req) -> None:
         """As the base's, plus a snapshot of the request's state where its cached KV ends, when
         that is exactly where its state is (every token it holds KV for, on a page boundary)."""

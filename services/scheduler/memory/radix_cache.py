@@ -29,11 +29,9 @@ equals the pool's capacity after every operation (``KVCacheManager.check``).
 
 Host tier: memory/tiered_cache.py (TieredRadixCache) keeps a node's KV on the host too, or only.
 
-Block events (for the cluster's prefix index; off unless ``enable_block_events``): every full
-block of ``block_size`` tokens in the tree has a chained hash (radixserve.common.block_hash) kept
-on the node its last token lives in. Creating a node records ``stored`` for the blocks ending in
-it; evicting one records ``removed`` for its blocks; a split moves them with their tokens. So the
-hashes on the tree's nodes are, at all times, exactly the full blocks it holds.
+Block events (for the cluster's prefix index; off unless ``enable_block_events``): memory/block_events.py.
+A split moves a node's block hashes with their tokens, so the tree's hashes are, at all times,
+exactly the full blocks it holds.
 """
 
 from __future__ import annotations
@@ -46,8 +44,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from radixserve.common.block_hash import chain
 from radixserve.scheduler.memory.allocator import PagedAllocator
+from radixserve.scheduler.memory.block_events import BlockEvents
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 
 if TYPE_CHECKING:
@@ -132,7 +130,7 @@ def common_len(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32], page_size: in
     return n - n % page_size
 
 
-class RadixCache:
+class RadixCache(BlockEvents):
     """Prefix cache: token sequences -> KV slots, LRU eviction of unlocked leaves (wanted ones last)."""
 
     disabled = False
@@ -147,7 +145,7 @@ class RadixCache:
         self.page_size = allocator.page_size
         self.block_size = 0  # 0: no block events
         self._root_block_hash = 0
-        self.block_events: list[tuple[str, list[int]]] = []  # ("stored" | "removed" | "cleared", hashes)
+        self.block_events: list[tuple[str, list[int]]] = []
         self.reset()
 
     def enable_block_events(self, block_size: int, root_block_hash: int) -> None:
@@ -156,13 +154,6 @@ class RadixCache:
             raise RuntimeError("enable block events on an empty cache")
         self.block_size = block_size
         self._root_block_hash = root_block_hash
-
-    def take_block_events(self) -> list[tuple[str, list[int]]]:
-        events, self.block_events = self.block_events, []
-        return events
-
-    def all_block_hashes(self) -> list[int]:
-        return [h for node in self.nodes() for h in node.blocks]
 
     def reset(self) -> None:
         """Drop every node. Only valid when no request holds a lock."""
@@ -276,6 +267,7 @@ class RadixCache:
                 present = min(present, start)
                 n.value = np.asarray(slots[start : start + len(n)], dtype=np.int64).copy()
                 self.evictable_size += len(n)
+                self._blocks_event("stored", n)
                 self.version += 1
             start += len(n)
         parts = [n.value for n in path]
@@ -293,31 +285,6 @@ class RadixCache:
             self._inserted(leaf)
         tree_slots = np.concatenate(parts) if parts else _EMPTY_SLOTS
         return InsertResult(present, node, tree_slots)
-
-    def _hash_blocks(self, leaf: TreeNode, tokens: npt.NDArray[np.int32]) -> None:
-        """Hash the full blocks ending in the new ``leaf``; ``tokens`` is its whole path's key."""
-        bs = self.block_size
-        first, last = leaf.depth // bs + 1, (leaf.depth + len(leaf)) // bs  # block numbers (1-based)
-        if last < first:
-            return
-        start = (first - 1) * bs
-        assert leaf.parent is not None
-        leaf.blocks = chain(self._block_hash_ending_at(leaf.parent, start), tokens[start : last * bs], bs)
-        self._blocks_event("stored", leaf)
-
-    def _blocks_event(self, kind: str, node: TreeNode) -> None:
-        """Record ``stored`` / ``removed`` for ``node``'s blocks (a hybrid's cache records fewer)."""
-        if node.blocks:
-            self.block_events.append((kind, node.blocks))
-
-    def _block_hash_ending_at(self, node: TreeNode, end: int) -> int:
-        """Hash of the block ending at ``end`` (a multiple of block_size) on ``node``'s path."""
-        if end == 0:
-            return self._root_block_hash
-        while not node.depth < end <= node.depth + len(node):
-            node = _parent(node)
-        bs = self.block_size
-        return node.blocks[(end - (node.depth // bs + 1) * bs) // bs]
 
     # ------------------------------------------------------------ lock/unlock
     def lock(self, node: TreeNode) -> None:

@@ -9,6 +9,8 @@ pages and queues the copies back. Queued copies run before the next step's forwa
 loads: a page freed by a write-back may be a load's destination in the same step. Host pages are
 evicted LRU (locked and wanted nodes last); a host page that a queued load reads is never freed.
 ``evictable_size`` and ``protected_size`` count device tokens only; ``host_size`` counts host ones.
+Block events name the best tier of a node's blocks: ``stored_host`` when its device copy goes and
+its host copy stays, ``stored`` when it is loaded back, ``removed`` when it leaves every tier.
 """
 
 from __future__ import annotations
@@ -96,6 +98,12 @@ class TieredRadixCache(RadixCache):
             self._loads = _without(self._loads, node.value, 1)
             self.loading.discard(node)
         super()._free_device(node)
+        if node.on_host:  # else it leaves the tree, "removed"
+            self._blocks_event("stored_host", node)
+
+    def _tier_event(self, node: TreeNode) -> str:
+        # every node is on some tier: one on neither the device nor the host is on disk
+        return "stored" if node.on_device else "stored_host" if node.on_host else "stored_disk"
 
     def _evicting(self, leaf: TreeNode) -> None:
         assert leaf not in self.loading, "removed a node a queued load reads"
@@ -196,6 +204,7 @@ class TieredRadixCache(RadixCache):
             n.value = dev[start : start + len(n)]
             self.evictable_size += len(n)
             self._loads.append((n.host_value, n.value))
+            self._blocks_event("stored", n)
             self.loaded_tokens += len(n)
             start += len(n)
         self.version += 1

@@ -3,15 +3,18 @@
 Routers share one small interface (``choose``); ``cache-aware`` is the default:
 
     hashes  = chained block hashes of the prompt (radixserve.common.block_hash)
-    matched = per pod, leading blocks it holds: the prefix index (Redis or in-memory), or what
-              this router recently sent there (a burst sharing a new prefix lands together
-              before the first prefill has published anything)
+    matched = per pod, leading blocks it holds, each at the best tier it can load it from (its
+              device, its host memory, its disk or the disk directory it shares): the prefix index
+              (Redis or in-memory), or what this router recently sent there (on the device: a burst
+              sharing a new prefix lands together before the first prefill has published anything)
+    score   = per pod, the sum of its matched blocks' tier weights (device 1.0, host 0.8, disk 0.5:
+              --tier-weight-*): a prefix loaded from a lower tier saves its prefill, but the load costs
     if nobody holds any block: among the pods whose KV has room for it (working set + prompt
               within ``kv_fill`` of the pod's KV), the least busy (running + waiting as reported,
               plus what this gateway sent since that report), then the one with the smallest
               working set (the prefix blocks this router sent it in the last ``working_set_s``; a
               request's own unshared tail does not count)
-    else: the longest match (ties: least loaded), unless that pod is out of balance with the least
+    else: the best score (ties: least loaded), unless that pod is out of balance with the least
               loaded one (busy - min > abs AND busy > rel x min): then the least loaded
 
 If the index fails (Redis down), routing degrades to least-load with a warning and retries the
@@ -25,24 +28,28 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
+from radixserve.common.kv_tier import TierMatch, TierWeights
 from radixserve.common.prefix_index import PrefixIndex
 from radixserve.common.service_config import ROUTING_DEFAULTS as ROUTING
 from radixserve.common.service_config import RoutingConfig
 from radixserve.tokenizer.routing.scheduler_pool import SchedulerHandle
 
 log = logging.getLogger(__name__)
+_WEIGHTS = ROUTING.tier_weights()
 
 
 @dataclass(slots=True)
 class Decision:
     pod: str
     reason: str  # prefix | balance | no-match | index-down | policy
-    matched_blocks: int
+    matched_blocks: int  # the chosen pod's leading blocks, on any tier
     seconds: float
+    matched: TierMatch = field(default_factory=TierMatch)  # the same by tier
+    score: float = 0.0  # their worth (the tier weights')
 
 
 class Router(Protocol):
@@ -150,8 +157,10 @@ class CacheAwareRouter(_Recorder):
         retry_s: float = 1.0,
         working_set_s: float = ROUTING.working_set_window,
         kv_fill: float = ROUTING.kv_fill,
+        tier_weights: TierWeights = _WEIGHTS,
     ) -> None:
         super().__init__()
+        self.weights = tier_weights
         self.index = index
         self.model_name = model_name
         self.block_size = block_size
@@ -180,16 +189,30 @@ class CacheAwareRouter(_Recorder):
         # (no blocks) would all go to one pod; with load second a pod's queue decides.
         return (not fits, c.busy, ws, c.footprint)
 
+    def _matched(
+        self, hashes: Sequence[int], candidates: Sequence[SchedulerHandle], now: float
+    ) -> dict[str, TierMatch]:
+        """Per pod, its leading blocks by tier: the index's, or what this router sent it lately (on its
+        device by now, or soon), whichever is longer. Raises what the index raises."""
+        locations = {
+            c.address: c.load.disk_location for c in candidates if c.load is not None and c.load.disk_location
+        }
+        matched = self.index.match_tiers(hashes, locations) if hashes else {}
+        pod, n = self.recent.match(hashes, now)
+        if pod is not None and n > matched.get(pod, TierMatch()).blocks:
+            matched[pod] = TierMatch(device=n)
+        return matched
+
     def choose(self, input_ids: Sequence[int], candidates: Sequence[SchedulerHandle]) -> SchedulerHandle:
         t = time.perf_counter()
         now = time.monotonic()
         rotate = next(self._n)
         hashes = block_hashes(input_ids, self.model_name, self.block_size)
-        matched: dict[str, int] = {}
+        matched: dict[str, TierMatch] = {}
         index_ok = now >= self._index_down_until
-        if index_ok and hashes:
+        if index_ok:
             try:
-                matched = self.index.match(hashes)
+                matched = self._matched(hashes, candidates, now)
             except Exception as e:  # redis.RedisError, timeouts: degrade, retry later
                 log.warning("prefix index unreachable (%s): least-load routing for %.1f s", e, self.retry_s)
                 self._index_down_until = now + self.retry_s
@@ -198,11 +221,10 @@ class CacheAwareRouter(_Recorder):
             h = least_loaded(candidates, rotate)
             self.record(Decision(h.address, "index-down", 0, time.perf_counter() - t))
             return h
-        pod, n = self.recent.match(hashes, now)
-        if pod is not None and n > matched.get(pod, 0):
-            matched[pod] = n
-        best = max((matched.get(h.address, 0) for h in candidates), default=0)
-        if best == 0:
+        none = TierMatch()
+        score = {c.address: self.weights.score(matched.get(c.address, none)) for c in candidates}
+        best = max(score.values(), default=0.0)
+        if best <= 0:
             # A new prefix: to the least busy pod among those with room for it; ties (equally idle
             # pods) to the smallest working set (SGLang sends it to the smallest tree), then the
             # least KV held, then in rotating order.
@@ -211,7 +233,8 @@ class CacheAwareRouter(_Recorder):
             h = min(rotated, key=lambda c: self._new_prefix_rank(c, len(input_ids), now))
             reason = "no-match"
         else:
-            h = least_loaded([c for c in candidates if matched.get(c.address, 0) == best], rotate)
+            # equal scores are sums of the same weights: equal up to rounding
+            h = least_loaded([c for c in candidates if score[c.address] >= best - 1e-9], rotate)
             reason = "prefix"
             # Out of balance is judged on the pod the prefix would go to, not on the spread of all
             # pods: diverting requests whose prefix lives on a calm pod would copy their prefixes
@@ -219,14 +242,17 @@ class CacheAwareRouter(_Recorder):
             lo = min(c.busy for c in candidates)
             if h.busy - lo > self.balance_abs and h.busy > self.balance_rel * lo:
                 h, reason = least_loaded(candidates, rotate), "balance"
-        h.routed_tokens += len(input_ids) - matched.get(h.address, 0) * self.block_size
+        mine = matched.get(h.address, none)
+        # what the pod computes: a prefix on its lower tiers is loaded back, not computed
+        h.routed_tokens += len(input_ids) - mine.blocks * self.block_size
         self.recent.remember(hashes, h.address, now)
         # The working set counts prefixes, not requests: a request that shares a prefix adds only
         # that prefix (its own tail blocks are never reused), or every request would grow its
         # pod's set by its unique tail and new prefixes would spread by request count instead.
-        shared = max(matched.get(h.address, 0), best)
+        shared = max((matched.get(c.address, none).blocks for c in candidates), default=0)
         self.working_set.remember(hashes[:shared] if shared else hashes, h.address, now)
-        self.record(Decision(h.address, reason, matched.get(h.address, 0), time.perf_counter() - t))
+        seconds = time.perf_counter() - t
+        self.record(Decision(h.address, reason, mine.blocks, seconds, mine, score[h.address]))
         return h
 
 
@@ -242,6 +268,7 @@ def make_router(routing: RoutingConfig, index: PrefixIndex, model_name: str) -> 
             routing.recent_ttl,
             working_set_s=routing.working_set_window,
             kv_fill=routing.kv_fill,
+            tier_weights=routing.tier_weights(),
         )
     if routing.router == "least-load":
         return LeastLoadRouter()

@@ -204,7 +204,14 @@ class SchedulerPool:
                         log.info("scheduler %s is draining: no new requests go there", h.address)
                         self.listener.scheduler_draining(h)
                     if index is not None and mine:
-                        index.apply(h.address, update.stored, update.removed, update.cleared)
+                        index.apply(
+                            h.address,
+                            update.stored,
+                            update.removed,
+                            update.cleared,
+                            update.tiers,
+                            update.load.disk_location,
+                        )
                         index.heartbeat(h.address, {}, 10 * self._interval + 1)
                     backoff = 0.05
                 why = "ended its watch stream"
