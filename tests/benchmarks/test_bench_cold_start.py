@@ -4,7 +4,7 @@ files, warm and cold. No timing is asserted (the figures live in its JSON)."""
 
 import json
 
-from radixserve.cli import load_benchmark
+from radixserve.bench_index import load_benchmark
 from radixserve.scheduler.startup import PHASES
 
 

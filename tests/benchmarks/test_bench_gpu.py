@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.cli import load_benchmark
+from radixserve.bench_index import load_benchmark
 
 NUMBERS = [  # numbers on CPU too
     "decode_ms_bs1",

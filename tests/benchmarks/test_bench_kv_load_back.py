@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from radixserve.cli import load_benchmark
+from radixserve.bench_index import load_benchmark
 
 
 def test_kv_load_back_reports_each_size_with_the_metrics_time_and_bytes(tmp_path):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.cli import load_benchmark, main
+from radixserve.bench_index import load_benchmark
+from radixserve.cli import main
 
 COMMITTED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "offline.json"
 

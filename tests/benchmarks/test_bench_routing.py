@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.cli import load_benchmark
+from radixserve.bench_index import load_benchmark
 from tests.redis_server import require_redis_server
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.cli import load_benchmark
+from radixserve.bench_index import load_benchmark
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ two pods the default router uses both. No timing is asserted (the figures live i
 
 import json
 
-from radixserve.cli import load_benchmark
+from radixserve.bench_index import load_benchmark
 
 
 def load():

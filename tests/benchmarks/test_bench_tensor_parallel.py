@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from radixserve.cli import load_benchmark, main
+from radixserve.bench_index import load_benchmark
+from radixserve.cli import main
 
 
 @pytest.fixture(scope="module")
