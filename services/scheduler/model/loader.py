@@ -21,10 +21,12 @@ linear-attention tensors are placed by model/linear_weights.py.
 from __future__ import annotations
 
 import json
+import logging
+import mmap
 import os
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -42,6 +44,8 @@ from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
 from radixserve.scheduler.model.quant.checkpoint import fill
 from radixserve.scheduler.model.quant.load import Fp8Loading, plan
+
+log = logging.getLogger(__name__)
 
 
 def safetensor_files(path: Path) -> list[Path]:
@@ -146,7 +150,7 @@ def load_model(
             fp8, params, unfilled, place, lambda n: checkpoint_slice(n, cfg, layout), read_part, place_moe
         )
     )
-    reads = ParallelReads()  # tensors taken whole: read from the files straight into their parameters
+    reads = ParallelReads(params)  # tensors taken whole: read from the files straight into their parameters
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
@@ -173,6 +177,11 @@ def load_model(
                 if part is not None or not reads.queue(file, name, claim):  # else: read with the others
                     _fill(name, read_part(f, name, part), target_name, index, params, unfilled, file.name)
     reads.run()
+    if reads.mapped_bytes:
+        log.info(
+            "weights: %.1f MiB mapped from the checkpoint's files (read at first use)",
+            reads.mapped_bytes / 2**20,
+        )
     missing = sorted({missing_tensor(name, rows, cfg.arch) for name, rows in unfilled.items() if rows.any()})
     if missing:
         raise ValueError(f"checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -244,17 +253,29 @@ def read_header(file: Path) -> dict[str, StoredTensor]:
     return out
 
 
+_Job = tuple[Path, StoredTensor, torch.Tensor]  # (file, where the tensor lies in it, its place)
+
+
 class ParallelReads:
     """Reads queued tensors from their files into their targets on ``READ_THREADS`` threads: into a
     CPU parameter directly, into a device parameter through a pinned buffer per thread (reused, so
     its pages are faulted in once, and host memory stays bounded). A tensor stored in another dtype
     than its parameter's is read at once, into a buffer converted into its place: one such buffer at
-    a time, as safetensors' own path held."""
+    a time, as safetensors' own path held.
 
-    def __init__(self) -> None:
-        self._jobs: list[tuple[Path, StoredTensor, torch.Tensor]] = []
+    A CPU parameter of ``params`` whose every byte is queued from one run of one file, in order (a
+    tensor taken whole; gate and up stored side by side, as checkpoints sort them, for the merged
+    ``gate_up_proj``), is not read at all: it becomes a private (copy-on-write) mapping of the file,
+    the page cache's own pages. Filling new memory is what bounds a CPU loader (docs/reliability.md,
+    cold start); the mapping costs a minor fault per few pages when the weights are first used."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor] | None = None) -> None:
+        self._jobs: list[_Job] = []
         self._staging = threading.local()
         self._headers: dict[Path, dict[str, StoredTensor]] = {}
+        self._params = params or {}
+        self._mappings: dict[Path, torch.Tensor] = {}
+        self.mapped_bytes = 0  # parameters that are file mappings (read when first used)
 
     def add(self, file: Path, stored: StoredTensor, target: torch.Tensor) -> None:
         if target.dtype == stored.dtype and target.is_contiguous():
@@ -281,6 +302,7 @@ class ParallelReads:
         return True
 
     def run(self) -> None:
+        self._map_whole_parameters()
         if not self._jobs:
             return
         files = sorted({file for file, _, _ in self._jobs})
@@ -298,6 +320,38 @@ class ParallelReads:
                 os.close(fd)
         self._jobs.clear()
 
+    def _map_whole_parameters(self) -> None:
+        """Every CPU parameter that one in-order run of one file fills becomes a mapping of it."""
+        by_storage: dict[int, list[_Job]] = {}
+        for job in self._jobs:
+            if job[2].device.type == "cpu":
+                by_storage.setdefault(job[2].untyped_storage().data_ptr(), []).append(job)
+        mapped: set[int] = set()
+        for param in self._params.values():
+            if param.device.type != "cpu" or not param.is_contiguous() or not param.numel():
+                continue
+            jobs = by_storage.get(param.untyped_storage().data_ptr(), [])
+            at = _file_run(param, jobs)
+            if at is None:
+                continue
+            file, offset = at
+            with torch.no_grad():
+                raw = self._mapping(file)[offset : offset + param.nbytes]
+                param.data = raw.view(param.dtype).view(param.shape)
+            mapped.update(id(job) for job in jobs)
+            self.mapped_bytes += param.nbytes
+        self._jobs = [job for job in self._jobs if id(job) not in mapped]
+
+    def _mapping(self, file: Path) -> torch.Tensor:
+        """``file``'s bytes, mapped private: writes (none expected) would copy a page, never reach
+        the file. Read-ahead is asked for at once, so a cold page cache fills while the rest loads."""
+        if file not in self._mappings:
+            with open(file, "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            m.madvise(mmap.MADV_WILLNEED)
+            self._mappings[file] = torch.frombuffer(m, dtype=torch.uint8)  # keeps the mapping alive
+        return self._mappings[file]
+
     def _read_chunk(self, chunk: tuple[int, int, torch.Tensor]) -> None:
         fd, offset, dest = chunk
         if dest.device.type == "cpu":
@@ -309,6 +363,27 @@ class ParallelReads:
         part = staging[: dest.numel()]
         _pread_fully(fd, _bytes(part), offset)
         dest.copy_(part)  # synchronous: the buffer is this thread's next chunk's
+
+
+def _file_run(param: torch.Tensor, jobs: list[_Job]) -> tuple[Path, int] | None:
+    """(file, offset) of the bytes that ``jobs`` fill ``param`` with, when they are all of its bytes,
+    one run of one file in the parameter's order, aligned for its dtype and inside the file (a
+    mapping past a truncated file's end would fault at first use, not fail here)."""
+    if not jobs or len({job[0] for job in jobs}) != 1:
+        return None
+    size = param.element_size()
+    base = param.storage_offset()
+    ordered = sorted(jobs, key=lambda job: job[2].storage_offset())
+    file, first, _ = ordered[0]
+    offset = first.offset - (ordered[0][2].storage_offset() - base) * size
+    for _, stored, target in ordered:
+        if stored.offset != offset + (target.storage_offset() - base) * size:
+            return None
+    if sum(stored.nbytes for _, stored, _ in jobs) != param.nbytes or offset % size:
+        return None
+    if offset < 0 or offset + param.nbytes > file.stat().st_size:
+        return None
+    return file, offset
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
