@@ -128,7 +128,7 @@ def time_fresh_memory(files: Sequence[Path]) -> float:
 
 
 def read_rates(path: Path, reps: int) -> dict[str, Any]:
-    from radixserve.scheduler.model.loader import safetensor_files
+    from radixserve.scheduler.model.weight_files import safetensor_files
 
     files = safetensor_files(path)
     size = sum(f.stat().st_size for f in files)

@@ -44,22 +44,9 @@ from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
 from radixserve.scheduler.model.quant.checkpoint import fill
 from radixserve.scheduler.model.quant.load import Fp8Loading, plan
+from radixserve.scheduler.model.weight_files import Shard, WeightFiles, open_weights
 
 log = logging.getLogger(__name__)
-
-
-def safetensor_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / s for s in shards]
-    single = path / "model.safetensors"
-    if single.exists():
-        return [single]
-    found = sorted(path.glob("*.safetensors"))
-    if not found:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
-    return found
 
 
 def merged_target(name: str, cfg: ModelConfig) -> tuple[str, int, int] | None:
@@ -121,17 +108,32 @@ def load_model(
     device: str | torch.device,
     max_positions: int | None = None,
     tp: TPGroup | None = None,
+    weights: WeightFiles | None = None,
 ) -> CausalLM:
     """``max_positions``: the longest context served (the rotary table's length); default the
-    model's max_position_embeddings. ``tp``: load this rank's shard only."""
-    path = Path(path)
+    model's max_position_embeddings. ``tp``: load this rank's shard only. ``weights``: where the
+    checkpoint's files come from (model/weight_files.py; default: ``--load-format auto``'s: the
+    folder's own, or streamed where the folder was fetched without them)."""
+    files = weights if weights is not None else open_weights(Path(path), "auto")
+    try:
+        return _load(files, cfg, device, max_positions, tp)
+    finally:
+        files.close()
+
+
+def _load(
+    weights: WeightFiles,
+    cfg: ModelConfig,
+    device: str | torch.device,
+    max_positions: int | None,
+    tp: TPGroup | None,
+) -> CausalLM:
     with torch.device("meta"):
         model = causal_lm(cfg, max_positions, tp)
     # The dtype set on the meta device: memory is allocated once, in it (a conversion on the device
     # would leave the first copy in torch's cache, where the KV sizing cannot see it as free).
     model = model.to(cfg.dtype)
     layout, local = model.layout, model.local_config
-    files = safetensor_files(path)
 
     def place(name: str) -> tuple[str, int, int | None]:
         return merged_target(name, local) or (name, 0, None)
@@ -139,7 +141,7 @@ def load_model(
     def place_moe(name: str) -> Placement | None:
         return moe_placement(name, cfg, layout)
 
-    fp8 = plan(model, files, cfg, place, place_moe)  # FP8 projections become Fp8Linear (still on meta)
+    fp8 = plan(model, weights.headers(), cfg, place, place_moe)  # FP8 projections: Fp8Linear (on meta)
     model.to_empty(device=device)
     params = dict(model.named_parameters())
     unfilled = _still_to_fill(params, layout.vocab_end(cfg) - layout.vocab_start)
@@ -150,33 +152,16 @@ def load_model(
             fp8, params, unfilled, place, lambda n: checkpoint_slice(n, cfg, layout), read_part, place_moe
         )
     )
-    reads = ParallelReads(params)  # tensors taken whole: read from the files straight into their parameters
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+    # Tensors taken whole: read from the files straight into their parameters (CPU ones mapped
+    # where the files may outlive the load), one file at a time (a streamed one is then released).
+    reads = ParallelReads(params if weights.mappable else None)
+    for shard in weights.shards():
+        with safe_open(str(shard.path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
-                if loading is not None and loading.load(f, name):
-                    continue
-                # an MoE expert's (or Mixtral's router), or a hybrid's linear-attention tensor
-                placed = place_moe(name) or linear_placement(name, cfg, layout)
-                if placed is not None:
-                    tensor = placed.read(name, f.get_slice(name))
-                    _fill(name, tensor, placed.param, placed.index, params, unfilled, file.name)
-                    continue
-                target_name, start, rows = place(name)
-                if target_name not in params:
-                    if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                        continue  # some checkpoints store the tied head too
-                    if name.endswith("rotary_emb.inv_freq"):
-                        continue
-                    raise ValueError(f"unexpected tensor {name!r} in {file.name}")
-                part = checkpoint_slice(name, cfg, layout)
-                if rows is None and part is not None and part[0] == 0:
-                    rows = part[2] - part[1]  # a vocabulary slice: the last rank's is short
-                index = () if rows is None else (slice(start, start + rows),)
-                claim = partial(fill, params, unfilled, target_name, index, name=name, copy=False)
-                if part is not None or not reads.queue(file, name, claim):  # else: read with the others
-                    _fill(name, read_part(f, name, part), target_name, index, params, unfilled, file.name)
-    reads.run()
+                if loading is None or not loading.load(f, name):
+                    _load_tensor(f, name, shard, cfg, layout, place, params, unfilled, reads)
+        reads.run()
+        reads.forget_files()
     if reads.mapped_bytes:
         log.info(
             "weights: %.1f MiB mapped from the checkpoint's files (read at first use)",
@@ -189,6 +174,40 @@ def load_model(
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()  # what loading left in torch's cache is free memory for the KV pool
     return model.eval()
+
+
+def _load_tensor(
+    f: Any,
+    name: str,
+    shard: Shard,
+    cfg: ModelConfig,
+    layout: ShardLayout,
+    place: Callable[[str], tuple[str, int, int | None]],
+    params: dict[str, torch.nn.Parameter],
+    unfilled: dict[str, torch.Tensor],
+    reads: ParallelReads,
+) -> None:
+    """Checkpoint tensor ``name`` of open file ``f`` into its place: filled now, or queued on ``reads``."""
+    # an MoE expert's (or Mixtral's router), or a hybrid's linear-attention tensor
+    placed = moe_placement(name, cfg, layout) or linear_placement(name, cfg, layout)
+    if placed is not None:
+        tensor = placed.read(name, f.get_slice(name))
+        _fill(name, tensor, placed.param, placed.index, params, unfilled, shard.name)
+        return
+    target_name, start, rows = place(name)
+    if target_name not in params:
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            return  # some checkpoints store the tied head too
+        if name.endswith("rotary_emb.inv_freq"):
+            return
+        raise ValueError(f"unexpected tensor {name!r} in {shard.name}")
+    part = checkpoint_slice(name, cfg, layout)
+    if rows is None and part is not None and part[0] == 0:
+        rows = part[2] - part[1]  # a vocabulary slice: the last rank's is short
+    index = () if rows is None else (slice(start, start + rows),)
+    claim = partial(fill, params, unfilled, target_name, index, name=name, copy=False)
+    if part is not None or not reads.queue(shard.path, name, claim):  # else: read with the others
+        _fill(name, read_part(f, name, part), target_name, index, params, unfilled, shard.name)
 
 
 def _still_to_fill(params: dict[str, torch.nn.Parameter], vocab_rows: int) -> dict[str, torch.Tensor]:
@@ -319,6 +338,12 @@ class ParallelReads:
             for fd in fds.values():
                 os.close(fd)
         self._jobs.clear()
+
+    def forget_files(self) -> None:
+        """Drop what is known of the files read so far (a streamed shard's /proc/self/fd path may
+        name the next shard once its descriptor is reused); mappings live on in their parameters."""
+        self._headers.clear()
+        self._mappings.clear()
 
     def _map_whole_parameters(self) -> None:
         """Every CPU parameter that one in-order run of one file fills becomes a mapping of it."""
