@@ -44,7 +44,7 @@ VERSION = "v1alpha1"
 # Which schema this is: bump it with every change to the CRDs (tests/operator/test_logic.py pins the
 # schemas' digest to it). The operator applies its CRDs at start only over an older or equal one, so
 # an older replica (a rollback, a pod restarting mid-rollout) never takes new fields away.
-CRD_REVISION = 4
+CRD_REVISION = 5
 REVISION_ANNOTATION = f"{GROUP}/crd-revision"
 
 
