@@ -135,7 +135,7 @@ class S3Store:
             if total.isdigit() and int(total) != file.size:
                 raise ModelSourceError(
                     f"{self.source.uri}/{file.rel}: the object is {total} bytes, the listing said "
-                    f"{file.size} (changed or truncated since the model was fetched)"
+                    f"{file.size} bytes (changed or truncated since the model was fetched)"
                 )
             yield from answer["Body"].iter_chunks(STREAM_CHUNK)
 
@@ -179,7 +179,7 @@ class S3Store:
                 f"{uri}: cannot reach the S3 endpoint {self.endpoint or 'of AWS'}: {e}"
             ) from e
         except BotoCoreError as e:  # also a connection lost while a body streams
-            raise StoreReadError(f"{uri}: {e}") from e
+            raise StoreReadError(f"s3://{bucket}/{key}: {e}" if key else f"{uri}: {e}") from e
 
 
 # ----------------------------------------------------------------------------------------- GCS

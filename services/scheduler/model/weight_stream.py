@@ -24,7 +24,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 PARTS_IN_FLIGHT = 8
 PART_BYTES = 32 << 20
 PART_ATTEMPTS = 3
-HEAD_BYTES = 1 << 20  # the first read of a header; a larger header costs one more
+HEAD_BYTES = 256 << 10  # the first read of a header; a larger header costs one more
 
 
 def fd_path(fd: int) -> Path:
@@ -149,45 +149,58 @@ class StreamedWeights:
                 raise part.exception()  # type: ignore[misc]
 
     def _part(self, file: RemoteFile, fd: int, start: int, stop: int) -> None:
-        at = start
-        for attempt in range(1, PART_ATTEMPTS + 1):
-            try:
-                at = self._copy(file, fd, at, stop)
-                break
-            except StoreReadError as e:
-                if attempt == PART_ATTEMPTS or self._abort.is_set():
-                    raise
-                log.warning("weights: %s/%s at byte %d: %s; try %d", self.uri, file.rel, at, e, attempt + 1)
-        if at != stop and not self._abort.is_set():
-            raise ModelSourceError(
-                f"{self.uri}/{file.rel}: the object ended at byte {at}, the listing said {file.size} "
-                "bytes (truncated since the model was fetched)"
-            )
-
-    def _copy(self, file: RemoteFile, fd: int, at: int, stop: int) -> int:
-        """Bytes ``at:stop`` of ``file`` into ``fd``; returns where the store's answer ended."""
-        for chunk in self.store.read(file, at, stop):
-            if self._abort.is_set():
-                break
-            view = memoryview(chunk)[: stop - at]
+        def write(at: int, view: memoryview) -> None:
             while view:
                 n = os.pwrite(fd, view, at)
                 view, at = view[n:], at + n
                 with self._lock:
                     self.streamed_bytes += n
-        return at
+
+        self._read(file, start, stop, write)
 
     def _header_file(self, file: RemoteFile) -> int:
         """A memory file of ``file``'s size that holds its safetensors header (and only that)."""
-        head = b"".join(self.store.read(file, 0, min(file.size, HEAD_BYTES)))
+        head = bytearray(min(file.size, HEAD_BYTES))
+
+        def keep(at: int, view: memoryview) -> None:
+            head[at : at + len(view)] = view
+
+        self._read(file, 0, len(head), keep)
         (n,) = struct.unpack("<Q", head[:8]) if len(head) >= 8 else (file.size,)
         if 8 + n > file.size:
             raise ModelSourceError(f"{self.uri}/{file.rel}: not a safetensors file (no header)")
-        if 8 + n > len(head):
-            head += b"".join(self.store.read(file, len(head), 8 + n))
+        if 8 + n > len(head):  # a long header: the rest of it
+            first = len(head)
+            head.extend(bytes(8 + n - first))
+            self._read(file, first, 8 + n, keep)
         fd = _memory_file(f"{file.rel} header", file.size)
         os.pwrite(fd, head[: 8 + n], 0)
         return fd
+
+    def _read(
+        self, file: RemoteFile, start: int, stop: int, write: Callable[[int, memoryview], None]
+    ) -> None:
+        """Bytes ``start:stop`` of ``file`` to ``write(offset, bytes)`` as they arrive; a connection
+        that breaks is read on from where it broke (``PART_ATTEMPTS`` tries in all)."""
+        at = start
+        for attempt in range(1, PART_ATTEMPTS + 1):
+            try:
+                for chunk in self.store.read(file, at, stop):
+                    if self._abort.is_set():
+                        return
+                    view = memoryview(chunk)[: stop - at]
+                    write(at, view)
+                    at += len(view)
+                break
+            except StoreReadError as e:
+                if attempt == PART_ATTEMPTS or self._abort.is_set():
+                    raise
+                log.warning("weights: %s (at byte %d); try %d of %d", e, at, attempt + 1, PART_ATTEMPTS)
+        if at != stop:
+            raise ModelSourceError(
+                f"{self.uri}/{file.rel}: the object ended at byte {at}, the listing said {file.size} "
+                "bytes (truncated since the model was fetched)"
+            )
 
     def _close_headers(self) -> None:
         for fd in self._header_fds:
