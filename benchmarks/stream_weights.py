@@ -11,7 +11,7 @@ moto, then, each into a fresh cache folder:
   (model/weight_stream.py: ranged GETs into memory files, the next shard while one loads);
 * the store alone: the same streams, the shards dropped unread (what moto serves at).
 
-    radixserve bench stream_weights [--gen-gb 0.2] [--out DIR]
+    python benchmarks/stream_weights.py [--gen-gb 0.2] [--out DIR]
 
 Writes OUT/stream_weights.json.
 """
@@ -105,11 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--gen-gb", type=float, default=0.2, help="the generated model's size")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
-    from radixserve.cli import load_benchmark
+    from cold_start import generated_model
+
     from tests.helpers.s3 import CREDENTIALS, moto_server
 
     work = Path(tempfile.mkdtemp(prefix="radixserve-bench-stream-"))
-    model = load_benchmark("cold_start").generated_model(
+    model = generated_model(
         Path(tempfile.gettempdir()) / f"radixserve-bench-stream-gen-{args.gen_gb:g}", args.gen_gb
     )
     with moto_server() as endpoint:

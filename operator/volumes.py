@@ -157,7 +157,7 @@ def downloaded(spec: Obj) -> tuple[ModelSource, str] | None:
 
 def streamed(spec: Obj) -> bool:
     """Whether the schedulers stream the weights from the store (spec.model.loadFormat stream)."""
-    return spec["model"].get("loadFormat") == "stream"
+    return bool(spec["model"].get("loadFormat") == "stream")
 
 
 def model_path(spec: Obj) -> str:

@@ -83,7 +83,6 @@ BENCHMARKS = {
     "moe": "MoE offline throughput on CPU (a small Qwen3-MoE) vs HF generate, and the MoE layer's launches",
     "hybrid": "prefix caching on a hybrid (Qwen3.5): state snapshots on vs off, hit rate vs a dense model",
     "cold_start": "a scheduler's start phase by phase, the loader's read rate vs cat, a held request's TTFT",
-    "stream_weights": "weights streamed from S3 (moto) at load vs download-then-load",
 }
 
 

@@ -52,15 +52,22 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) ->
     return service_parser(SchedulerPodConfig, prog, __doc__, served_name=True, parser_class=parser_class)
 
 
+def load_settings(argv: Sequence[str] | None) -> tuple[argparse.Namespace, SchedulerPodConfig]:
+    """The flags and settings, checked against the model folder and the ports; ConfigError naming
+    the first that cannot work."""
+    args, cfg = load_service(build_parser(RaisingParser), SchedulerPodConfig, argv, weights=True)
+    problem = load_format_problem(model_path(args.model), cfg.engine.load_format)
+    if problem is not None:
+        raise ConfigError(problem)
+    check_listen(cfg.host, cfg.listens())  # a port in use: one line, not gRPC's bind error
+    return args, cfg
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
     stop = StopSignal(exit_until_ready=True).install()  # until the engine is up, a signal ends it
     try:  # every setting, the model folder and the ports, before torch is imported and the model loads
-        args, cfg = load_service(build_parser(RaisingParser), SchedulerPodConfig, argv, weights=True)
-        problem = load_format_problem(model_path(args.model), cfg.engine.load_format)
-        if problem is not None:
-            raise ConfigError(problem)
-        check_listen(cfg.host, cfg.listens())  # a port in use: one line, not gRPC's bind error
+        args, cfg = load_settings(argv)
     except ConfigError as e:
         return _failed(str(e))
     import torch

@@ -160,8 +160,8 @@ class Engine:
         scheduler, runner and loop, capture graphs and warm up; with followers, in step with them."""
         cfg, dev, followers = self.config, self.profile.device, self.followers
         t_start = time.perf_counter()
-        weights = open_weights(Path(model_path), cfg.load_format)  # streamed: the time is weight_load's
-        model = load_model(model_path, self.model_config, dev, max_positions, tp=tp, weights=weights)
+        files = open_weights(Path(model_path), cfg.load_format)  # streamed: the time is weight_load's
+        model = load_model(model_path, self.model_config, dev, max_positions, tp=tp, weights=files)
         t_loaded = time.perf_counter()
         per_token = model.local_config.kv_bytes_per_token()
         kv_tokens, weights, snapshots, kv_left = self._memory_plan(model, per_token)

@@ -408,7 +408,7 @@ def _file_run(param: torch.Tensor, jobs: list[_Job]) -> tuple[Path, int] | None:
         return None
     if offset < 0 or offset + param.nbytes > file.stat().st_size:
         return None
-    return file, offset
+    return file, int(offset)
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
