@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from radixserve.common.demo_model import make_demo_model
 from radixserve.common.model_source import ModelSourceError, tree_files
+from radixserve.common.ports import free_port
 from radixserve.common.weight_manifest import MANIFEST, StreamManifest
 from radixserve.scheduler.model import weight_stream
 from radixserve.scheduler.model.config import ModelConfig
@@ -55,7 +56,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sharded_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same model in two shards and an index, as large checkpoints come."""
+    """The same model in three shards and an index, as large checkpoints come."""
     out = tmp_path_factory.mktemp("sharded") / "tiny-sharded"
     out.mkdir()
     for rel in tree_files(model_dir):
@@ -63,10 +64,10 @@ def sharded_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
             (out / rel).write_bytes((model_dir / rel).read_bytes())
     tensors = load_file(model_dir / "model.safetensors")
     names = sorted(tensors)
-    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
-    for shard, part in halves.items():
+    thirds = {f"model-0000{i + 1}-of-00003.safetensors": names[i::3] for i in range(3)}
+    for shard, part in thirds.items():
         save_file({n: tensors[n].contiguous() for n in part}, out / shard, metadata={"format": "pt"})
-    index = {"metadata": {}, "weight_map": {n: shard for shard, part in halves.items() for n in part}}
+    index = {"metadata": {}, "weight_map": {n: shard for shard, part in thirds.items() for n in part}}
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
     return out
 
@@ -102,6 +103,14 @@ def streamed(folder: Path, **kw: Any) -> StreamedWeights:
     return StreamedWeights(manifest, shard_names(folder, [f.rel for f in manifest.files]), **kw)
 
 
+def memory_files() -> list[str]:
+    """This process's open memory files (memfd_create's): the shards the stream holds."""
+    fds = Path("/proc/self/fd")
+    return [
+        link for fd in fds.iterdir() if (link := os.readlink(fd) if fd.exists() else "").startswith("/memfd:")
+    ]
+
+
 def weights_of(folder: Path, **kw: Any) -> dict[str, torch.Tensor]:
     cfg = ModelConfig.from_pretrained(folder)
     return load_model(folder, cfg, "cpu", weights=streamed(folder, **kw) if kw else None).state_dict()
@@ -132,10 +141,16 @@ def test_a_sharded_model_streams_in_many_ranged_parts_to_the_same_weights(
     monkeypatch.setattr(weight_stream, "HEAD_BYTES", 512)  # headers longer than the first read
     folder = fetch_without_weights(f"s3://{BUCKET}/sharded", tmp_path / "cache")
     manifest = StreamManifest.read(folder)
-    assert manifest is not None and sorted(f.rel for f in manifest.files) == [
-        "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors",
-    ]
+    assert manifest is not None
+    assert sorted(f.rel for f in manifest.files) == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    # At most two shards in memory at once (the one loading, the next streaming), none after.
+    weights = streamed(folder, part_bytes=96 * 1024)
+    assert len(weights.headers()) == 3
+    held = []
+    for _ in weights.shards():
+        held.append(len(memory_files()))
+    weights.close()
+    assert held == [2, 2, 1] and memory_files() == []
     want = weights_of(sharded_dir)
     got = weights_of(folder, part_bytes=96 * 1024, parts_in_flight=3)  # ~8 parts per shard, 3 at once
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
@@ -160,6 +175,7 @@ def test_an_object_truncated_since_the_fetch_is_a_clear_error_naming_it(
     with pytest.raises(ModelSourceError) as err:
         weights_of(folder, part_bytes=256 * 1024)
     line = str(err.value)
+    assert memory_files() == []  # a failed load keeps no memory
     assert "\n" not in line and line.startswith(f"s3://{BUCKET}/{prefix}/model.safetensors")
     assert f"{len(whole) // 2} bytes" in line and f"{len(whole)} bytes" in line
 
@@ -167,12 +183,19 @@ def test_an_object_truncated_since_the_fetch_is_a_clear_error_naming_it(
 def test_a_shard_missing_from_the_store_or_from_the_listing_is_named(
     bucket: Any, sharded_dir: Path, tmp_path: Path
 ) -> None:
-    shard = "model-00002-of-00002.safetensors"
+    shard = "model-00002-of-00003.safetensors"
     upload(bucket, sharded_dir, "gone")
     folder = fetch_without_weights(f"s3://{BUCKET}/gone", tmp_path / "a")
     bucket.delete_object(Bucket=BUCKET, Key=f"gone/{shard}")  # deleted after the fetch
     with pytest.raises(ModelSourceError, match=f"s3://{BUCKET}/gone: no object 'gone/{shard}'"):
         weights_of(folder, part_bytes=96 * 1024)
+    assert memory_files() == []
+    # The scheduler fails to start with that line (and exit 1), serving nothing.
+    cmd = [sys.executable, "-m", "radixserve.scheduler", "--model", str(folder), "--load-format", "stream"]
+    cmd += ["--detokenizer", "localhost:1", "--port", str(free_port()), "--device", "cpu"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1
+    assert f"cannot start the engine: s3://{BUCKET}/gone: no object 'gone/{shard}'" in done.stderr
     # Never uploaded: the fetch's listing lacks what the index names.
     folder = fetch_without_weights(f"s3://{BUCKET}/gone", tmp_path / "b")
     with pytest.raises(ModelSourceError, match=f"s3://{BUCKET}/gone/{shard}: not in the store when"):
