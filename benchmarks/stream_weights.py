@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(
+    str(Path(__file__).resolve().parents[1])
+)  # tests/helpers; appended: operator/ shadows a module
 from _machine import machine_info
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"

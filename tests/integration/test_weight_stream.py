@@ -180,6 +180,20 @@ def test_an_object_truncated_since_the_fetch_is_a_clear_error_naming_it(
     assert f"{len(whole) // 2} bytes" in line and f"{len(whole)} bytes" in line
 
 
+def test_an_object_replaced_by_one_of_the_same_size_is_refused_by_its_etag(
+    bucket: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    upload(bucket, model_dir, "replaced")
+    folder = fetch_without_weights(f"s3://{BUCKET}/replaced", tmp_path / "cache")
+    whole = (model_dir / "model.safetensors").read_bytes()
+    other = whole[:-1] + bytes([whole[-1] ^ 1])  # another version: one byte differs, same size
+    bucket.put_object(Bucket=BUCKET, Key="replaced/model.safetensors", Body=other)
+    with pytest.raises(ModelSourceError) as err:
+        weights_of(folder)
+    assert str(err.value).startswith(f"s3://{BUCKET}/replaced/model.safetensors changed since the model was")
+    assert "(fetch the model again)" in str(err.value) and memory_files() == []
+
+
 def test_a_shard_missing_from_the_store_or_from_the_listing_is_named(
     bucket: Any, sharded_dir: Path, tmp_path: Path
 ) -> None:
