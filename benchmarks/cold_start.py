@@ -79,22 +79,32 @@ def time_cat(files: Sequence[Path]) -> float:
     return time.perf_counter() - t
 
 
-def time_loader(path: Path, mmap_path: bool = False) -> float:
-    """Seconds ``load_model`` takes on CPU; ``mmap_path``: with the pread path off (no tensor in any
-    file's header: every one goes through safetensors' own reads, the loader before issue 40)."""
+def time_loader(path: Path, variant: str = "now") -> float:
+    """Seconds ``load_model`` takes on CPU and then a read of every 4 KiB page of every parameter
+    (a parameter mapped from the file is read from it only then: its first use is part of its load).
+    ``variant`` "pread": no parameter mapped (every tensor taken whole read with pread: the loader
+    of the previous round); "mmap_before": no pread either (every tensor through safetensors' own
+    reads, the loader before issue 40)."""
+    import torch
+
     from radixserve.scheduler.model import loader
     from radixserve.scheduler.model.config import ModelConfig
 
     cfg = ModelConfig.from_pretrained(path)
-    real = loader.read_header
-    if mmap_path:
+    real_header, real_map = loader.read_header, loader.ParallelReads._map_whole_parameters
+    if variant in ("pread", "mmap_before"):
+        loader.ParallelReads._map_whole_parameters = lambda self: None  # type: ignore[method-assign]
+    if variant == "mmap_before":
         loader.read_header = lambda file: {}  # type: ignore[assignment]
     try:
         t = time.perf_counter()
         model = loader.load_model(path, cfg, "cpu")
+        for p in model.parameters():
+            p.detach().reshape(-1).view(torch.uint8)[::4096].sum()
         seconds = time.perf_counter() - t
     finally:
-        loader.read_header = real  # type: ignore[assignment]
+        loader.read_header = real_header  # type: ignore[assignment]
+        loader.ParallelReads._map_whole_parameters = real_map  # type: ignore[method-assign]
     del model
     return seconds
 
@@ -118,7 +128,7 @@ def time_fresh_memory(files: Sequence[Path]) -> float:
 
 
 def read_rates(path: Path, reps: int) -> dict[str, Any]:
-    from radixserve.scheduler.model.loader import safetensor_files
+    from radixserve.scheduler.model.weight_files import safetensor_files
 
     files = safetensor_files(path)
     size = sum(f.stat().st_size for f in files)
@@ -128,7 +138,8 @@ def read_rates(path: Path, reps: int) -> dict[str, Any]:
         for what, run in (
             ("cat", lambda: time_cat(files)),
             ("loader", lambda: time_loader(path)),
-            ("loader_mmap_before", lambda: time_loader(path, mmap_path=True)),
+            ("loader_pread", lambda: time_loader(path, "pread")),
+            ("loader_mmap_before", lambda: time_loader(path, "mmap_before")),
             ("fresh_memory", lambda: time_fresh_memory(files)),
         ):
             best = float("inf")
@@ -141,6 +152,7 @@ def read_rates(path: Path, reps: int) -> dict[str, Any]:
             row[f"{what}_s"] = round(best, 4)
             row[f"{what}_gb_per_s"] = round(size / best / 1e9, 3)
         row["loader_over_cat"] = round(row["loader_s"] / row["cat_s"], 2)
+        row["loader_pread_over_cat"] = round(row["loader_pread_s"] / row["cat_s"], 2)
         row["loader_mmap_before_over_cat"] = round(row["loader_mmap_before_s"] / row["cat_s"], 2)
         row["loader_over_fresh_memory"] = round(row["loader_s"] / row["fresh_memory_s"], 2)
         out[cache] = row
@@ -283,15 +295,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
     a.set_ylabel("seconds")
     a.set_title("scheduler start, by phase")
     a.legend(fontsize=8)
-    kinds = ("cat", "loader", "loader_mmap_before", "fresh_memory")
-    width = 0.2
+    kinds = ("cat", "loader", "loader_pread", "loader_mmap_before", "fresh_memory")
+    width = 0.16
     labels = [f"{n}\n{c}" for n in names for c in ("warm", "cold")]
     for i, kind in enumerate(kinds):
         vals = [results["models"][n]["read"][c][f"{kind}_gb_per_s"] for n in names for c in ("warm", "cold")]
         b.bar([x + i * width for x in range(len(labels))], vals, width, label=kind)
-    b.set_xticks([x + 1.5 * width for x in range(len(labels))], labels, fontsize=8)
+    b.set_xticks([x + 2 * width for x in range(len(labels))], labels, fontsize=8)
     b.set_ylabel("GB/s")
-    b.set_title("weights read rate: cat vs the loader (now and before) vs new memory")
+    b.set_title("weights read rate: cat vs the loader (now, pread only, before) vs new memory")
     b.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

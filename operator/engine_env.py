@@ -9,7 +9,7 @@ from radixserve.common.service_config import GatewayConfig, SchedulerPodConfig
 from radixserve.operator import kv_cache
 from radixserve.operator.objects import Obj
 from radixserve.operator.redis_acl import key_prefix
-from radixserve.operator.volumes import CACHE_DIR, compile_cache_dir, model_path
+from radixserve.operator.volumes import CACHE_DIR, compile_cache_dir, model_path, streamed
 
 # The spec's engine and routing fields are these service settings, camelCased (pageSize: page_size);
 # each variable's name comes from the setting (env_var).
@@ -45,6 +45,8 @@ def settings(spec: Obj, namespace: str, name: str) -> dict[str, str]:
         data[env_var(SchedulerPodConfig, "index_key_prefix")] = key_prefix(namespace, name)
     if spec["model"].get("servedModelName"):
         data[env_name("served_model_name")] = spec["model"]["servedModelName"]
+    if streamed(spec):  # the schedulers' --load-format: the weights come from the store at load
+        data[env_var(SchedulerPodConfig, "load_format")] = "stream"
     if spec["model"].get("quantization"):  # the schedulers' --quantization (model/quant/)
         data[env_var(SchedulerPodConfig, "quantization")] = spec["model"]["quantization"]
     engine = spec["scheduler"]["engine"]

@@ -44,7 +44,7 @@ from radixserve.operator.pods import (
     http_probes,
     tp_size,
 )
-from radixserve.operator.volumes import add_api_keys, model_volumes
+from radixserve.operator.volumes import add_api_keys, add_stream_credentials, model_volumes
 
 # The services' own defaults (service_config.py): the pods run with them.
 GATEWAY_HTTP_PORT = GatewayConfig().port
@@ -391,6 +391,7 @@ def scheduler_statefulset(ctx: BuildContext) -> Obj:
     # /dev/termination-log; a crash that writes nothing leaves its last log lines there instead.
     # Either way the operator reads it from the pod and reports Degraded/SchedulerFailed.
     container["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    add_stream_credentials(ctx.spec, container)  # loadFormat stream: the scheduler reads the store
     if tp > 1:
         add_shared_memory(pod, container)  # NCCL between the pod's GPUs
     kv_cache.add_disk(pod, container, ctx.spec)  # the disk KV tier's volume, when kvCache.disk asks

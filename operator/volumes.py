@@ -17,6 +17,8 @@ their sight and the folder's name, their default served model name, is the model
 
 from __future__ import annotations
 
+import dataclasses
+
 from radixserve.common.model_cache import COMPILED
 from radixserve.common.model_source import (
     DEFAULT_CACHE_SIZE,
@@ -26,7 +28,7 @@ from radixserve.common.model_source import (
     parse_model_uri,
     parse_quantity,
 )
-from radixserve.common.service_config import QUANTIZATIONS
+from radixserve.common.service_config import LOAD_FORMATS, QUANTIZATIONS
 from radixserve.operator.objects import Obj
 from radixserve.operator.pods import CONTAINER_SECURITY
 from radixserve.operator.schema import SECRET_KEY, Schema, obj, string
@@ -45,6 +47,19 @@ API_KEYS_FILE = f"{AUTH_DIR}/api-keys"
 API_KEYS_DEFAULT_KEY = "api-keys"  # the Secret key spec.auth.apiKeySecretRef.key defaults to
 SECRET_FILE_MODE = 0o440  # owner and group (the pods' fsGroup) read; nobody writes
 
+
+# loadFormat stream reads the weights from an object store at load: only s3:// and gs:// have one.
+STREAM_RULE = {
+    "rule": "!has(self.loadFormat) || self.loadFormat != 'stream'"
+    " || (has(self.uri) && (self.uri.startsWith('s3://') || self.uri.startsWith('gs://')))",
+    "message": "loadFormat stream streams the weights from s3:// or gs:// only: set uri to one, or use "
+    "loadFormat auto (hf://, pvc://, local paths and source load through the cache or in place)",
+}
+STREAM_PIN_RULE = {
+    "rule": "!has(self.loadFormat) || self.loadFormat != 'stream' || !has(self.sha256)",
+    "message": "sha256 pins the whole downloaded folder; with loadFormat stream the weights are never "
+    "written to digest: drop one of them",
+}
 
 MODEL_SCHEMA: Schema = obj(
     {
@@ -86,6 +101,13 @@ MODEL_SCHEMA: Schema = obj(
             " (--quantization fp8; for a bf16/fp32 checkpoint). FP8 checkpoints (fp8, compressed-tensors"
             " FP8, fbgemm_fp8) are served in FP8 without it. Default: none",
         ),
+        "loadFormat": string(
+            enum=list(LOAD_FORMATS),
+            description="stream (s3:// and gs:// only): the init container fetches all but the weights "
+            "(fetch-model --skip-weights) and the schedulers stream the *.safetensors from the store "
+            "into memory at load (--load-format stream; they get the credentials Secret too), so the "
+            "weights never touch the cache volume. Default auto: the whole model through the cache",
+        ),
         "source": obj(
             {
                 "pvc": obj(
@@ -105,7 +127,7 @@ MODEL_SCHEMA: Schema = obj(
         ),
     },
     description="uri, or exactly one of path or source (pvc or hub).",
-)
+) | {"x-kubernetes-validations": [STREAM_RULE, STREAM_PIN_RULE]}
 
 
 def _uri(spec: Obj) -> ModelSource | None:
@@ -125,10 +147,17 @@ def downloaded(spec: Obj) -> tuple[ModelSource, str] | None:
     """(the source, the folder under /models the serving containers see it in) of a model the
     init container downloads; None for one that is used in place."""
     source = _uri(spec)
+    if source is not None and streamed(spec) and source.scheme in ("s3", "gs"):
+        return dataclasses.replace(source, weights=False), source.name  # its own cache entry
     if source is not None:
         return (source, source.name) if source.downloads else None
     hub = _hub(spec)
     return (hub, HUB_FOLDER) if hub is not None else None
+
+
+def streamed(spec: Obj) -> bool:
+    """Whether the schedulers stream the weights from the store (spec.model.loadFormat stream)."""
+    return bool(spec["model"].get("loadFormat") == "stream")
 
 
 def model_path(spec: Obj) -> str:
@@ -166,7 +195,23 @@ def model_problems(spec: Obj) -> list[str]:
             _hub(spec)
         except ModelSourceError as e:
             return [f"spec.model.source.hub: {e}"]
-    return _download_problems(spec)
+    return _stream_problems(spec) + _download_problems(spec)
+
+
+def _stream_problems(spec: Obj) -> list[str]:
+    """loadFormat stream: an s3:// or gs:// uri, no sha256 (the CRD's STREAM_RULEs, said by name)."""
+    model = spec["model"]
+    if not streamed(spec):
+        return []
+    source = _uri(spec)
+    if source is None or source.scheme not in ("s3", "gs"):
+        what = f"spec.model.uri is {source.uri}" if source is not None else "the model has no uri"
+        return [
+            f"spec.model.loadFormat stream streams from s3:// or gs:// only; {what} (use loadFormat auto)"
+        ]
+    if model.get("sha256"):
+        return ["spec.model.sha256 cannot pin a streamed model (loadFormat stream never writes the weights)"]
+    return []
 
 
 def _download_problems(spec: Obj) -> list[str]:
@@ -254,6 +299,8 @@ def _fetch_container(spec: Obj, image: str, source: ModelSource, volumes: list[O
     model = spec["model"]
     command = ["python", "-m", "radixserve.common.model_fetch", source.uri, "--cache", MODEL_CACHE_DIR]
     command += ["--size-limit", (model.get("cache") or {}).get("sizeLimit") or DEFAULT_CACHE_SIZE]
+    if not source.weights:  # loadFormat stream: the schedulers read the weights from the store
+        command.append("--skip-weights")
     if model.get("sha256"):
         command += ["--sha256", model["sha256"]]
     env: list[Obj] = [{"name": "HOME", "value": "/tmp"}]
@@ -295,6 +342,21 @@ def _fetch_container(spec: Obj, image: str, source: ModelSource, volumes: list[O
     # HTTPS: with NetworkPolicies on, the pods may reach port 443 anywhere; see netpol.py); s3:// and
     # gs:// need the image's [s3] / [gcs] extras.
     return init
+
+
+def add_stream_credentials(spec: Obj, container: Obj) -> None:
+    """With loadFormat stream, the scheduler ``container`` reads the store itself: the credentials
+    Secret as its environment (and for gs:// the key file the init container mounts)."""
+    secret = (spec["model"].get("credentialsSecretRef") or {}).get("name")
+    if not streamed(spec) or not secret:
+        return
+    container["envFrom"] = [*container.get("envFrom", []), {"secretRef": {"name": secret}}]
+    source = _uri(spec)
+    if source is not None and source.scheme == "gs":
+        mount = {"name": "model-credentials", "mountPath": MODEL_CREDENTIALS_DIR, "readOnly": True}
+        container["volumeMounts"] = [*container.get("volumeMounts", []), mount]
+        key = {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{MODEL_CREDENTIALS_DIR}/{GCS_KEY_FILE}"}
+        container["env"] = [*container.get("env", []), key]
 
 
 def add_api_keys(pod: Obj, container: Obj, ref: Obj) -> str:

@@ -175,7 +175,7 @@ VLLM_UNSERVED = {
     "--revision": "radixserve fetch-model hf://ORG/NAME@REVISION --cache DIR, then --model FOLDER",
     "--tokenizer-revision": "the tokenizer is the model folder's",
     "--download-dir": "radixserve fetch-model URI --cache DIR, then --model FOLDER",
-    "--load-format": "",
+    "--load-format": "s3:// and gs:// weights stream: fetch-model --skip-weights, -- --load-format stream",
     "--hf-overrides": "",
     "--max-num-batched-tokens": "see -- --max-prefill-tokens and --chunked-prefill-size",
     "--block-size": "the KV page size is -- --page-size N",

@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NoReturn, TypedDict, TypeVar
 
+from radixserve.common.weight_manifest import MANIFEST
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -407,9 +409,26 @@ def model_problem(spec: str, weights: bool = False) -> str | None:
         return f"--model {spec}: config.json cannot be read ({' '.join(str(e).split())})"
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         return f"--model {spec}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)})"
-    if weights and not any(path.glob("*.safetensors")):
-        return f"--model {spec}: no weights there (*.safetensors)"
+    if weights and not any(path.glob("*.safetensors")) and not (path / MANIFEST).is_file():
+        return f"--model {spec}: no weights there (*.safetensors, or {MANIFEST} naming them in a store)"
     return None
+
+
+def load_format_problem(folder: Path, load_format: str) -> str | None:
+    """Why ``--load-format`` cannot load the model in ``folder``; None if it can. ``auto`` reads the
+    folder's weights, or streams them where the folder was fetched without them; ``stream`` insists:
+    the weights must be in an s3:// or gs:// store (fetch-model --skip-weights wrote the manifest)."""
+    if load_format != "stream" or (folder / MANIFEST).is_file():
+        return None
+    record = folder.parent / ".complete"  # a cache entry's (model_cache.MARKER): the URI fetched
+    try:
+        origin = str(json.loads(record.read_text())["uri"])
+    except (OSError, ValueError, KeyError, TypeError):
+        origin = f"the local folder {folder}"
+    return (
+        f"--load-format stream: the model is {origin}, whose weights are files here; only s3:// and gs://"
+        " models fetched with fetch-model --skip-weights stream (--load-format auto loads this one)"
+    )
 
 
 def model_path(spec: str) -> Path:

@@ -1,6 +1,7 @@
 """Download a model into the model cache, once: what the pods' ``fetch-model`` init container runs.
 
     python -m radixserve.common.model_fetch URI --cache DIR [--size-limit 100Gi] [--sha256 HEX]
+                                            [--skip-weights]
     python -m radixserve.common.model_fetch --digest DIR      (print a folder's digest, to pin it)
 
 (also ``radixserve fetch-model ...``). It prints the model folder, ``DIR/<entry>/<name>`` (see
@@ -11,6 +12,10 @@ model_source and model_cache), after one of:
   others wait and then hit; the folder must hold a config.json, digest to ``--sha256`` when given
   and fit ``--size-limit``, and the least recently used entries are evicted to make room.
 
+``--skip-weights`` (s3:// and gs:// only): everything but the weights, and a manifest of the
+``*.safetensors`` objects, which the scheduler streams at load (``--load-format stream``;
+weight_manifest). Its own cache entry; no ``--sha256`` (the weights are never written to digest).
+
 A failure exits 1 with one line naming the URI and what was missing, also written to
 /dev/termination-log where that exists: Kubernetes puts it in the pod's status, and the operator's
 status module reports it on the InferenceService.
@@ -19,6 +24,7 @@ status module reports it on the InferenceService.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import traceback
@@ -40,6 +46,7 @@ from radixserve.common.model_source import (
     tree_files,
 )
 from radixserve.common.model_stores import ObjectStore, RemoteFile, hub_download, open_store
+from radixserve.common.weight_manifest import STREAMED_SUFFIX, StreamManifest, is_weight
 
 TERMINATION_LOG = "/dev/termination-log"
 DOWNLOAD_THREADS = 8  # objects in flight at once (boto3 also splits each large one into parts)
@@ -63,6 +70,15 @@ def fetch(source: ModelSource, cache: ModelCache, sha256: str = "", log: Log = l
     if not source.downloads:
         raise ModelSourceError(
             f"{source.uri}: nothing to download (pvc:// and local models are used in place)"
+        )
+    if not source.weights and source.scheme not in ("s3", "gs"):
+        raise ModelSourceError(
+            f"{source.uri}: --skip-weights streams the weights from s3:// or gs:// only (an {source.scheme}"
+            " model is fetched whole)"
+        )
+    if not source.weights and sha256:
+        raise ModelSourceError(
+            f"{source.uri}: --sha256 pins the whole folder, and --skip-weights never writes the weights"
         )
     with cache.lock(source.entry()):
         record = cache.record(source)
@@ -104,6 +120,8 @@ def _download(source: ModelSource, cache: ModelCache, model_dir: Path, log: Log)
         if not files:
             where = f"under the prefix {source.path}/" if source.path else "in the bucket"
             raise ModelSourceError(f"{source.uri}: no objects {where}")
+        if not source.weights:
+            files = _without_weights(source, files, model_dir, log)
         total = sum(f.size for f in files)
         cache.make_room(total, keep=source)
         log(f"{source.uri}: downloading {len(files)} objects ({format_bytes(total)}) into {model_dir}")
@@ -119,6 +137,23 @@ def _download(source: ModelSource, cache: ModelCache, model_dir: Path, log: Log)
         etags=etags,
         fetched_at=time.time(),
     )
+
+
+def _without_weights(
+    source: ModelSource, files: list[RemoteFile], model_dir: Path, log: Log
+) -> list[RemoteFile]:
+    """``files`` less the weights; the ``*.safetensors`` among them listed in the folder's manifest."""
+    streamed = tuple(f for f in files if f.rel.endswith(STREAMED_SUFFIX) and "/" not in f.rel)
+    if not streamed:
+        raise ModelSourceError(f"{source.uri}: no *.safetensors objects to stream (--skip-weights)")
+    unused = [f for f in files if is_weight(f.rel) and f not in streamed]
+    StreamManifest(source.uri, streamed).write(model_dir)
+    log(
+        f"{source.uri}: {len(streamed)} *.safetensors ({format_bytes(sum(f.size for f in streamed))}) left "
+        "in the store, streamed at load"
+        + (f"; {len(unused)} weights in formats not loaded left out" if unused else "")
+    )
+    return [f for f in files if not is_weight(f.rel)]
 
 
 def _download_all(store: ObjectStore, files: list[RemoteFile], model_dir: Path) -> None:
@@ -161,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size-limit", default=DEFAULT_CACHE_SIZE, help="bytes the cache may hold (a quantity)")
     p.add_argument("--sha256", default="", help="the digest the downloaded folder must have (see --digest)")
     p.add_argument("--digest", metavar="DIR", help="print DIR's digest (what --sha256 pins) and exit")
+    p.add_argument(
+        "--skip-weights",
+        action="store_true",
+        help="s3:// and gs://: fetch all but the weights; the scheduler streams them (--load-format stream)",
+    )
     p.add_argument("--termination-log", default=TERMINATION_LOG, help="where a failure's line also goes")
     return p
 
@@ -177,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("a URI and --cache are needed (or --digest DIR)")
     try:
         source = parse_model_uri(args.uri)
+        if args.skip_weights:
+            source = dataclasses.replace(source, weights=False)
         sha256 = check_sha256(args.sha256) if args.sha256 else ""
         try:
             limit = parse_quantity(args.size_limit)

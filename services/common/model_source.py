@@ -57,12 +57,15 @@ class ModelSourceError(ValueError):
 class ModelSource:
     """A parsed model URI. ``location``: the bucket, the Hub repository id (org/name) or the claim;
     empty for a local path. ``path``: the prefix in the bucket, the folder in the claim or the local
-    folder, without leading or trailing slashes for the remote kinds. ``revision``: hf only."""
+    folder, without leading or trailing slashes for the remote kinds. ``revision``: hf only.
+    ``weights``: False for a fetch without the ``*.safetensors`` (s3/gs, streamed at load: see
+    weight_manifest), which is a cache entry of its own."""
 
     scheme: Scheme
     location: str
     path: str = ""
     revision: str = ""
+    weights: bool = True
 
     @property
     def uri(self) -> str:
@@ -92,8 +95,10 @@ class ModelSource:
 
     def entry(self) -> str:
         """The cache entry's folder name for this source: 16 hex of the canonical URI's SHA-256. The
-        model itself lies in ``<cache>/<entry>/<name>`` (see model_cache)."""
-        return hashlib.sha256(self.uri.encode()).hexdigest()[:16]
+        model itself lies in ``<cache>/<entry>/<name>`` (see model_cache). A fetch without the
+        weights has its own entry: a full fetch never finds it complete, nor it a full one."""
+        key = self.uri if self.weights else f"{self.uri} without weights"
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def relative_model_dir(self) -> str:
         """Where a download of this source lands, relative to the cache root."""

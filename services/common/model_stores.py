@@ -23,6 +23,12 @@ from typing import Any, Protocol
 
 from radixserve.common.model_source import ModelSource, ModelSourceError
 
+STREAM_CHUNK = 1 << 20  # a ranged read's body is handed on in pieces of this size
+
+
+class StoreReadError(ModelSourceError):
+    """The store could not be reached or a connection broke mid-answer: worth another try."""
+
 
 @dataclass(frozen=True, slots=True)
 class RemoteFile:
@@ -33,11 +39,16 @@ class RemoteFile:
 
 
 class ObjectStore(Protocol):
-    """A bucket-like store: list the objects under the source's prefix, download one."""
+    """A bucket-like store: list the objects under the source's prefix, download one, or read bytes
+    ``start:stop`` of one (the streaming loader: scheduler/model/weight_stream.py), in chunks as they
+    arrive. A read of an object whose size is no longer ``file.size`` may raise ModelSourceError
+    (S3 does, from the answer's Content-Range); a short read is the caller's to notice."""
 
     def list(self) -> list[RemoteFile]: ...
 
     def download(self, file: RemoteFile, dest: Path) -> None: ...
+
+    def read(self, file: RemoteFile, start: int, stop: int) -> Iterator[bytes]: ...
 
 
 def open_store(source: ModelSource) -> ObjectStore:
@@ -100,8 +111,37 @@ class S3Store:
         with self._errors():
             self.client.download_file(self.source.location, file.key, str(dest))
 
+    def read(self, file: RemoteFile, start: int, stop: int) -> Iterator[bytes]:
+        from botocore.exceptions import ClientError
+
+        # If-Match: every range comes from the object the listing saw (a model replaced under the same
+        # key since the fetch would otherwise load half of each version).
+        match = {"IfMatch": file.etag} if file.etag else {}
+        with self._errors(file.key):
+            try:
+                answer = self.client.get_object(
+                    Bucket=self.source.location, Key=file.key, Range=f"bytes={start}-{stop - 1}", **match
+                )
+            except ClientError as e:
+                if str(e.response.get("Error", {}).get("Code", "")) not in ("PreconditionFailed", "412"):
+                    raise
+                now = self.client.head_object(Bucket=self.source.location, Key=file.key)
+                raise ModelSourceError(
+                    f"{self.source.uri}/{file.rel} changed since the model was fetched: "
+                    f"{now['ContentLength']} bytes, ETag {now.get('ETag', '')}; the listing said "
+                    f"{file.size} bytes, ETag {file.etag} (fetch the model again)"
+                ) from e
+            total = str(answer.get("ContentRange", "")).rpartition("/")[2]
+            if total.isdigit() and int(total) != file.size:
+                raise ModelSourceError(
+                    f"{self.source.uri}/{file.rel}: the object is {total} bytes, the listing said "
+                    f"{file.size} bytes (changed or truncated since the model was fetched)"
+                )
+            yield from answer["Body"].iter_chunks(STREAM_CHUNK)
+
     @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
+    def _errors(self, key: str = "") -> Iterator[None]:
+        """``key``: the object read, named in a missing object's message."""
         from botocore.exceptions import (
             BotoCoreError,
             ClientError,
@@ -116,6 +156,13 @@ class S3Store:
             code = str(e.response.get("Error", {}).get("Code", ""))
             if code == "NoSuchBucket":
                 raise ModelSourceError(f"{uri}: bucket {bucket!r} does not exist") from e
+            if code in ("NoSuchKey", "404"):
+                raise ModelSourceError(f"{uri}: no object {key!r} in bucket {bucket!r}") from e
+            if code == "InvalidRange":
+                raise ModelSourceError(
+                    f"{uri}: object {key!r} is shorter than the listing said (truncated since the "
+                    "model was fetched)"
+                ) from e
             if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
                 raise ModelSourceError(
                     f"{uri}: access denied ({code}): check the credentials Secret's AWS_ACCESS_KEY_ID "
@@ -128,11 +175,11 @@ class S3Store:
                 "through spec.model.credentialsSecretRef)"
             ) from e
         except EndpointConnectionError as e:
-            raise ModelSourceError(
+            raise StoreReadError(
                 f"{uri}: cannot reach the S3 endpoint {self.endpoint or 'of AWS'}: {e}"
             ) from e
-        except BotoCoreError as e:
-            raise ModelSourceError(f"{uri}: {e}") from e
+        except BotoCoreError as e:  # also a connection lost while a body streams
+            raise StoreReadError(f"s3://{bucket}/{key}: {e}" if key else f"{uri}: {e}") from e
 
 
 # ----------------------------------------------------------------------------------------- GCS
@@ -173,6 +220,11 @@ class GcsStore:
         with self._errors():
             self.fs.get_file(f"{self.source.location}/{file.key}", str(dest))
 
+    def read(self, file: RemoteFile, start: int, stop: int) -> Iterator[bytes]:
+        # One ranged GET; gcsfs returns what the object holds of the range (short when truncated).
+        with self._errors():
+            yield bytes(self.fs.cat_file(f"{self.source.location}/{file.key}", start=start, end=stop))
+
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
         try:
@@ -182,7 +234,7 @@ class GcsStore:
         except PermissionError as e:
             raise ModelSourceError(f"{self.source.uri}: access denied: check the service-account key") from e
         except OSError as e:
-            raise ModelSourceError(f"{self.source.uri}: {e}") from e
+            raise StoreReadError(f"{self.source.uri}: {e}") from e
 
 
 # ----------------------------------------------------------------------------------------- Hub

@@ -30,6 +30,7 @@ DRAIN_TIMEOUT_S = 30.0
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 QUANTIZATIONS = ("none", "fp8")  # --quantization (scheduler/model/quant/)
 KV_WRITE_POLICIES = ("write_back", "write_through")  # --kv-write-policy (the host KV tier)
+LOAD_FORMATS = ("auto", "stream")  # --load-format (scheduler/model/weight_files.py)
 
 # The ranges settings admit (config.Bounds): a value outside is refused when the flag or variable
 # is parsed, naming it, before the service starts anything.
@@ -155,6 +156,14 @@ class EngineConfig:
         " checkpoint; FP8 checkpoints load as FP8 without it)",
         choices=QUANTIZATIONS,
     )
+    # stream: the weights come from the s3:// or gs:// store the model folder's manifest names
+    # (fetch-model --skip-weights), never written to the cache volume (model/weight_stream.py).
+    load_format: str = setting(
+        "auto",
+        "auto: the model folder's weights (or, fetched with --skip-weights, streamed from its store);"
+        " stream: insist on streaming from s3:// or gs://",
+        choices=LOAD_FORMATS,
+    )
     seed: int = setting(0, "torch's seed (requests with their own seed keep it)", bounds=TORCH_SEED)
     # CUDA: decode batches of up to cuda_graph_max_bs requests replay a graph captured at start
     # (model/graph_runner.py); larger ones, and every prefill, launch eagerly.
@@ -207,6 +216,7 @@ class EngineOptions(TypedDict, total=False):
     device: str
     dtype: str
     quantization: str
+    load_format: str
     seed: int
     disable_cuda_graph: bool
     cuda_graph_max_bs: int

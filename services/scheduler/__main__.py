@@ -32,7 +32,9 @@ from radixserve.common.config import (
     ConfigError,
     OneLineParser,
     RaisingParser,
+    load_format_problem,
     load_service,
+    model_path,
     resolve_model,
     served_model_name,
     service_parser,
@@ -50,12 +52,22 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) ->
     return service_parser(SchedulerPodConfig, prog, __doc__, served_name=True, parser_class=parser_class)
 
 
+def load_settings(argv: Sequence[str] | None) -> tuple[argparse.Namespace, SchedulerPodConfig]:
+    """The flags and settings, checked against the model folder and the ports; ConfigError naming
+    the first that cannot work."""
+    args, cfg = load_service(build_parser(RaisingParser), SchedulerPodConfig, argv, weights=True)
+    problem = load_format_problem(model_path(args.model), cfg.engine.load_format)
+    if problem is not None:
+        raise ConfigError(problem)
+    check_listen(cfg.host, cfg.listens())  # a port in use: one line, not gRPC's bind error
+    return args, cfg
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
     stop = StopSignal(exit_until_ready=True).install()  # until the engine is up, a signal ends it
     try:  # every setting, the model folder and the ports, before torch is imported and the model loads
-        args, cfg = load_service(build_parser(RaisingParser), SchedulerPodConfig, argv, weights=True)
-        check_listen(cfg.host, cfg.listens())  # a port in use: one line, not gRPC's bind error
+        args, cfg = load_settings(argv)
     except ConfigError as e:
         return _failed(str(e))
     import torch
@@ -78,10 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = process_age_s()  # exec to here: the interpreter, imports, settings
     compiled = compiled_artefacts.Snapshot.take()  # what the compile caches hold before the engine
     t_fetch = time.perf_counter()
-    model_path = resolve_model(args.model)
+    folder = resolve_model(args.model)
     fetched = time.perf_counter() - t_fetch
     try:
-        engine = Engine(model_path, cfg.engine)
+        engine = Engine(folder, cfg.engine)
     except (ValueError, TPFailure) as e:  # a setting the model or the devices cannot meet
         return _failed(f"cannot start the engine: {e}")
     stop.ready()  # from here a stop drains

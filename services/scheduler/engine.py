@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, Unpack
 import numpy as np
 import torch
 
+from radixserve.common.config import load_format_problem
 from radixserve.common.sampling import SamplingParams, find_stop
 from radixserve.common.service_config import (
     CPU_CHUNKED_PREFILL_SIZE,
@@ -43,6 +44,7 @@ from radixserve.scheduler.model.loader import load_model
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup, tp_problem
 from radixserve.scheduler.model.penalties import PenaltyState
 from radixserve.scheduler.model.runner import ModelRunner
+from radixserve.scheduler.model.weight_files import open_weights
 from radixserve.scheduler.req import FinishReason, Req, TokenLogprob
 from radixserve.scheduler.tensor_parallel import RunnerSpec, TPFollowers, start_followers, weight_bytes
 
@@ -100,6 +102,9 @@ class Engine:
         problem = tp_problem(checkpoint, cfg.tp_size)
         if problem is not None:
             raise ValueError(f"tensor parallelism: {problem}")
+        problem = load_format_problem(self.model_path, cfg.load_format)
+        if problem is not None:
+            raise ValueError(problem)
         self.profile = resolve_profile(
             ShardLayout.of(checkpoint, 0, cfg.tp_size).local_config(checkpoint),  # rank 0's heads
             device=cfg.device,
@@ -155,7 +160,8 @@ class Engine:
         scheduler, runner and loop, capture graphs and warm up; with followers, in step with them."""
         cfg, dev, followers = self.config, self.profile.device, self.followers
         t_start = time.perf_counter()
-        model = load_model(model_path, self.model_config, dev, max_positions, tp=tp)
+        files = open_weights(Path(model_path), cfg.load_format)  # streamed: the time is weight_load's
+        model = load_model(model_path, self.model_config, dev, max_positions, tp=tp, weights=files)
         t_loaded = time.perf_counter()
         per_token = model.local_config.kv_bytes_per_token()
         kv_tokens, weights, snapshots, kv_left = self._memory_plan(model, per_token)

@@ -6,7 +6,9 @@ for; docs/reliability.md has the figures).
     model_fetch          the model folder made ready (the demo model built; a cluster's init container
                          fetches a store's model before this process starts: its own log says how long)
     engine_setup         the device profile, the tokenizer, tensor-parallel followers started
-    weight_load          the checkpoint read into the model's parameters (model/loader.py)
+    weight_load          the checkpoint read into the model's parameters (model/loader.py); with
+                         --load-format stream, streamed from its s3:// or gs:// store (the init
+                         container's fetch then covers the small files only: model/weight_stream.py)
     kv_allocation        the KV pool and the request tables, sized from the memory left
     graph_capture        CUDA graphs of decode (nothing on CPU)
     kernel_compilation   the first request through the engine: where flashinfer JIT-compiles (or loads

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,9 @@ from radixserve.common.model_source import (
 )
 from radixserve.common.model_stores import _materialize
 from radixserve.common.ports import free_port
+from tests.helpers.s3 import BUCKET, CREDENTIALS, moto_server, s3_client, upload
 
 boto3 = pytest.importorskip("boto3", reason="pip install -e '.[test]' (boto3, moto[server])")
-BUCKET = "models"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 
 
 # ----------------------------------------------------------------------------------- fixtures
@@ -49,32 +47,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def s3_endpoint() -> Iterator[str]:
     """A moto S3 server in server mode: real HTTP, a child process we stop by pid."""
     pytest.importorskip("moto.server", reason="pip install 'moto[server]'")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto server did not start on {url}") from None
-            time.sleep(0.1)
-    try:
+    with moto_server() as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
@@ -90,25 +64,12 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 def bucket(s3_endpoint: str, model_dir: Path) -> Any:
     """The bucket, with the tiny model under llama/, llama-copy/ and llama-third/ and a folder
     without a config.json under no-config/."""
-    client = boto3.client("s3", endpoint_url=s3_endpoint, **_client_credentials())
+    client = s3_client(s3_endpoint)
     client.create_bucket(Bucket=BUCKET)
     for prefix in ("llama", "llama-copy", "llama-third"):
-        _upload(client, model_dir, prefix)
+        upload(client, model_dir, prefix)
     client.put_object(Bucket=BUCKET, Key="no-config/model.safetensors", Body=b"weights")
     return client
-
-
-def _client_credentials() -> dict[str, str]:
-    return {
-        "aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        "region_name": CREDENTIALS["AWS_REGION"],
-    }
-
-
-def _upload(client: Any, folder: Path, prefix: str) -> None:
-    for rel in tree_files(folder):
-        client.upload_file(str(folder / rel), BUCKET, f"{prefix}/{rel}")
 
 
 def _fetch_cli(*args: str, env: dict[str, str], **kw: Any) -> subprocess.CompletedProcess[str]:

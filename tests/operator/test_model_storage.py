@@ -211,6 +211,25 @@ def test_source_hub_goes_through_the_same_fetcher_and_keeps_its_path() -> None:
             {"source": {"hub": {"id": "org/m", "revision": "a b"}}},
             "spec.model.source.hub: hf://org/m@a b: 'a b' is not a revision (a commit sha, branch or tag)",
         ),
+        (
+            {"uri": "hf://org/m", "loadFormat": "stream"},
+            "spec.model.loadFormat stream streams from s3:// or gs:// only; spec.model.uri is hf://org/m@main"
+            " (use loadFormat auto)",
+        ),
+        (
+            {"uri": "/opt/m", "loadFormat": "stream"},
+            "spec.model.loadFormat stream streams from s3:// or gs:// only; spec.model.uri is /opt/m"
+            " (use loadFormat auto)",
+        ),
+        (
+            {"path": "demo", "loadFormat": "stream"},
+            "spec.model.loadFormat stream streams from s3:// or gs:// only; the model has no uri"
+            " (use loadFormat auto)",
+        ),
+        (
+            {"uri": "gs://bkt/p", "loadFormat": "stream", "sha256": "ab" * 32},
+            "spec.model.sha256 cannot pin a streamed model (loadFormat stream never writes the weights)",
+        ),
     ],
 )
 def test_unusable_model_specs_are_refused_naming_the_field(model: dict[str, Any], message: str) -> None:
@@ -239,6 +258,7 @@ def test_every_model_kind_builds_valid_kubernetes(version: str) -> None:
         {"uri": "hf://org/m", "cache": {"sizeLimit": "20Gi"}},
         {"uri": "pvc://weights/a/b"},
         {"uri": "/opt/m"},
+        {"uri": "gs://bkt/p", "loadFormat": "stream", "credentialsSecretRef": {"name": "s"}},
     ):
         for obj in build_all(ctx(model)):
             kv.validate(obj, version, strict=True)
@@ -266,3 +286,28 @@ def test_the_compile_cache_folder_is_never_an_entry_the_size_limit_evicts(tmp_pa
     (tmp_path / "entry").mkdir()
     (tmp_path / "entry" / "w.bin").write_bytes(b"x" * 10)
     assert ModelCache(tmp_path, 1).usage() == 10  # the model's bytes only
+
+
+def test_the_crd_refuses_stream_without_a_store_in_cel_rules_the_api_server_reads() -> None:
+    rules = INFERENCE_SERVICE_SPEC["properties"]["model"]["x-kubernetes-validations"]
+    assert all(set(r) == {"rule", "message"} and r["message"] for r in rules)
+    (store,) = [r for r in rules if "startsWith('s3://')" in r["rule"]]
+    assert "startsWith('gs://')" in store["rule"] and "loadFormat stream" in store["message"]
+    assert any("has(self.sha256)" in r["rule"] for r in rules)
+    assert INFERENCE_SERVICE_SPEC["properties"]["model"]["properties"]["loadFormat"]["enum"] == [
+        "auto",
+        "stream",
+    ]
+
+
+def test_streamed_gs_weights_give_the_scheduler_the_key_file_too() -> None:
+    p = pod({"uri": "gs://weights/llama", "loadFormat": "stream", "credentialsSecretRef": {"name": "gcp"}})
+    scheduler = p["containers"][0]
+    key = "/etc/radixserve/model-credentials/service-account.json"
+    assert {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": key} in scheduler["env"]
+    assert {
+        "name": "model-credentials",
+        "mountPath": "/etc/radixserve/model-credentials",
+        "readOnly": True,
+    } in (scheduler["volumeMounts"])
+    assert {"secretRef": {"name": "gcp"}} in scheduler["envFrom"]

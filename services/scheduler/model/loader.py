@@ -21,10 +21,12 @@ linear-attention tensors are placed by model/linear_weights.py.
 from __future__ import annotations
 
 import json
+import logging
+import mmap
 import os
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -42,20 +44,9 @@ from radixserve.scheduler.model.llama import CausalLM
 from radixserve.scheduler.model.parallel import ShardLayout, TPGroup
 from radixserve.scheduler.model.quant.checkpoint import fill
 from radixserve.scheduler.model.quant.load import Fp8Loading, plan
+from radixserve.scheduler.model.weight_files import Shard, WeightFiles, open_weights
 
-
-def safetensor_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / s for s in shards]
-    single = path / "model.safetensors"
-    if single.exists():
-        return [single]
-    found = sorted(path.glob("*.safetensors"))
-    if not found:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
-    return found
+log = logging.getLogger(__name__)
 
 
 def merged_target(name: str, cfg: ModelConfig) -> tuple[str, int, int] | None:
@@ -117,17 +108,32 @@ def load_model(
     device: str | torch.device,
     max_positions: int | None = None,
     tp: TPGroup | None = None,
+    weights: WeightFiles | None = None,
 ) -> CausalLM:
     """``max_positions``: the longest context served (the rotary table's length); default the
-    model's max_position_embeddings. ``tp``: load this rank's shard only."""
-    path = Path(path)
+    model's max_position_embeddings. ``tp``: load this rank's shard only. ``weights``: where the
+    checkpoint's files come from (model/weight_files.py; default: ``--load-format auto``'s: the
+    folder's own, or streamed where the folder was fetched without them)."""
+    files = weights if weights is not None else open_weights(Path(path), "auto")
+    try:
+        return _load(files, cfg, device, max_positions, tp)
+    finally:
+        files.close()
+
+
+def _load(
+    weights: WeightFiles,
+    cfg: ModelConfig,
+    device: str | torch.device,
+    max_positions: int | None,
+    tp: TPGroup | None,
+) -> CausalLM:
     with torch.device("meta"):
         model = causal_lm(cfg, max_positions, tp)
     # The dtype set on the meta device: memory is allocated once, in it (a conversion on the device
     # would leave the first copy in torch's cache, where the KV sizing cannot see it as free).
     model = model.to(cfg.dtype)
     layout, local = model.layout, model.local_config
-    files = safetensor_files(path)
 
     def place(name: str) -> tuple[str, int, int | None]:
         return merged_target(name, local) or (name, 0, None)
@@ -135,7 +141,7 @@ def load_model(
     def place_moe(name: str) -> Placement | None:
         return moe_placement(name, cfg, layout)
 
-    fp8 = plan(model, files, cfg, place, place_moe)  # FP8 projections become Fp8Linear (still on meta)
+    fp8 = plan(model, weights.headers(), cfg, place, place_moe)  # FP8 projections: Fp8Linear (on meta)
     model.to_empty(device=device)
     params = dict(model.named_parameters())
     unfilled = _still_to_fill(params, layout.vocab_end(cfg) - layout.vocab_start)
@@ -146,33 +152,21 @@ def load_model(
             fp8, params, unfilled, place, lambda n: checkpoint_slice(n, cfg, layout), read_part, place_moe
         )
     )
-    reads = ParallelReads()  # tensors taken whole: read from the files straight into their parameters
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+    # Tensors taken whole: read from the files straight into their parameters (CPU ones mapped
+    # where the files may outlive the load), one file at a time (a streamed one is then released).
+    reads = ParallelReads(params if weights.mappable else None)
+    for shard in weights.shards():
+        with safe_open(str(shard.path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
-                if loading is not None and loading.load(f, name):
-                    continue
-                # an MoE expert's (or Mixtral's router), or a hybrid's linear-attention tensor
-                placed = place_moe(name) or linear_placement(name, cfg, layout)
-                if placed is not None:
-                    tensor = placed.read(name, f.get_slice(name))
-                    _fill(name, tensor, placed.param, placed.index, params, unfilled, file.name)
-                    continue
-                target_name, start, rows = place(name)
-                if target_name not in params:
-                    if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                        continue  # some checkpoints store the tied head too
-                    if name.endswith("rotary_emb.inv_freq"):
-                        continue
-                    raise ValueError(f"unexpected tensor {name!r} in {file.name}")
-                part = checkpoint_slice(name, cfg, layout)
-                if rows is None and part is not None and part[0] == 0:
-                    rows = part[2] - part[1]  # a vocabulary slice: the last rank's is short
-                index = () if rows is None else (slice(start, start + rows),)
-                claim = partial(fill, params, unfilled, target_name, index, name=name, copy=False)
-                if part is not None or not reads.queue(file, name, claim):  # else: read with the others
-                    _fill(name, read_part(f, name, part), target_name, index, params, unfilled, file.name)
-    reads.run()
+                if loading is None or not loading.load(f, name):
+                    _load_tensor(f, name, shard, cfg, layout, place, params, unfilled, reads)
+        reads.run()
+        reads.forget_files()
+    if reads.mapped_bytes:
+        log.info(
+            "weights: %.1f MiB mapped from the checkpoint's files (read at first use)",
+            reads.mapped_bytes / 2**20,
+        )
     missing = sorted({missing_tensor(name, rows, cfg.arch) for name, rows in unfilled.items() if rows.any()})
     if missing:
         raise ValueError(f"checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -180,6 +174,40 @@ def load_model(
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()  # what loading left in torch's cache is free memory for the KV pool
     return model.eval()
+
+
+def _load_tensor(
+    f: Any,
+    name: str,
+    shard: Shard,
+    cfg: ModelConfig,
+    layout: ShardLayout,
+    place: Callable[[str], tuple[str, int, int | None]],
+    params: dict[str, torch.nn.Parameter],
+    unfilled: dict[str, torch.Tensor],
+    reads: ParallelReads,
+) -> None:
+    """Checkpoint tensor ``name`` of open file ``f`` into its place: filled now, or queued on ``reads``."""
+    # an MoE expert's (or Mixtral's router), or a hybrid's linear-attention tensor
+    placed = moe_placement(name, cfg, layout) or linear_placement(name, cfg, layout)
+    if placed is not None:
+        tensor = placed.read(name, f.get_slice(name))
+        _fill(name, tensor, placed.param, placed.index, params, unfilled, shard.name)
+        return
+    target_name, start, rows = place(name)
+    if target_name not in params:
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            return  # some checkpoints store the tied head too
+        if name.endswith("rotary_emb.inv_freq"):
+            return
+        raise ValueError(f"unexpected tensor {name!r} in {shard.name}")
+    part = checkpoint_slice(name, cfg, layout)
+    if rows is None and part is not None and part[0] == 0:
+        rows = part[2] - part[1]  # a vocabulary slice: the last rank's is short
+    index = () if rows is None else (slice(start, start + rows),)
+    claim = partial(fill, params, unfilled, target_name, index, name=name, copy=False)
+    if part is not None or not reads.queue(shard.path, name, claim):  # else: read with the others
+        _fill(name, read_part(f, name, part), target_name, index, params, unfilled, shard.name)
 
 
 def _still_to_fill(params: dict[str, torch.nn.Parameter], vocab_rows: int) -> dict[str, torch.Tensor]:
@@ -244,17 +272,29 @@ def read_header(file: Path) -> dict[str, StoredTensor]:
     return out
 
 
+_Job = tuple[Path, StoredTensor, torch.Tensor]  # (file, where the tensor lies in it, its place)
+
+
 class ParallelReads:
     """Reads queued tensors from their files into their targets on ``READ_THREADS`` threads: into a
     CPU parameter directly, into a device parameter through a pinned buffer per thread (reused, so
     its pages are faulted in once, and host memory stays bounded). A tensor stored in another dtype
     than its parameter's is read at once, into a buffer converted into its place: one such buffer at
-    a time, as safetensors' own path held."""
+    a time, as safetensors' own path held.
 
-    def __init__(self) -> None:
-        self._jobs: list[tuple[Path, StoredTensor, torch.Tensor]] = []
+    A CPU parameter of ``params`` whose every byte is queued from one run of one file, in order (a
+    tensor taken whole; gate and up stored side by side, as checkpoints sort them, for the merged
+    ``gate_up_proj``), is not read at all: it becomes a private (copy-on-write) mapping of the file,
+    the page cache's own pages. Filling new memory is what bounds a CPU loader (docs/reliability.md,
+    cold start); the mapping costs a minor fault per few pages when the weights are first used."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor] | None = None) -> None:
+        self._jobs: list[_Job] = []
         self._staging = threading.local()
         self._headers: dict[Path, dict[str, StoredTensor]] = {}
+        self._params = params or {}
+        self._mappings: dict[Path, torch.Tensor] = {}
+        self.mapped_bytes = 0  # parameters that are file mappings (read when first used)
 
     def add(self, file: Path, stored: StoredTensor, target: torch.Tensor) -> None:
         if target.dtype == stored.dtype and target.is_contiguous():
@@ -281,6 +321,7 @@ class ParallelReads:
         return True
 
     def run(self) -> None:
+        self._map_whole_parameters()
         if not self._jobs:
             return
         files = sorted({file for file, _, _ in self._jobs})
@@ -298,6 +339,44 @@ class ParallelReads:
                 os.close(fd)
         self._jobs.clear()
 
+    def forget_files(self) -> None:
+        """Drop what is known of the files read so far (a streamed shard's /proc/self/fd path may
+        name the next shard once its descriptor is reused); mappings live on in their parameters."""
+        self._headers.clear()
+        self._mappings.clear()
+
+    def _map_whole_parameters(self) -> None:
+        """Every CPU parameter that one in-order run of one file fills becomes a mapping of it."""
+        by_storage: dict[int, list[_Job]] = {}
+        for job in self._jobs:
+            if job[2].device.type == "cpu":
+                by_storage.setdefault(job[2].untyped_storage().data_ptr(), []).append(job)
+        mapped: set[int] = set()
+        for param in self._params.values():
+            if param.device.type != "cpu" or not param.is_contiguous() or not param.numel():
+                continue
+            jobs = by_storage.get(param.untyped_storage().data_ptr(), [])
+            at = _file_run(param, jobs)
+            if at is None:
+                continue
+            file, offset = at
+            with torch.no_grad():
+                raw = self._mapping(file)[offset : offset + param.nbytes]
+                param.data = raw.view(param.dtype).view(param.shape)
+            mapped.update(id(job) for job in jobs)
+            self.mapped_bytes += param.nbytes
+        self._jobs = [job for job in self._jobs if id(job) not in mapped]
+
+    def _mapping(self, file: Path) -> torch.Tensor:
+        """``file``'s bytes, mapped private: writes (none expected) would copy a page, never reach
+        the file. Read-ahead is asked for at once, so a cold page cache fills while the rest loads."""
+        if file not in self._mappings:
+            with open(file, "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            m.madvise(mmap.MADV_WILLNEED)
+            self._mappings[file] = torch.frombuffer(m, dtype=torch.uint8)  # keeps the mapping alive
+        return self._mappings[file]
+
     def _read_chunk(self, chunk: tuple[int, int, torch.Tensor]) -> None:
         fd, offset, dest = chunk
         if dest.device.type == "cpu":
@@ -309,6 +388,27 @@ class ParallelReads:
         part = staging[: dest.numel()]
         _pread_fully(fd, _bytes(part), offset)
         dest.copy_(part)  # synchronous: the buffer is this thread's next chunk's
+
+
+def _file_run(param: torch.Tensor, jobs: list[_Job]) -> tuple[Path, int] | None:
+    """(file, offset) of the bytes that ``jobs`` fill ``param`` with, when they are all of its bytes,
+    one run of one file in the parameter's order, aligned for its dtype and inside the file (a
+    mapping past a truncated file's end would fault at first use, not fail here)."""
+    if not jobs or len({job[0] for job in jobs}) != 1:
+        return None
+    size = param.element_size()
+    base = param.storage_offset()
+    ordered = sorted(jobs, key=lambda job: job[2].storage_offset())
+    file, first, _ = ordered[0]
+    offset = first.offset - (ordered[0][2].storage_offset() - base) * size
+    for _, stored, target in ordered:
+        if stored.offset != offset + (target.storage_offset() - base) * size:
+            return None
+    if sum(stored.nbytes for _, stored, _ in jobs) != param.nbytes or offset % size:
+        return None
+    if offset < 0 or offset + param.nbytes > file.stat().st_size:
+        return None
+    return file, int(offset)
 
 
 def _bytes(t: torch.Tensor) -> memoryview:

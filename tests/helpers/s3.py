@@ -1,0 +1,130 @@
+"""A real S3 server for tests: moto in server mode (real HTTP on a free loopback port, a child
+process stopped by its pid), its credentials, and uploading a model folder to it."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from radixserve.common.model_source import tree_files
+from radixserve.common.ports import free_port
+
+BUCKET = "models"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """The server's URL while it runs."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto server did not start on {url}") from None
+            time.sleep(0.1)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def client_credentials() -> dict[str, str]:
+    return {
+        "aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        "region_name": CREDENTIALS["AWS_REGION"],
+    }
+
+
+def s3_client(endpoint: str) -> Any:
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, **client_credentials())
+
+
+def upload(client: Any, folder: Path, prefix: str, bucket: str = BUCKET) -> None:
+    for rel in tree_files(folder):
+        client.upload_file(str(folder / rel), bucket, f"{prefix}/{rel}")
+
+
+class CuttingProxy:
+    """A TCP proxy to ``target`` (host, port) that breaks connections mid-answer: a connection that
+    has carried ``cut_after`` bytes back to the client is reset, ``cuts`` times in all (then it
+    relays faithfully). What a load balancer restarting or a flaky network does to a long GET."""
+
+    def __init__(self, target: tuple[str, int], cut_after: int, cuts: int) -> None:
+        import socket
+        import threading
+
+        self.target, self.cut_after, self.cuts = target, cut_after, cuts
+        self.cut = 0  # connections broken so far
+        self._lock = threading.Lock()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: Any) -> None:
+        import socket
+        import threading
+
+        upstream = socket.create_connection(self.target)
+
+        def forward() -> None:
+            with contextlib.suppress(OSError):
+                while data := client.recv(1 << 16):
+                    upstream.sendall(data)
+            with contextlib.suppress(OSError):
+                upstream.shutdown(socket.SHUT_WR)
+
+        threading.Thread(target=forward, daemon=True).start()
+        carried = 0
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(1 << 16):
+                with self._lock:
+                    cut = self.cut < self.cuts and carried + len(data) > self.cut_after
+                    self.cut += cut
+                if cut:
+                    client.sendall(data[: self.cut_after - carried])
+                    client.shutdown(
+                        socket.SHUT_RDWR
+                    )  # closed mid-answer (close alone waits for forward's recv)
+                    break
+                client.sendall(data)
+                carried += len(data)
+        client.close()
+        upstream.close()
