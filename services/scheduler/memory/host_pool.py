@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from radixserve.scheduler.memory.disk_tier import DiskTier
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.tiered_cache import KVTransfers
 
@@ -47,12 +48,14 @@ class HostKVPool:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         # CUDA: a write-back whose transfer is queued: (its done event, the pinned buffer, host slots)
         self._landing: tuple[torch.cuda.Event, torch.Tensor, torch.Tensor] | None = None
+        self.disk: DiskTier | None = None  # the disk tier under this pool (the engine attaches it)
 
     def run(self, pool: KVPool, t: KVTransfers) -> None:
         """The step's copies: ``t.store_src`` device slots to ``t.store_dst`` host slots, then
         ``t.load_src`` host slots to ``t.load_dst`` device slots."""
         dev = [*pool.k, *pool.v]
         if not self.cuda:
+            self._disk_step(t)
             if len(t.store_src):
                 src, dst = _index(t.store_src), _index(t.store_dst)
                 for h, d in zip(self.tensors, dev, strict=True):
@@ -63,6 +66,7 @@ class HostKVPool:
                     d.index_copy_(0, dst, h.index_select(0, src))
             return
         self._land()  # the last step's write-back, before anything reads or rewrites those pages
+        self._disk_step(t)
         assert self.stream is not None
         main = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(main)
@@ -92,6 +96,13 @@ class HostKVPool:
             done = torch.cuda.Event()
             done.record(self.stream)
         main.wait_event(done)
+
+    def _disk_step(self, t: KVTransfers) -> None:
+        """The disk tier's captures (host pages about to be reused) and fills (pages loads may read)
+        for this step, before its write-backs and loads (memory/disk_tier.py)."""
+        if len(t.disk_seq):
+            assert self.disk is not None, "disk-tier copies without a disk tier"
+            self.disk.run_step(int(t.disk_seq[0]), self.tensors)
 
     def _land(self) -> None:
         """Scatter a queued write-back into the host pool (waits for its transfer)."""
