@@ -1,0 +1,142 @@
+"""The disk KV tier (docs/architecture.md, "KV tiers") under the scheduler: blocks the host tier drops
+are written to files and read back when a prompt hits them, with the same outputs; a restarted
+scheduler, or another one on the same directory, serves them; a bad file is a counted miss and the
+request computes those tokens; a disk that cannot hold a block turns the tier off with one warning.
+
+The model-free echo runner (tests/helpers/scheduler.py) checks every request's KV at every step: its
+fake host pool is what the disk tier captures and fills, so a block read back into the wrong pages,
+or a file served for the wrong tokens, fails there.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.scheduler.memory.disk_store import BlockLayout, DiskStore
+from radixserve.scheduler.memory.disk_tier import DiskTier
+from tests.helpers.scheduler import make_req, reference_output, run_to_completion, sched
+
+BLOCK = 8  # two pages of 4
+PREFIX = 48
+
+
+def _tier(path: Path, capacity: int = 1 << 20) -> DiskTier:
+    layout = BlockLayout((1, BLOCK, 1, 1), torch.int64)  # the echo runner's KV: a token id per slot
+    return DiskTier(DiskStore(path, capacity, layout, root_hash=1234), BLOCK)
+
+
+def _scheduler(disk: DiskTier | None, host: int = 64, **kw):
+    return sched(total=160, page=4, host=host, disk=disk, min_new_token_ratio=0.0, **kw)
+
+
+def _round(s, turn: int, convs: range = range(6), check: bool = True) -> dict[str, int]:
+    """One turn of conversations ``convs`` (each its own 48-token prefix); outputs by request."""
+    for c in convs:
+        prefix = [1000 + 100 * c + i for i in range(PREFIX)]
+        s.add(make_req(f"c{c}t{turn}", [*prefix, 7 + turn, 9 + c], max_new=12, t=float(10 * turn + c)))
+    out = {}
+    for r in run_to_completion(s, check=check):  # the invariant on every tier, and every request's KV, every step
+        assert r.output_ids == reference_output(r.origin_ids.tolist(), 12), r.rid
+        out[r.rid] = r.num_cached_tokens
+    return out
+
+
+def _done(s) -> None:
+    s.kv.check(())
+    assert s.kv.available() == s.kv.capacity and s.kv.host.free_tokens + s.kv.cache.host_size == s.kv.host.capacity_tokens
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(chunked_prefill_size=None, init_new_token_ratio=0.7),
+        dict(chunked_prefill_size=8, init_new_token_ratio=0.0),  # chunks, and retractions
+        dict(chunked_prefill_size=8, init_new_token_ratio=0.0, write_through=True),
+    ],
+    ids=["whole", "chunked-retracting", "write-through"],
+)
+def test_disk_tier_serves_what_the_host_tier_dropped_with_the_same_outputs(tmp_path, kw):
+    host_only = _scheduler(None, **kw)
+    for turn in range(2):
+        _round(host_only, turn)
+    tier = _tier(tmp_path)
+    s = _scheduler(tier, **kw)
+    _round(s, 0)
+    hits = _round(s, 1)
+    _done(s)
+    assert tier.written_tokens > 0 and tier.read_tokens > 0 and not tier.misses
+    assert sum(hits.values()) >= 4 * PREFIX - 4 * BLOCK  # most second turns hit their prefix
+    assert s.prefill_tokens < host_only.prefill_tokens
+    tier.close()
+
+
+def test_a_restarted_scheduler_and_one_sharing_the_directory_serve_its_blocks(tmp_path):
+    first = _tier(tmp_path)
+    other = _tier(tmp_path)  # opened before anything was written: finds the blocks by a stat
+    s = _scheduler(first)
+    _round(s, 0)
+    first.flush()
+    first.close()
+    restarted = _tier(tmp_path)
+    assert restarted.store.dir_id == first.store.dir_id == other.store.dir_id
+    assert len(restarted.store.hashes()) >= 6 * (PREFIX // BLOCK) // 2  # the scan found them
+    for tier in (restarted, other):
+        s2 = _scheduler(tier)
+        hits = _round(s2, 1, convs=range(3))
+        assert min(hits.values()) >= PREFIX - BLOCK, hits  # served from disk on the first requests
+        assert tier.read_tokens > 0
+        _done(s2)
+        tier.close()
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "truncated", "foreign", "missing"])
+def test_a_bad_file_is_a_counted_miss_deleted_and_the_request_computes_it(tmp_path, fault):
+    tier = _tier(tmp_path)
+    s = _scheduler(tier)
+    _round(s, 0)
+    tier.flush()
+    files = sorted(tmp_path.glob("*.kv"))
+    assert files
+    bad = {}
+    for f in files:
+        raw = bytearray(f.read_bytes())
+        if fault == "corrupt":
+            raw[-3] ^= 0xFF  # a flipped KV byte
+        elif fault == "truncated":
+            raw = raw[: len(raw) - 5]
+        elif fault == "foreign":
+            raw[6] ^= 0x01  # another model's root hash
+        if fault == "missing":
+            f.unlink()  # gone, as another scheduler's eviction would leave it
+        else:
+            f.write_bytes(bytes(raw))
+            bad[f] = bytes(raw)
+    s2 = _scheduler(tier)  # a fresh tree: every hit would come from the (bad) files
+    # (files deleted behind the index's back fail its check until read: "missing" runs unchecked)
+    hits = _round(s2, 1, check=fault != "missing")  # outputs checked: a bad block never served
+    assert tier.misses[fault] >= 3 and sum(tier.misses.values()) == tier.misses[fault]
+    assert tier.read_tokens == 0 and sum(hits.values()) == 0
+    tier.flush()
+    kept = [f for f, raw in bad.items() if f.exists() and f.read_bytes() == raw]
+    assert len(kept) <= max(0, len(bad) - tier.misses[fault]), "a bad file read was kept"  # unread ones stay
+    if fault != "missing":
+        _done(s2)
+    tier.close()
+
+
+def test_a_disk_that_cannot_hold_a_block_turns_the_tier_off_with_one_warning(tmp_path, caplog):
+    tier = _tier(tmp_path, capacity=64)  # smaller than one block's file
+    s = _scheduler(tier)
+    with caplog.at_level(logging.WARNING):
+        for turn in range(2):
+            _round(s, turn)
+        tier.flush()
+    warned = [r for r in caplog.records if "disk KV tier off" in r.getMessage()]
+    assert tier.off and len(warned) == 1
+    assert not list(tmp_path.glob("*.kv"))
+    _done(s)
+    tier.close()
