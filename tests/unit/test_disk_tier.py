@@ -18,7 +18,7 @@ import torch
 
 from radixserve.scheduler.memory.disk_store import BlockLayout, DiskStore
 from radixserve.scheduler.memory.disk_tier import DiskTier
-from tests.helpers.scheduler import make_req, reference_output, run_to_completion, sched
+from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
 
 BLOCK = 8  # two pages of 4
 PREFIX = 48
@@ -39,7 +39,7 @@ def _round(s, turn: int, convs: range = range(6), check: bool = True) -> dict[st
         prefix = [1000 + 100 * c + i for i in range(PREFIX)]
         s.add(make_req(f"c{c}t{turn}", [*prefix, 7 + turn, 9 + c], max_new=12, t=float(10 * turn + c)))
     out = {}
-    for r in run_to_completion(s, check=check):  # the invariant on every tier, and every request's KV, every step
+    for r in run_to_completion(s, check=check):  # the invariant on every tier and every KV, every step
         assert r.output_ids == reference_output(r.origin_ids.tolist(), 12), r.rid
         out[r.rid] = r.num_cached_tokens
     return out
@@ -47,7 +47,8 @@ def _round(s, turn: int, convs: range = range(6), check: bool = True) -> dict[st
 
 def _done(s) -> None:
     s.kv.check(())
-    assert s.kv.available() == s.kv.capacity and s.kv.host.free_tokens + s.kv.cache.host_size == s.kv.host.capacity_tokens
+    assert s.kv.available() == s.kv.capacity  # every device page free or evictable after the load
+    assert s.kv.host.free_tokens + s.kv.cache.host_size == s.kv.host.capacity_tokens
 
 
 @pytest.mark.parametrize(
@@ -139,4 +140,32 @@ def test_a_disk_that_cannot_hold_a_block_turns_the_tier_off_with_one_warning(tmp
     assert tier.off and len(warned) == 1
     assert not list(tmp_path.glob("*.kv"))
     _done(s)
+    tier.close()
+
+
+def test_a_request_waits_for_its_disk_read_while_the_others_run(tmp_path):
+    import threading
+
+    tier = _tier(tmp_path)
+    s = _scheduler(tier)
+    _round(s, 0)  # the first conversations' prefixes go to disk
+    tier.flush()
+    s2 = _scheduler(tier)
+    held = threading.Event()
+    tier._reader.submit(held.wait)  # the reader is busy: the read below stays in flight
+    on_disk = make_req("disk", [*[1000 + i for i in range(PREFIX)], 8, 9], max_new=4)
+    fresh = make_req("fresh", [1, 2, 3, 4, 5, 6], max_new=4)
+    s2.add(on_disk)
+    s2.add(fresh)
+    batch = s2.schedule()
+    assert batch is not None and [r.rid for r in batch.reqs] == ["fresh"]  # it did not wait
+    assert tier.reading and on_disk in s2.waiting
+    done = s2.process(batch, runner_for(s2).forward(batch))
+    held.set()
+    tier.flush()
+    done += run_to_completion(s2)
+    assert {r.rid for r in done} == {"disk", "fresh"}
+    assert on_disk.num_cached_tokens >= PREFIX - BLOCK  # loaded from disk, not computed
+    assert on_disk.output_ids == reference_output(on_disk.origin_ids.tolist(), 4)
+    _done(s2)
     tier.close()
