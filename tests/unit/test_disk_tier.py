@@ -169,3 +169,27 @@ def test_a_request_waits_for_its_disk_read_while_the_others_run(tmp_path):
     assert on_disk.output_ids == reference_output(on_disk.origin_ids.tolist(), 4)
     _done(s2)
     tier.close()
+
+
+def test_the_metrics_report_the_disk_tier(tmp_path):
+    from types import SimpleNamespace
+
+    from radixserve.scheduler.metrics import _EngineCollector, _Families
+
+    tier = _tier(tmp_path)
+    s = _scheduler(tier)
+    _round(s, 0)
+    tier.flush()
+    for f in tmp_path.glob("*.kv"):
+        f.write_bytes(b"RSKV")  # truncated
+    s2 = _scheduler(tier)
+    _round(s2, 1)
+    families = _Families("m")
+    _EngineCollector(SimpleNamespace(worker=SimpleNamespace(scheduler=s2)), "m")._disk(families)
+    values = {m.name: {sm.labels.get("cause"): sm.value for sm in m.samples} for m in families.out}
+    assert values["radixserve_kv_disk_used_bytes"][None] == tier.store.used_bytes > 0
+    assert values["radixserve_kv_disk_written_tokens"][None] == tier.written_tokens > 0
+    assert values["radixserve_kv_disk_off"][None] == 0
+    misses = values["radixserve_kv_disk_misses"]
+    assert misses["truncated"] == tier.misses["truncated"] >= 1
+    assert misses["corrupt"] == misses["foreign"] == misses["missing"] == 0    tier.close()
