@@ -192,4 +192,5 @@ def test_the_metrics_report_the_disk_tier(tmp_path):
     assert values["radixserve_kv_disk_off"][None] == 0
     misses = values["radixserve_kv_disk_misses"]
     assert misses["truncated"] == tier.misses["truncated"] >= 1
-    assert misses["corrupt"] == misses["foreign"] == misses["missing"] == 0    tier.close()
+    assert misses["corrupt"] == misses["foreign"] == misses["missing"] == 0
+    tier.close()
