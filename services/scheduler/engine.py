@@ -35,6 +35,7 @@ from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.event_loop import EventLoop, Step
 from radixserve.scheduler.memory.allocator import kv_capacity
+from radixserve.scheduler.memory.disk_cache import DiskTieredCache
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.memory.state_pool import plan_state_memory
 from radixserve.scheduler.memory.tier_setup import disk_tier, host_tokens
@@ -353,6 +354,8 @@ class Engine:
         # serving starts from an empty cache (block events need it), on every tier
         cache.evict(cache.evictable_size, write_back=False)
         cache.evict_host(cache.host_size)
+        if isinstance(cache, DiskTieredCache):
+            cache.forget_captures()  # warm-up prompts are not worth a file
         if self.profile.device.type == "cuda":
             torch.cuda.synchronize(self.profile.device)
         self.startup["warmup"] = time.perf_counter() - t1 - self.startup["kernel_compilation"]

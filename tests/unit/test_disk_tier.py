@@ -86,7 +86,7 @@ def test_a_restarted_scheduler_and_one_sharing_the_directory_serve_its_blocks(tm
     assert restarted.store.dir_id == first.store.dir_id == other.store.dir_id
     assert len(restarted.store.hashes()) >= 6 * (PREFIX // BLOCK) // 2  # the scan found them
     for tier in (restarted, other):
-        s2 = _scheduler(tier)
+        s2 = _scheduler(tier, host=128)  # room to read a whole prefix (half the host tier)
         hits = _round(s2, 1, convs=range(3))
         assert min(hits.values()) >= PREFIX - BLOCK, hits  # served from disk on the first requests
         assert tier.read_tokens > 0
@@ -150,7 +150,7 @@ def test_a_request_waits_for_its_disk_read_while_the_others_run(tmp_path):
     s = _scheduler(tier)
     _round(s, 0)  # the first conversations' prefixes go to disk
     tier.flush()
-    s2 = _scheduler(tier)
+    s2 = _scheduler(tier, host=128)
     held = threading.Event()
     tier._reader.submit(held.wait)  # the reader is busy: the read below stays in flight
     on_disk = make_req("disk", [*[1000 + i for i in range(PREFIX)], 8, 9], max_new=4)

@@ -115,9 +115,11 @@ class DiskTieredCache(TieredRadixCache):
             return m
         node = m.host_node or m.node
         prev = self._block_hash_ending_at(node, k * bs) if k else self._root_block_hash
-        room = max(1, self.host.capacity_tokens // 2 // bs)  # a read must fit in the host tier
+        # A request waits for reads only while its host part and its reads fit in half the host tier:
+        # a prefix the host cannot hold at once would evict its own first blocks before its load.
+        room = (self.host.capacity_tokens // 2 - m.host_len) // bs
         hashes: list[int] = []
-        for b in range(k, min(len(ids) // bs, k + room)):
+        for b in range(k, min(len(ids) // bs, k + max(room, 0))):
             h = chain(prev, ids[b * bs : (b + 1) * bs], bs)[0]
             if h in self.disk.reading:
                 return m._replace(disk_len=(b + 1) * bs - start)  # wait for the read in flight
@@ -128,6 +130,10 @@ class DiskTieredCache(TieredRadixCache):
         if not hashes:
             return m
         end = (k + len(hashes)) * bs
+        if self.disk.reading and (len(self.disk.reading) + len(hashes)) * bs > self.host.capacity_tokens // 2:
+            # Reads in flight fill half the host tier already: more would evict each other there
+            # before their requests load them. This one waits for them, and reads after.
+            return m._replace(disk_len=end - start)
         self.disk.submit_read(ReadJob(ids[:end].copy(), start, hashes))
         return m._replace(disk_len=end - start)
 
@@ -184,8 +190,9 @@ class DiskTieredCache(TieredRadixCache):
         base = t if t is not None else KVTransfers(_EMPTY_SLOTS, _EMPTY_SLOTS, _EMPTY_SLOTS, _EMPTY_SLOTS)
         return base._replace(disk_seq=np.array([seq], dtype=np.int64))
 
-    def queued_fills(self) -> list[Fill]:
-        return self._fills
+    def forget_captures(self) -> None:
+        """Drop the blocks queued for the disk (what the engine's warm-up left)."""
+        self._captures = []
 
     def check_disk(self) -> None:
         """Queued fills write only pages of the nodes they were queued for; the disk's bound holds."""
