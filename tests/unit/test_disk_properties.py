@@ -46,6 +46,10 @@ class DiskCacheMachine(TieredCacheMachine):
         self.host = self.host_tensor.numpy().reshape(-1)
         self.locked: list = []
 
+    def _load(self, seq):
+        self.kv.cache.read_disk(seq)  # what is on disk past the tree's match: a read, taken next step
+        return super()._load(seq)
+
     def _copies(self):
         self.tier.flush()  # the reads the last matches submitted ...
         self.kv.poll()  # ... become host-only nodes, their fills queued

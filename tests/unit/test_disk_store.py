@@ -28,6 +28,7 @@ def test_a_block_reads_back_byte_exact(tmp_path, dtype):
     store = DiskStore(tmp_path, 1 << 20, layout, root_hash=7)
     kv = _kv(1, layout)
     assert store.write(0xABC, _tokens(5), kv) == []
+    assert store.write(0xABC, _tokens(5), kv) is None  # there already
     got = store.read(0xABC, _tokens(5))
     assert isinstance(got, torch.Tensor) and got.dtype == dtype
     assert torch.equal(got.view(torch.uint8), kv.view(torch.uint8))

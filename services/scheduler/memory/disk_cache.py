@@ -86,56 +86,71 @@ class DiskTieredCache(TieredRadixCache):
         if self.disk.off or leaf in self.storing or leaf in self.filling or not leaf.blocks:
             return
         first = leaf.depth // bs + 1  # the block number (1-based) of leaf.blocks[0]
-        written, rest, slots = [], [], []
+        written, written_already, rest, slots = [], [], [], []
         for i, h in enumerate(leaf.blocks):
             start = (first + i - 1) * bs - leaf.depth  # in the leaf
-            if start < 0:
-                rest.append(h)  # it began in the parent
+            if start < 0 or self.disk.store.indexed(h):
+                (written_already if start >= 0 else rest).append(h)  # on disk already; began in the parent
                 continue
             written.append((h, leaf.key[start : start + bs]))
             slots.append(leaf.host_value[start : start + bs])
-        if not written:
-            return
-        self._captures.append((np.concatenate(slots), written))
-        leaf.blocks = [h for h, _ in written]
+        if written:
+            self._captures.append((np.concatenate(slots), written))
+        leaf.blocks = [h for h, _ in written] + written_already
         self._blocks_event("stored_disk", leaf)
         leaf.blocks = rest  # the base records them removed
 
     # ----------------------------------------------------------- matching
     def match_prefix(self, tokens: npt.NDArray[np.integer]) -> MatchResult:
         """The tree's match; with blocks after it on disk, ``disk_len`` says how many tokens a read
-        (submitted now, or earlier) brings: the request waits for it."""
+        (``read_disk``, or one in flight) brings: the request waits for it."""
         m = super().match_prefix(tokens)
         if self.disk.off:
             return m
+        n, _ = self._disk_part(m, np.asarray(tokens, dtype=np.int32))
+        return m._replace(disk_len=n) if n else m
+
+    def read_disk(self, tokens: npt.NDArray[np.integer]) -> None:
+        """Start reading the blocks past the tree's match of ``tokens`` (the scheduler calls it for a
+        request it would admit: reading for the whole queue would evict the reads from the host
+        before their requests come). Reads in flight are held to half the host tier."""
         ids = np.asarray(tokens, dtype=np.int32)
+        _, job = self._disk_part(super().match_prefix(ids), ids)
+        if job is None or self.disk.off:
+            return
+        if self.disk.reading and (len(self.disk.reading) + len(job.hashes)) * self.block_size > self.room:
+            return  # it waits for the reads in flight, and reads after
+        self.disk.submit_read(job)
+
+    @property
+    def room(self) -> int:
+        """Tokens a request may wait to read (its host part included), and all reads in flight: half
+        the host tier (a prefix the host cannot hold at once would evict its first blocks before its
+        load)."""
+        return self.host.capacity_tokens // 2
+
+    def _disk_part(self, m: MatchResult, ids: npt.NDArray[np.int32]) -> tuple[int, ReadJob | None]:
+        """Tokens after ``m`` on disk, and the read that brings them (None: in flight already)."""
         bs, start = self.block_size, m.length
         k = start // bs  # the block that holds the first token past the match
         if k >= len(ids) // bs:
-            return m
+            return 0, None
         node = m.host_node or m.node
         prev = self._block_hash_ending_at(node, k * bs) if k else self._root_block_hash
-        # A request waits for reads only while its host part and its reads fit in half the host tier:
-        # a prefix the host cannot hold at once would evict its own first blocks before its load.
-        room = (self.host.capacity_tokens // 2 - m.host_len) // bs
+        room = (self.room - m.host_len) // bs
         hashes: list[int] = []
         for b in range(k, min(len(ids) // bs, k + max(room, 0))):
             h = chain(prev, ids[b * bs : (b + 1) * bs], bs)[0]
             if h in self.disk.reading:
-                return m._replace(disk_len=(b + 1) * bs - start)  # wait for the read in flight
+                return (b + 1) * bs - start, None  # wait for the read in flight
             if h in self._skip or not self.disk.store.has(h):
                 break
             hashes.append(h)
             prev = h
         if not hashes:
-            return m
+            return 0, None
         end = (k + len(hashes)) * bs
-        if self.disk.reading and (len(self.disk.reading) + len(hashes)) * bs > self.host.capacity_tokens // 2:
-            # Reads in flight fill half the host tier already: more would evict each other there
-            # before their requests load them. This one waits for them, and reads after.
-            return m._replace(disk_len=end - start)
-        self.disk.submit_read(ReadJob(ids[:end].copy(), start, hashes))
-        return m._replace(disk_len=end - start)
+        return end - start, ReadJob(ids[:end].copy(), start, hashes)
 
     def poll(self) -> None:
         """Take the finished reads into the tree (host-only nodes, their fills queued)."""

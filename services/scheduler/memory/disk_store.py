@@ -132,13 +132,18 @@ class DiskStore:
             self._absent.pop(block_hash, None)
         return True
 
+    def indexed(self, block_hash: int) -> bool:
+        """In the index (no stat): a block this store wrote, read or found."""
+        with self._lock:
+            return block_hash in self._index
+
     def hashes(self) -> list[int]:
         with self._lock:
             return list(self._index)
 
     # ------------------------------------------------------------------ write
-    def write(self, block_hash: int, tokens: npt.NDArray[np.integer], kv: torch.Tensor) -> list[int]:
-        """Store one block (no-op if present); returns the hashes of the files evicted to make room.
+    def write(self, block_hash: int, tokens: npt.NDArray[np.integer], kv: torch.Tensor) -> list[int] | None:
+        """Store one block; returns the hashes of the files evicted to make room (None: it was there).
         Raises DiskFullError when one file exceeds the bound, OSError when the disk refuses."""
         ids = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
         data = kv.contiguous().view(torch.uint8).numpy().tobytes()
@@ -150,7 +155,7 @@ class DiskStore:
         with self._lock:
             if block_hash in self._index:
                 self._index.move_to_end(block_hash)
-                return []
+                return None
             evicted = self._evict_to(self.capacity_bytes - size)
         tmp = self.path / f".tmp-{uuid.uuid4().hex}"
         try:

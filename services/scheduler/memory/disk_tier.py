@@ -142,6 +142,8 @@ class DiskTier:
                 if self.off:
                     return
                 evicted = self.store.write(h, tokens, kv[:, i * bs : (i + 1) * bs])
+                if evicted is None:
+                    continue  # on disk already (written by another scheduler since the capture)
                 with self._lock:
                     self._removed.extend(evicted)
                 self.written_tokens += bs

@@ -233,6 +233,12 @@ class KVCacheManager:
             r.alloc_len += 1
         return slots
 
+    def read_disk(self, req: Req) -> None:
+        """Start reading the part of ``req``'s prefix that is on disk (``MatchResult.disk_len``)."""
+        if isinstance(self.cache, DiskTieredCache):
+            ids = req.fill_ids()
+            self.cache.read_disk(ids[: 0 if req.scores_prompt else len(ids) - 1])
+
     def poll(self) -> None:
         """Take what the disk tier's reader finished into the cache (each step, before matching)."""
         if isinstance(self.cache, DiskTieredCache):

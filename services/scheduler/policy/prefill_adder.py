@@ -150,7 +150,8 @@ class PrefillAdder:
         ):
             return AddResult.BATCH_FULL
         m = self.kv.cached_match(req)
-        if m.disk_len:
+        if m.disk_len:  # its prefix is on disk: read it (the request is admitted once it is here)
+            self.kv.read_disk(req)
             return AddResult.WAITING
         extend = req.seq_len - m.length  # a host-tier part is loaded back, not computed
         n = extend
