@@ -194,3 +194,51 @@ def test_the_metrics_report_the_disk_tier(tmp_path):
     assert misses["truncated"] == tier.misses["truncated"] >= 1
     assert misses["corrupt"] == misses["foreign"] == misses["missing"] == 0
     tier.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pages_round_trip_device_to_host_to_disk_to_host_to_device_byte_exact(tmp_path, dtype):
+    import numpy as np
+
+    from radixserve.scheduler.memory.allocator import PagedAllocator
+    from radixserve.scheduler.memory.disk_tier import ReadJob, StepOps
+    from radixserve.scheduler.memory.host_pool import HostKVPool
+    from radixserve.scheduler.memory.kv_pool import KVPool
+    from radixserve.scheduler.memory.tiered_cache import KVTransfers
+
+    page, layers, heads, dim = 4, 3, 2, 8
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    pool = KVPool(17 * page, layers, heads, dim, dtype, device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for t in (*pool.k, *pool.v):
+        t.copy_(torch.randn(t.shape, generator=gen).to(dtype))
+    before = [t.clone() for t in (*pool.k, *pool.v)]
+    layout = BlockLayout((2 * layers, BLOCK, heads, dim), dtype)
+    tier = DiskTier(DiskStore(tmp_path, 1 << 20, layout, root_hash=5), BLOCK)
+    host = HostKVPool(9 * page, layers, heads, dim, dtype, torch.device(device))
+    host.disk = tier
+    e = np.zeros(0, dtype=np.int64)
+
+    def slots(n: int, pages: list[int]) -> np.ndarray:
+        return PagedAllocator(n, page).pages_to_slots(np.array(pages, dtype=np.int64))
+
+    src, on_host, tokens = slots(16, [3, 7, 8, 15]), slots(8, [6, 1, 2, 5]), np.arange(16, dtype=np.int32)
+    host.run(pool, KVTransfers(src, on_host, e, e))  # device -> host (a write-back) ...
+    blocks = [(0xA, tokens[:BLOCK]), (0xB, tokens[BLOCK:])]
+    seq = tier.seal(StepOps(captures=[(on_host, blocks)]))
+    host.run(pool, KVTransfers(e, e, e, e, np.array([seq])))  # ... host -> disk (the next step) ...
+    tier.flush()
+    for t in host.tensors:
+        t.zero_()
+    tier.submit_read(ReadJob(tokens, 0, [0xA, 0xB]))  # ... disk -> host ...
+    tier.flush()
+    (res,) = tier.take_done()
+    assert res.blocks == 2 and res.kv is not None
+    back_host, back = slots(8, [3, 4, 7, 8]), slots(16, [1, 2, 10, 11])
+    seq = tier.seal(StepOps(fills=[(back_host, res.kv)]))
+    host.run(pool, KVTransfers(e, e, back_host, back, np.array([seq])))  # ... host -> device, one step
+    host.synchronize()
+    for got, want in zip((*pool.k, *pool.v), before, strict=True):
+        assert torch.equal(got[torch.as_tensor(back, device=device)].cpu().view(torch.uint8),
+                           want[torch.as_tensor(src, device=device)].cpu().view(torch.uint8))  # fmt: skip
+    tier.close()
