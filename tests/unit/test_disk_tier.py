@@ -242,3 +242,23 @@ def test_pages_round_trip_device_to_host_to_disk_to_host_to_device_byte_exact(tm
         assert torch.equal(got[torch.as_tensor(back, device=device)].cpu().view(torch.uint8),
                            want[torch.as_tensor(src, device=device)].cpu().view(torch.uint8))  # fmt: skip
     tier.close()
+
+
+def test_block_events_name_the_disk_tier_and_stay_off_until_enabled(tmp_path):
+    tier = _tier(tmp_path)
+    quiet = _scheduler(tier)
+    _round(quiet, 0)
+    assert quiet.kv.cache.take_block_events() == []  # hashed for the disk, but no events asked for
+    with pytest.raises(ValueError, match="--block-size 6: the disk tier needs a multiple of page_size 4"):
+        _scheduler(_tier(tmp_path)).kv.cache.enable_block_events(6, 1234)
+    s = _scheduler(_tier(tmp_path / "events"))
+    s.kv.cache.enable_block_events(BLOCK, 1234)
+    _round(s, 0)
+    s.kv.cache.disk.flush()
+    kinds = {kind for kind, hashes in s.kv.cache.take_block_events() if hashes}
+    assert {"stored", "stored_disk"} <= kinds
+    s2 = _scheduler(s.kv.cache.disk)
+    s2.kv.cache.enable_block_events(BLOCK, 1234)
+    _round(s2, 1)
+    kinds = {kind for kind, hashes in s2.kv.cache.take_block_events() if hashes}
+    assert "stored_host" in kinds  # blocks read back from disk into the host tier
