@@ -80,17 +80,19 @@ class DiskTieredCache(TieredRadixCache):
         super()._free_host(node)
 
     def _leaving_host(self, leaf: TreeNode) -> None:
-        """Capture the blocks that lie whole in ``leaf`` for the disk (not when its host pages are
-        not written yet: a write-back or a fill still queued; a fill's blocks are on disk already)."""
+        """Capture the blocks that lie whole in ``leaf`` for the disk (none while its host pages are
+        not written yet: a write-back queued; a fill queued means they came from disk)."""
         bs = self.block_size
-        if self.disk.off or leaf in self.storing or leaf in self.filling or not leaf.blocks:
+        if self.disk.off or leaf in self.storing or not leaf.blocks:
             return
         first = leaf.depth // bs + 1  # the block number (1-based) of leaf.blocks[0]
         written, written_already, rest, slots = [], [], [], []
         for i, h in enumerate(leaf.blocks):
             start = (first + i - 1) * bs - leaf.depth  # in the leaf
-            if start < 0 or self.disk.store.indexed(h):
-                (written_already if start >= 0 else rest).append(h)  # on disk already; began in the parent
+            if start < 0 or leaf in self.filling or self.disk.store.indexed(h):
+                # began in the parent (not written); or on disk already
+                on_disk = start >= 0 and self.disk.store.indexed(h)
+                (written_already if on_disk else rest).append(h)
                 continue
             written.append((h, leaf.key[start : start + bs]))
             slots.append(leaf.host_value[start : start + bs])
