@@ -107,3 +107,21 @@ def test_a_read_only_directory_degrades_to_the_host_tier_with_one_warning(
 def test_settings_the_disk_tier_cannot_serve_are_refused_by_name(llama_dir, tmp_path):
     with pytest.raises(ValueError, match="kv_disk_cache_dir: the disk KV tier needs the host tier"):
         Engine(llama_dir, max_total_tokens=160, kv_disk_cache_dir=str(tmp_path), warmup=False)
+    from radixserve.common.service_config import EngineConfig
+    from radixserve.scheduler.memory.tier_setup import disk_tier
+
+    tp = EngineConfig(tp_size=2, host_kv_cache_gb=1.0, kv_disk_cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="kv_disk_cache_dir: the disk KV tier does not serve tp_size > 1"):
+        disk_tier(tp, llama_dir, None)  # type: ignore[arg-type]  (refused before the model is read)
+
+
+def test_a_directory_that_cannot_be_opened_starts_the_engine_host_only_with_a_warning(
+    llama_dir, tiers_off, tmp_path, caplog
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with caplog.at_level(logging.WARNING):
+        turns, s = engine_turns(llama_dir, host_kv_cache_gb=HOST_GB, kv_disk_cache_dir=str(blocker / "kv"))
+    assert _tokens(turns) == tiers_off
+    assert not hasattr(s.kv.cache, "disk")  # the host tier alone
+    assert len([r for r in caplog.records if "disk KV tier off" in r.getMessage()]) == 1
