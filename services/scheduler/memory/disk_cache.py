@@ -86,7 +86,10 @@ class DiskTieredCache(TieredRadixCache):
         if self.disk.off or leaf in self.storing or not leaf.blocks:
             return
         first = leaf.depth // bs + 1  # the block number (1-based) of leaf.blocks[0]
-        written, written_already, rest, slots = [], [], [], []
+        written: list[tuple[int, npt.NDArray[np.int32]]] = []
+        written_already: list[int] = []
+        rest: list[int] = []
+        slots: list[npt.NDArray[np.int64]] = []
         for i, h in enumerate(leaf.blocks):
             start = (first + i - 1) * bs - leaf.depth  # in the leaf
             if start < 0 or leaf in self.filling or self.disk.store.indexed(h):
