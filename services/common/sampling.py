@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # The ranges every front door (HTTP, gRPC, the offline Engine) enforces: OpenAI's where it documents
 # one (temperature in [0, 2]), vLLM's otherwise.
@@ -203,3 +204,17 @@ def find_stop(text: str, stops: tuple[str, ...], start: int = 0) -> tuple[int, s
         if i >= 0 and (best < 0 or i < best):
             best, which = i, s
     return best, which
+
+
+def stop_in_output(tokenizer: Any, ids: list[int], sp: SamplingParams) -> tuple[int, str]:
+    """Where the first stop string starts in the decoded ``ids`` and which, as the detokenizer finds
+    it: only in text after the first ``min_new_tokens`` tokens' (a match may begin inside them)."""
+    if not sp.stop:
+        return -1, ""
+    text = str(tokenizer.decode(ids, skip_special_tokens=True))
+    if len(ids) <= sp.min_new_tokens:
+        return -1, ""
+    # the detokenizer looks from one stop length before the text of the first token past the minimum
+    head = str(tokenizer.decode(ids[: sp.min_new_tokens], skip_special_tokens=True))
+    start = max(0, len(head) - max(map(len, sp.stop)) + 1) if sp.min_new_tokens else 0
+    return find_stop(text, sp.stop, start)

@@ -126,6 +126,15 @@ class EngineConfig:
         " (write_through: eviction costs no copy, every cached prefix costs one)",
         choices=KV_WRITE_POLICIES,
     )
+    # The disk KV tier under the host tier (docs/architecture.md, "KV tiers"): blocks the host tier
+    # drops are written to files named by their chained hashes; a restart, or another scheduler
+    # sharing the directory, loads them back.
+    kv_disk_cache_dir: str | None = setting(
+        None, "directory of KV blocks written down from the host tier (needs --host-kv-cache-gb; default off)"
+    )
+    kv_disk_cache_gb: float = setting(
+        16.0, "GiB the disk KV tier's files may take (least recently used go first)", bounds=ABOVE_0
+    )
     # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
     # the host's Python and the worker's op dispatch share one GIL: the overlap can hide host work
     # only behind long kernels, which a CPU forward of our models rarely has, so it is opt-in there.
@@ -210,6 +219,8 @@ class EngineOptions(TypedDict, total=False):
     snapshot_interval: int
     host_kv_cache_gb: float
     kv_write_policy: str
+    kv_disk_cache_dir: str | None
+    kv_disk_cache_gb: float
     disable_overlap: bool | None
     cpu_overlap_thread_min_ms: float
     attention_backend: str

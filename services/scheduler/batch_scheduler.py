@@ -161,6 +161,7 @@ class BatchScheduler:
     # --------------------------------------------------------------- schedule
     def schedule(self) -> ScheduleBatch | None:
         """The next batch to run, or None when there is nothing to do."""
+        self.kv.poll()  # the disk tier's finished reads, before anything matches
         batch = self._schedule()
         if batch is not None:
             self.in_flight.append(batch)
@@ -234,7 +235,10 @@ class BatchScheduler:
             for req in ordered:
                 keep = not self.policy.due_soon(req, now)
                 followers = self.policy.followers.get(id(req), ())
-                if adder.add(req, keep_wanted=keep, followers=followers) is not AddResult.ADDED:
+                added = adder.add(req, keep_wanted=keep, followers=followers)
+                if added is AddResult.WAITING:  # reading its prefix from disk: the rest go on
+                    continue
+                if added is not AddResult.ADDED:
                     break
                 if followers and self.kv.states is not None:
                     self.kv.states.lead(req, followers)  # snapshot where they will resume

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from radixserve.common.config import load_format_problem
-from radixserve.common.sampling import SamplingParams, find_stop
+from radixserve.common.sampling import SamplingParams, find_stop, stop_in_output
 from radixserve.common.service_config import (
     CPU_CHUNKED_PREFILL_SIZE,
     CUDA_CHUNKED_PREFILL_SIZE,
@@ -35,9 +35,11 @@ from radixserve.common.service_config import (
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.event_loop import EventLoop, Step
-from radixserve.scheduler.memory.allocator import host_kv_tokens, kv_capacity
+from radixserve.scheduler.memory.allocator import kv_capacity
+from radixserve.scheduler.memory.disk_cache import DiskTieredCache
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.memory.state_pool import plan_state_memory
+from radixserve.scheduler.memory.tier_setup import disk_tier, host_tokens
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.device import resolve_profile
 from radixserve.scheduler.model.loader import load_model
@@ -165,10 +167,9 @@ class Engine:
         t_loaded = time.perf_counter()
         per_token = model.local_config.kv_bytes_per_token()
         kv_tokens, weights, snapshots, kv_left = self._memory_plan(model, per_token)
-        self.scheduler = BatchScheduler(
-            self._scheduler_config(max_context, str(dev), kv_left, snapshots, self._host_tokens(per_token)),
-            eos_token_ids=self._eos_token_ids(),
-        )
+        self.disk = disk_tier(cfg, model_path, model.local_config)  # None: no disk KV tier
+        mem = (max_context, str(dev), kv_left, snapshots, host_tokens(cfg, per_token))
+        self.scheduler = BatchScheduler(self._scheduler_config(*mem), eos_token_ids=self._eos_token_ids())
         kv = self.scheduler.kv
         host_slots = kv.host.pool_slots if kv.host is not None else 0
         self.runner = ModelRunner(
@@ -183,6 +184,8 @@ class Engine:
             state_snapshots=snapshots,
             host_kv_slots=host_slots,
         )
+        if self.runner.host_pool is not None:
+            self.runner.host_pool.disk = self.disk
         if followers is not None:
             table = kv.req_to_token
             shape = (kv.allocator.pool_slots, table.max_running, table.max_context, cfg.max_running_requests)
@@ -210,16 +213,6 @@ class Engine:
         self.startup["graph_capture"] = self.runner.capture_graphs()  # CUDA; nothing on CPU
         if cfg.warmup:
             self.warmup()
-
-    def _host_tokens(self, per_token: int) -> int:
-        """The host KV tier's size in tokens (``host_kv_cache_gb``; 0: none)."""
-        gb, page = self.config.host_kv_cache_gb, self.config.page_size
-        tokens = host_kv_tokens(gb, per_token, page)
-        if gb > 0 and not tokens:
-            raise ValueError(f"host_kv_cache_gb {gb:g} holds no KV page ({per_token * page} bytes)")
-        if tokens:
-            log.info("host KV tier: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)
-        return tokens
 
     def _placement(self, weights: list[int], per_token: int, snapshots: int) -> dict[str, Any]:
         """What this engine holds where, per rank (metrics, benchmarks)."""
@@ -310,7 +303,7 @@ class Engine:
     ) -> SchedulerConfig:
         """The batch scheduler's and the KV pool's settings, resolved from the engine arguments;
         ``kv_tokens``: what the memory left after the weights holds (every rank's); ``snapshots``: a
-        hybrid model's prefix state snapshots; ``host_tokens``: the host KV tier's size."""
+        hybrid model's prefix state snapshots; ``host_tokens``: the host tier's size (``self.disk``: disk)."""
         cfg = self.config
         # No mix of requests can hold more KV than every running request at full context.
         total = cfg.max_total_tokens or min(kv_tokens, cfg.max_running_requests * max_context)
@@ -325,6 +318,7 @@ class Engine:
             snapshot_interval=cfg.snapshot_interval,
             host_kv_tokens=host_tokens,
             kv_write_through=cfg.kv_write_policy == "write_through",
+            disk=self.disk,
         )
         return SchedulerConfig(
             memory=mem,
@@ -366,6 +360,8 @@ class Engine:
         # serving starts from an empty cache (block events need it), on every tier
         cache.evict(cache.evictable_size, write_back=False)
         cache.evict_host(cache.host_size)
+        if isinstance(cache, DiskTieredCache):
+            cache.forget_captures()  # warm-up prompts are not worth a file
         if self.profile.device.type == "cuda":
             torch.cuda.synchronize(self.profile.device)
         self.startup["warmup"] = time.perf_counter() - t1 - self.startup["kernel_compilation"]
@@ -479,6 +475,8 @@ class Engine:
             finally:
                 if self.followers is not None:
                     self.followers.close()
+                if self.disk is not None:
+                    self.disk.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -489,17 +487,3 @@ class Engine:
 
 def _is_ids(x: Sequence[int] | Sequence[Sequence[int]]) -> bool:
     return len(x) == 0 or isinstance(x[0], int)
-
-
-def stop_in_output(tokenizer: Any, ids: list[int], sp: SamplingParams) -> tuple[int, str]:
-    """Where the first stop string starts in the decoded ``ids`` and which, as the detokenizer finds
-    it: only in text after the first ``min_new_tokens`` tokens' (a match may begin inside them)."""
-    if not sp.stop:
-        return -1, ""
-    text = str(tokenizer.decode(ids, skip_special_tokens=True))
-    if len(ids) <= sp.min_new_tokens:
-        return -1, ""
-    # the detokenizer looks from one stop length before the text of the first token past the minimum
-    head = str(tokenizer.decode(ids[: sp.min_new_tokens], skip_special_tokens=True))
-    start = max(0, len(head) - max(map(len, sp.stop)) + 1) if sp.min_new_tokens else 0
-    return find_stop(text, sp.stop, start)

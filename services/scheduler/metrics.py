@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
+from radixserve.scheduler.memory.disk_store import MISS_CAUSES
 
 if TYPE_CHECKING:
     from radixserve.scheduler.server import SchedulerService
@@ -65,6 +66,26 @@ class _EngineCollector(Collector):
         self._peers(f)
         return iter(f.out)
 
+    def _disk(self, f: _Families) -> None:
+        """The disk KV tier (memory/disk_tier.py), when there is one."""
+        disk = getattr(self.service.worker.scheduler.kv.cache, "disk", None)
+        if disk is None:
+            return
+        store = disk.store
+        f.gauge("radixserve_kv_disk_capacity_bytes", "Disk KV tier bound", store.capacity_bytes)
+        f.gauge("radixserve_kv_disk_used_bytes", "Disk KV tier bytes in block files", store.used_bytes)
+        f.counter("radixserve_kv_disk_written_tokens", "KV tokens written to disk", disk.written_tokens)
+        f.counter("radixserve_kv_disk_read_tokens", "KV tokens read back from disk", disk.read_tokens)
+        f.gauge(
+            "radixserve_kv_disk_off", "1: the disk tier turned itself off (full or read-only; one warning)",
+            int(disk.off),
+        )  # fmt: skip
+        misses = CounterMetricFamily(
+            "radixserve_kv_disk_misses", "Disk blocks that failed a check (deleted, never served), by cause",
+            labels=[MODEL_LABEL, "cause"],
+        )  # fmt: skip
+        f.labelled(misses, [((cause,), disk.misses[cause]) for cause in MISS_CAUSES])
+
     def _engine(self, f: _Families) -> None:
         w = self.service.worker
         sched, lo = w.scheduler, w.load()
@@ -94,6 +115,7 @@ class _EngineCollector(Collector):
             ),
             [([tier], n) for tier, n in sched.kv.hit_tokens.items()],
         )
+        self._disk(f)
         f.counter("radixserve_retractions", "Decode requests retracted", sched.num_retractions)
         f.counter(
             "radixserve_fairness_preemptions",

@@ -59,3 +59,19 @@ def test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_cuda(demo_model
     on, s = engine_turns(path, host_kv_cache_gb=0.01, disable_overlap=False, **opts)
     assert [[o["token_ids"] for o in t] for t in on] == [[o["token_ids"] for o in t] for t in off]
     assert s.kv.cache.loaded_tokens >= 3 * PREFIX
+
+
+def test_engine_greedy_tokens_are_the_same_with_the_disk_tier_on_cuda_and_a_restart_starts_warm(
+    demo_model, tmp_path
+):
+    path = demo_model("llama")
+    opts = dict(device="cuda", dtype="float32", attention_backend="torch")
+    disk = dict(host_kv_cache_gb=0.00004, kv_disk_cache_dir=str(tmp_path))  # a host tier of ~76 tokens
+    off, _ = engine_turns(path, host_kv_cache_gb=0.0, disable_overlap=True, **opts)
+    on, s = engine_turns(path, disable_overlap=False, **disk, **opts)
+    want = [[o["token_ids"] for o in t] for t in off]
+    assert [[o["token_ids"] for o in t] for t in on] == want
+    assert s.kv.cache.disk.written_tokens > 0 and s.kv.cache.disk.read_tokens > 0
+    again, _ = engine_turns(path, disable_overlap=False, **disk, **opts)
+    assert [[o["token_ids"] for o in t] for t in again] == want
+    assert again[0][0]["meta_info"]["cached_tokens"] > 0

@@ -4,6 +4,7 @@ the scheduler tests share."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from radixserve.common.sampling import SamplingParams
 from radixserve.scheduler.batch import ScheduleBatch
@@ -70,8 +71,11 @@ class KVEchoRunner:
             return
         host = self.s.kv.host
         assert host is not None, "host-tier copies without a host tier"
-        if self.host is None:
-            self.host = np.full(host.pool_slots, -1, dtype=np.int64)
+        if self.host is None:  # a tensor, for the disk tier's captures and fills (a block is [1, bs, 1, 1])
+            self.host_tensor = torch.full((host.pool_slots, 1, 1), -1, dtype=torch.int64)
+            self.host = self.host_tensor.numpy().reshape(-1)
+        if len(t.disk_seq):  # the disk tier's captures, then fills, as HostKVPool runs them
+            self.s.kv.cache.disk.run_step(int(t.disk_seq[0]), [self.host_tensor])
         self.host[t.store_dst] = self.kv[t.store_src]
         self.kv[t.load_dst] = self.host[t.load_src]
         self.stored += len(t.store_dst)
@@ -130,6 +134,10 @@ def run_to_completion(s: BatchScheduler, max_steps: int = 100_000, check: bool =
         if s.idle:
             return finished
         batch = s.schedule()
+        disk = getattr(s.kv.cache, "disk", None)
+        if batch is None and disk is not None and disk.reading:
+            disk.flush()  # every request waits for a disk read: wait with them
+            continue
         assert batch is not None, "scheduler stalled with work left"
         if check:
             s.kv.check(s.live_requests())
@@ -153,6 +161,7 @@ def sched(
     snapshots=None,
     host=0,
     write_through=False,
+    disk=None,
     **kw,
 ) -> BatchScheduler:
     """``snapshots``: a hybrid model's scheduler with that many state snapshots (None: a dense one);
@@ -167,6 +176,7 @@ def sched(
         state_snapshots=snapshots or 0,
         host_kv_tokens=host,
         kv_write_through=write_through,
+        disk=disk,
     )
     if clock is None:
         return BatchScheduler(SchedulerConfig(memory=mem, **kw))

@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from radixserve.scheduler.memory.disk_tier import DiskTier
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.tiered_cache import KVTransfers
 
@@ -86,12 +87,14 @@ class HostKVPool:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         # CUDA: a write-back whose transfer is queued: (its done event, the pinned buffer, host slots)
         self._landing: tuple[torch.cuda.Event, torch.Tensor, torch.Tensor] | None = None
+        self.disk: DiskTier | None = None  # the disk tier under this pool (the engine attaches it)
 
     def run(self, pool: KVPool, t: KVTransfers, load: KVLoad | None = None) -> None:
         """The step's copies: ``t.store_src`` device slots to ``t.store_dst`` host slots, then
         ``t.load_src`` host slots to ``t.load_dst`` device slots (timed into ``load``, if given)."""
         dev = [*pool.k, *pool.v]
         if not self.cuda:
+            self._disk_step(t)
             if len(t.store_src):
                 src, dst = _index(t.store_src), _index(t.store_dst)
                 for h, d in zip(self.tensors, dev, strict=True):
@@ -105,6 +108,7 @@ class HostKVPool:
                     load.timed(start, time.perf_counter() - start)
             return
         self._land()  # the last step's write-back, before anything reads or rewrites those pages
+        self._disk_step(t)
         assert self.stream is not None
         main = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(main)
@@ -148,6 +152,13 @@ class HostKVPool:
         if load is not None and events is not None:
             events[1].record(self.stream)
             load.timed_on_device(start, host_s, *events)
+
+    def _disk_step(self, t: KVTransfers) -> None:
+        """The disk tier's captures (host pages about to be reused) and fills (pages loads may read)
+        for this step, before its write-backs and loads (memory/disk_tier.py)."""
+        if len(t.disk_seq):
+            assert self.disk is not None, "disk-tier copies without a disk tier"
+            self.disk.run_step(int(t.disk_seq[0]), self.tensors)
 
     def _land(self) -> None:
         """Scatter a queued write-back into the host pool (waits for its transfer)."""

@@ -20,6 +20,8 @@ import numpy.typing as npt
 
 from radixserve.common.service_config import ENGINE_DEFAULTS
 from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator, pages_for
+from radixserve.scheduler.memory.disk_cache import DiskTieredCache
+from radixserve.scheduler.memory.disk_tier import DiskTier
 from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache, SnapshotSlots
 from radixserve.scheduler.memory.no_cache import NoCache
 from radixserve.scheduler.memory.radix_cache import MatchResult, RadixCache, TreeNode
@@ -46,6 +48,8 @@ class MemoryConfig:
     # device (0: off), in pages of ``page_size``.
     host_kv_tokens: int = 0
     kv_write_through: bool = False  # copy to the host at insert instead of at eviction
+    # The disk KV tier under the host tier (memory/disk_tier.py; None: off). Needs the host tier.
+    disk: DiskTier | None = None
 
 
 _NONE = np.zeros(0, dtype=np.int64)
@@ -61,6 +65,9 @@ class KVCacheManager:
         rows = config.max_running_requests
         self.req_to_token = ReqToTokenPool(rows, config.max_context_len)
         self.host: PagedAllocator | None = None
+        no_host = config.host_kv_tokens < config.page_size or config.disable_radix_cache
+        if config.disk is not None and no_host:
+            raise ValueError("kv_disk_cache_dir: the disk KV tier needs the host tier (host_kv_cache_gb > 0)")
         if config.host_kv_tokens >= config.page_size and not config.disable_radix_cache:
             if config.hybrid:
                 raise ValueError("host_kv_cache_gb: the host KV tier does not serve hybrid models yet")
@@ -71,6 +78,9 @@ class KVCacheManager:
         elif config.hybrid:
             snapshots = SnapshotSlots(first_snapshot_slot(rows), config.state_snapshots)
             self.cache = HybridRadixCache(self.allocator, self.req_to_token, snapshots)
+        elif self.host is not None and config.disk is not None:
+            args = (self.allocator, self.req_to_token, self.host, config.disk, config.kv_write_through)
+            self.cache = DiskTieredCache(*args)
         elif self.host is not None:
             write_through = config.kv_write_through
             self.cache = TieredRadixCache(self.allocator, self.req_to_token, self.host, write_through)
@@ -238,6 +248,17 @@ class KVCacheManager:
             r.alloc_len += 1
         return slots
 
+    def read_disk(self, req: Req) -> None:
+        """Start reading the part of ``req``'s prefix that is on disk (``MatchResult.disk_len``)."""
+        if isinstance(self.cache, DiskTieredCache):
+            ids = req.fill_ids()
+            self.cache.read_disk(ids[: 0 if req.scores_prompt else len(ids) - 1])
+
+    def poll(self) -> None:
+        """Take what the disk tier's reader finished into the cache (each step, before matching)."""
+        if isinstance(self.cache, DiskTieredCache):
+            self.cache.poll()
+
     def take_transfers(self) -> KVTransfers | None:
         """The host-tier copies the next step runs before its forward (None: none)."""
         return self.cache.take_transfers()
@@ -362,3 +383,5 @@ class KVCacheManager:
             f"with several: {np.flatnonzero(owner[1:] > 1)[:8] + 1}"
         )
         assert host.free_tokens + cache.host_size == host.capacity_tokens
+        if isinstance(cache, DiskTieredCache):
+            cache.check_disk()

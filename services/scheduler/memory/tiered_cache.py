@@ -33,6 +33,9 @@ class KVTransfers(NamedTuple):
     store_dst: npt.NDArray[np.int64]  # ... to these host slots
     load_src: npt.NDArray[np.int64]  # host slots loaded back ...
     load_dst: npt.NDArray[np.int64]  # ... into these device slots
+    # The disk tier's captures and fills for this step, by sequence number (memory/disk_tier.py;
+    # one element, or none). They run first: captures, then fills, then the copies above.
+    disk_seq: npt.NDArray[np.int64] = _EMPTY_SLOTS
 
 
 _Copies = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]  # (source slots, destination slots)
@@ -111,6 +114,9 @@ class TieredRadixCache(RadixCache):
             self._free_host(leaf)
         super()._evicting(leaf)
 
+    def _leaving_host(self, leaf: TreeNode) -> None:
+        """The host-only ``leaf`` is about to leave the tree (the disk tier writes it down first)."""
+
     # -------------------------------------------------------------- the tier
     def _free_host(self, node: TreeNode) -> None:
         assert node not in self.loading
@@ -169,6 +175,7 @@ class TieredRadixCache(RadixCache):
             if node.on_device:
                 self._free_host(node)
                 continue
+            self._leaving_host(node)
             self._remove(node)
             # a parent on the device is in the heap already; a host-only one may just have become a leaf
             if parent is not self.root and not parent.on_device and can_go(parent):

@@ -83,7 +83,8 @@ class StepResult:
     scores: StepScores | None = None
 
 
-KV_TRANSFERS = ("kv_store_src", "kv_store_dst", "kv_load_src", "kv_load_dst")  # StepPlan arrays
+# StepPlan arrays: the KV tiers' copies (memory/tiered_cache.py, KVTransfers)
+KV_TRANSFERS = ("kv_store_src", "kv_store_dst", "kv_load_src", "kv_load_dst", "kv_disk_seq")
 
 
 @dataclass(slots=True)

@@ -58,6 +58,7 @@ class AddResult(Enum):
     ADDED = "added"
     NO_ROOM = "no_room"  # the KV budget is spent
     BATCH_FULL = "batch_full"  # prefill-token or running-request limit reached
+    WAITING = "waiting"  # its cached prefix is being read from disk: the others go on meanwhile
 
 
 class PrefillAdder:
@@ -149,6 +150,9 @@ class PrefillAdder:
         ):
             return AddResult.BATCH_FULL
         m = self.kv.cached_match(req)
+        if m.disk_len:  # its prefix is on disk: read it (the request is admitted once it is here)
+            self.kv.read_disk(req)
+            return AddResult.WAITING
         extend = req.seq_len - m.length  # a host-tier part is loaded back, not computed
         n = extend
         limit = self._chunk_limit()

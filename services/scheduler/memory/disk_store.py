@@ -1,0 +1,244 @@
+"""DiskStore: the disk KV tier's files of blocks (docs/architecture.md, "KV tiers").
+
+One file per block of KV, named by the block's chained hash (``common/block_hash.py``), so any
+scheduler on the same directory (a restarted one, or another pod on a shared volume) finds a block
+from its prompt alone. A file is a fixed header, the block's token ids, then its KV bytes::
+
+    magic b"RSKV" | format version u16 | root hash u64 | block hash u64 | tokens u32 | KV bytes u64
+    | crc32 u32 (of the token ids and the KV bytes) | token ids (int32 each) | KV bytes
+
+A read checks all of it: a file of another format or model (the root hash), or of other tokens, is
+``foreign``; a short one ``truncated``; a checksum that does not match ``corrupt``; a file gone
+``missing``. A bad file is deleted, never served. Writes are atomic (a temp file in the directory,
+then ``os.replace``): a reader sees a whole file or none. The index (hash -> file bytes, least
+recently used first) is built by a scan at start and kept by this store's writes and reads; a lookup
+that misses it stats the file (at most once a second per block), so another scheduler's writes are
+found. Within ``capacity_bytes`` the least recently used files go first. ``DIR_ID`` holds a random
+id made once per directory (the first scheduler to start creates it atomically): the directory's
+identity as a location that every scheduler mounting it can load from.
+
+Thread-safe: the scheduler thread looks up, a reader thread reads, a writer thread writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import struct
+import threading
+import time
+import uuid
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+FORMAT_VERSION = 1
+MAGIC = b"RSKV"
+_HEADER = struct.Struct("<4sHQQIQI")
+_NAME = re.compile(r"^[0-9a-f]{16}\.kv$")
+MISS_CAUSES = ("corrupt", "foreign", "truncated", "missing")
+_STAT_EVERY_S = 1.0  # a block absent from the index is looked for on disk at most this often
+
+
+class DiskFullError(OSError):
+    """A block cannot fit within the store's size bound (the bound is smaller than one file)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLayout:
+    """The KV of one block: ``[2 * layers, block_size, kv_heads, head_dim]`` of ``dtype``."""
+
+    shape: tuple[int, int, int, int]
+    dtype: torch.dtype
+
+    @property
+    def kv_bytes(self) -> int:
+        return int(np.prod(self.shape)) * torch.empty(0, dtype=self.dtype).element_size()
+
+    @property
+    def file_bytes(self) -> int:
+        return _HEADER.size + 4 * self.shape[1] + self.kv_bytes
+
+
+class DiskStore:
+    def __init__(self, path: str | Path, capacity_bytes: int, layout: BlockLayout, root_hash: int) -> None:
+        """Opens (creating it if needed) the directory ``path`` and indexes the blocks it holds.
+        Raises OSError when the directory cannot be created or written (read-only)."""
+        self.path = Path(path)
+        self.capacity_bytes = capacity_bytes
+        self.layout = layout
+        self.root_hash = root_hash  # the model's: a file with another is foreign
+        self._lock = threading.Lock()
+        self._index: OrderedDict[int, int] = OrderedDict()  # hash -> file bytes, least recent first
+        self._absent: dict[int, float] = {}  # hash -> when a lookup last found no file
+        self.used_bytes = 0
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.dir_id = self._dir_id()
+        self._scan()
+
+    # ------------------------------------------------------------ the directory
+    def _dir_id(self) -> str:
+        marker = self.path / "DIR_ID"
+        if not marker.exists():
+            tmp = self.path / f".tmp-{uuid.uuid4().hex}"
+            tmp.write_text(uuid.uuid4().hex)
+            try:
+                os.link(tmp, marker)  # atomic, and never replaces another scheduler's id
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        return marker.read_text().strip()
+
+    def _scan(self) -> None:
+        found = []
+        for entry in os.scandir(self.path):
+            if _NAME.match(entry.name):
+                st = entry.stat()
+                found.append((st.st_mtime, int(entry.name[:16], 16), st.st_size))
+        for _, h, size in sorted(found):  # oldest first: the LRU order survives a restart (mtime)
+            self._index[h] = size
+            self.used_bytes += size
+
+    def file(self, block_hash: int) -> Path:
+        return self.path / f"{block_hash:016x}.kv"
+
+    # ----------------------------------------------------------------- lookup
+    def has(self, block_hash: int) -> bool:
+        with self._lock:
+            if block_hash in self._index:
+                return True
+            seen = self._absent.get(block_hash)
+            now = time.monotonic()
+            if seen is not None and now - seen < _STAT_EVERY_S:
+                return False
+            self._absent[block_hash] = now
+            if len(self._absent) > 65536:
+                self._absent.clear()
+        try:
+            size = self.file(block_hash).stat().st_size  # another scheduler's write
+        except OSError:
+            return False
+        with self._lock:
+            if block_hash not in self._index:
+                self._index[block_hash] = size
+                self.used_bytes += size
+            self._absent.pop(block_hash, None)
+        return True
+
+    def indexed(self, block_hash: int) -> bool:
+        """In the index (no stat): a block this store wrote, read or found."""
+        with self._lock:
+            return block_hash in self._index
+
+    def hashes(self) -> list[int]:
+        with self._lock:
+            return list(self._index)
+
+    # ------------------------------------------------------------------ write
+    def write(self, block_hash: int, tokens: npt.NDArray[np.integer], kv: torch.Tensor) -> list[int] | None:
+        """Store one block; returns the hashes of the files evicted to make room (None: it was there).
+        Raises DiskFullError when one file exceeds the bound, OSError when the disk refuses."""
+        ids = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
+        data = kv.contiguous().view(torch.uint8).numpy().tobytes()
+        crc = zlib.crc32(data, zlib.crc32(ids))
+        head = _HEADER.pack(MAGIC, FORMAT_VERSION, self.root_hash, block_hash, len(tokens), len(data), crc)
+        size = len(head) + len(ids) + len(data)
+        if size > self.capacity_bytes:
+            raise DiskFullError(f"one block ({size} bytes) exceeds the disk tier's bound")
+        with self._lock:
+            if block_hash in self._index:
+                self._index.move_to_end(block_hash)
+                return None
+            evicted = self._evict_to(self.capacity_bytes - size)
+        tmp = self.path / f".tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(head + ids + data)
+            os.replace(tmp, self.file(block_hash))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        with self._lock:
+            if block_hash not in self._index:
+                self._index[block_hash] = size
+                self.used_bytes += size
+        return evicted
+
+    def _evict_to(self, limit: int) -> list[int]:
+        """Delete least recently used files until at most ``limit`` bytes are used (under the lock)."""
+        evicted = []
+        while self.used_bytes > limit and self._index:
+            h, size = self._index.popitem(last=False)
+            self.used_bytes -= size
+            self.file(h).unlink(missing_ok=True)
+            evicted.append(h)
+        return evicted
+
+    # ------------------------------------------------------------------- read
+    def read(self, block_hash: int, tokens: npt.NDArray[np.integer]) -> torch.Tensor | str:
+        """The block's KV (``layout``), or why not (a MISS_CAUSES entry; the file is then deleted)."""
+        try:
+            with open(self.file(block_hash), "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            self._drop(block_hash, delete=False)
+            return "missing"
+        cause = self._verify(raw, block_hash, tokens)
+        if cause is not None:
+            self._drop(block_hash, delete=True)
+            return cause
+        with self._lock:
+            if block_hash in self._index:
+                self._index.move_to_end(block_hash)
+        with contextlib.suppress(OSError):
+            os.utime(self.file(block_hash))  # the LRU order after a restart
+        kv = torch.frombuffer(bytearray(raw[-self.layout.kv_bytes :]), dtype=torch.uint8)
+        return kv.view(self.layout.dtype).reshape(self.layout.shape)
+
+    def _verify(self, raw: bytes, block_hash: int, tokens: npt.NDArray[np.integer]) -> str | None:
+        if len(raw) < _HEADER.size:
+            return "truncated"
+        magic, version, root, h, n, nbytes, crc = _HEADER.unpack_from(raw)
+        if magic != MAGIC:
+            return "corrupt"
+        if version != FORMAT_VERSION or root != self.root_hash or nbytes != self.layout.kv_bytes:
+            return "foreign"
+        if h != block_hash or n != len(tokens):
+            return "corrupt"  # its name and its header disagree
+        end = _HEADER.size + 4 * n + nbytes
+        if len(raw) < end:
+            return "truncated"
+        ids = raw[_HEADER.size : _HEADER.size + 4 * n]
+        if len(raw) > end or zlib.crc32(raw[_HEADER.size + 4 * n :], zlib.crc32(ids)) != crc:
+            return "corrupt"
+        if ids != np.ascontiguousarray(tokens, dtype="<i4").tobytes():
+            return "foreign"  # the same hash for other tokens: never served
+        return None
+
+    def _drop(self, block_hash: int, delete: bool) -> None:
+        with self._lock:
+            size = self._index.pop(block_hash, None)
+            if size is not None:
+                self.used_bytes -= size
+        if delete:
+            self.file(block_hash).unlink(missing_ok=True)
+
+    # ----------------------------------------------------------------- checks
+    def check(self) -> None:
+        """Every indexed block is a file, their bytes (as written) within the bound. Files another
+        scheduler sharing the directory wrote may not be indexed yet (none may delete one meanwhile)."""
+        with self._lock:
+            on_disk = {int(e.name[:16], 16) for e in os.scandir(self.path) if _NAME.match(e.name)}
+            stale = set(self._index) - on_disk
+            assert not stale, f"indexed blocks with no file: {sorted(stale)[:4]}"
+            assert self.used_bytes == sum(self._index.values()) <= self.capacity_bytes, (
+                self.used_bytes,
+                self.capacity_bytes,
+            )

@@ -1,0 +1,191 @@
+"""DiskTier: the disk KV tier's threads and the copies between it and the host pool
+(docs/architecture.md, "KV tiers"); the files themselves are memory/disk_store.py's.
+
+Writing down: the cache (memory/disk_cache.py) queues a *capture* of host pages when the host tier
+drops a node; the step's copies run it first (``run_step``: on the runner's thread, before any of
+that step's copies rewrite those pages), gathering the pages into one tensor, and a writer thread
+writes its blocks' files. Reading: the cache submits a *read* of blocks a prompt hits on disk; a
+reader thread reads and checks the files (a bad one is a counted miss) and the cache takes the
+result on its next ``poll``: new host pages and a *fill* of them, which the step's copies run after
+the captures and before the loads to the device. Neither thread ever touches the pools.
+
+A disk that refuses a write (full, read-only, or a bound smaller than one block) turns the tier off
+with one warning: no more reads or writes, requests go on with the host tier alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from radixserve.scheduler.memory.disk_store import DiskStore
+
+log = logging.getLogger(__name__)
+
+# Captured KV waiting for the writer beyond this is dropped, not queued (a disk slower than eviction).
+MAX_PENDING_WRITE_BYTES = 1 << 30
+
+Capture = tuple[npt.NDArray[np.int64], list[tuple[int, npt.NDArray[np.int32]]]]  # host slots, blocks
+Fill = tuple[npt.NDArray[np.int64], torch.Tensor]  # host slots, their KV [2L, n, heads, dim]
+
+
+@dataclass(slots=True)
+class ReadJob:
+    """Blocks ``hashes`` of ``tokens`` (the prompt up to their end), the first starting at ``start``."""
+
+    tokens: npt.NDArray[np.int32]
+    start: int
+    hashes: list[int]
+
+
+@dataclass(slots=True)
+class ReadResult:
+    job: ReadJob
+    blocks: int  # how many blocks, from the first, read and checked
+    kv: torch.Tensor | None  # their KV, [2L, blocks * block_size, heads, dim]
+
+
+@dataclass(slots=True)
+class StepOps:
+    captures: list[Capture] = field(default_factory=list)
+    fills: list[Fill] = field(default_factory=list)
+
+
+class DiskTier:
+    def __init__(self, store: DiskStore, block_size: int) -> None:
+        self.store = store
+        self.block_size = block_size
+        self.off = False  # a disk that refused a write: no more disk (one warning)
+        self.off_reason = ""
+        self.written_tokens = 0
+        self.read_tokens = 0
+        self.dropped_writes = 0  # captures dropped: the writer was too far behind
+        self.misses: Counter[str] = Counter()
+        self.reading: set[int] = set()  # block hashes a submitted read has not returned yet (cache)
+        self._lock = threading.Lock()
+        self._sealed: dict[int, StepOps] = {}  # step ops by sequence number, cache -> runner
+        self._seq = 0
+        self._pending_bytes = 0
+        self._done: queue.SimpleQueue[ReadResult] = queue.SimpleQueue()
+        self._removed: list[int] = []  # files deleted (LRU, bad): hashes for "removed" events
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-write")
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-read")
+
+    # -------------------------------------------------------- the cache's side
+    def rehash(self, block_size: int, root_hash: int) -> None:
+        """Blocks of ``block_size`` from the model root ``root_hash`` (the block events'), before any."""
+        self.block_size = block_size
+        shape = self.store.layout.shape
+        self.store.layout = replace(self.store.layout, shape=(shape[0], block_size, shape[2], shape[3]))
+        self.store.root_hash = root_hash
+
+    def seal(self, ops: StepOps) -> int:
+        """Hand a step's captures and fills over to the runner; returns their sequence number."""
+        with self._lock:
+            self._seq += 1
+            self._sealed[self._seq] = ops
+            return self._seq
+
+    def submit_read(self, job: ReadJob) -> None:
+        self.reading.update(job.hashes)
+        self._reader.submit(self._read, job)
+
+    def take_done(self) -> list[ReadResult]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def take_removed(self) -> list[int]:
+        with self._lock:
+            out, self._removed = self._removed, []
+        return out
+
+    # ------------------------------------------------------- the runner's side
+    def run_step(self, seq: int, tensors: list[torch.Tensor]) -> None:
+        """Step ``seq``'s captures (gathered now, written by the writer thread), then its fills, into
+        the host pool's ``tensors`` (K of every layer, then V)."""
+        with self._lock:
+            ops = self._sealed.pop(seq)
+        for slots, blocks in ops.captures:
+            if self.off:
+                break
+            idx = torch.from_numpy(slots)
+            kv = torch.stack([t.index_select(0, idx) for t in tensors])
+            nbytes = kv.numel() * kv.element_size()
+            with self._lock:
+                if self._pending_bytes + nbytes > MAX_PENDING_WRITE_BYTES:
+                    self.dropped_writes += len(blocks)
+                    continue
+                self._pending_bytes += nbytes
+            self._writer.submit(self._write, blocks, kv, nbytes)
+        for slots, kv in ops.fills:
+            idx = torch.from_numpy(slots)
+            for i, t in enumerate(tensors):
+                t.index_copy_(0, idx, kv[i])
+
+    # -------------------------------------------------------------- threads
+    def _write(self, blocks: list[tuple[int, npt.NDArray[np.int32]]], kv: torch.Tensor, nbytes: int) -> None:
+        bs = self.block_size
+        try:
+            for i, (h, tokens) in enumerate(blocks):
+                if self.off:
+                    return
+                evicted = self.store.write(h, tokens, kv[:, i * bs : (i + 1) * bs])
+                if evicted is None:
+                    continue  # on disk already (written by another scheduler since the capture)
+                with self._lock:
+                    self._removed.extend(evicted)
+                self.written_tokens += bs
+        except OSError as e:  # full, read-only, or a bound smaller than one block
+            self.turn_off(f"writing {self.store.path}: {e}")
+        finally:
+            with self._lock:
+                self._pending_bytes -= nbytes
+
+    def _read(self, job: ReadJob) -> None:
+        bs, kvs = self.block_size, []
+        try:
+            for i, h in enumerate(job.hashes):
+                s = job.start - job.start % bs + i * bs
+                got = self.store.read(h, job.tokens[s : s + bs])
+                if isinstance(got, str):
+                    self.misses[got] += 1
+                    if got != "missing":
+                        with self._lock:
+                            self._removed.append(h)
+                    break
+                kvs.append(got)
+        except OSError as e:
+            self.turn_off(f"reading {self.store.path}: {e}")
+        kv = torch.cat(kvs, dim=1) if kvs else None
+        self._done.put(ReadResult(job, len(kvs), kv))
+
+    def turn_off(self, reason: str) -> None:
+        if not self.off:
+            self.off, self.off_reason = True, reason
+            log.warning("disk KV tier off, serving from the host tier alone: %s", reason)
+
+    # ------------------------------------------------------------ checks, end
+    def flush(self) -> None:
+        """Wait for every queued write and read (checks, tests, shutdown)."""
+        self._writer.submit(lambda: None).result()
+        self._reader.submit(lambda: None).result()
+
+    def check(self) -> None:
+        self.flush()
+        self.store.check()
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self._reader.shutdown(wait=True)

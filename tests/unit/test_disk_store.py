@@ -1,0 +1,78 @@
+"""The disk KV tier's files (memory/disk_store.py): a block reads back byte-exact, a bad file is a miss
+by cause and deleted, the least recently used files go first within the bound, and a directory keeps
+its id and its blocks across stores (a restart, or another scheduler sharing it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from radixserve.scheduler.memory.disk_store import BlockLayout, DiskFullError, DiskStore
+
+LAYOUT = BlockLayout((6, 4, 2, 8), torch.bfloat16)  # 3 layers' K and V, 4 tokens, 2 heads of 8
+
+
+def _kv(seed: int, layout: BlockLayout = LAYOUT) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(layout.shape, generator=gen).to(layout.dtype)
+
+
+def _tokens(seed: int) -> np.ndarray:
+    return np.arange(seed, seed + 4, dtype=np.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_block_reads_back_byte_exact(tmp_path, dtype):
+    layout = BlockLayout(LAYOUT.shape, dtype)
+    store = DiskStore(tmp_path, 1 << 20, layout, root_hash=7)
+    kv = _kv(1, layout)
+    assert store.write(0xABC, _tokens(5), kv) == []
+    assert store.write(0xABC, _tokens(5), kv) is None  # there already
+    got = store.read(0xABC, _tokens(5))
+    assert isinstance(got, torch.Tensor) and got.dtype == dtype
+    assert torch.equal(got.view(torch.uint8), kv.view(torch.uint8))
+    assert (tmp_path / "0000000000000abc.kv").stat().st_size == layout.file_bytes
+    store.check()
+
+
+def test_a_file_for_other_tokens_or_another_model_is_a_foreign_miss_and_deleted(tmp_path):
+    store = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7)
+    store.write(1, _tokens(5), _kv(1))
+    assert store.read(1, _tokens(6)) == "foreign"  # the same name for other tokens: never served
+    assert not store.has(1) and not store.file(1).exists()
+    store.write(2, _tokens(5), _kv(1))
+    other_model = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=8)
+    assert other_model.has(2) and other_model.read(2, _tokens(5)) == "foreign"
+    assert other_model.read(2, _tokens(5)) == "missing"
+    store.write(3, _tokens(5), _kv(1))
+    wider = DiskStore(tmp_path, 1 << 20, BlockLayout((6, 4, 4, 8), torch.bfloat16), root_hash=7)
+    assert wider.read(3, _tokens(5)) == "foreign"  # a row width of another shape: never loaded
+
+
+def test_the_least_recently_used_files_go_first_within_the_bound(tmp_path):
+    store = DiskStore(tmp_path, 3 * LAYOUT.file_bytes, LAYOUT, root_hash=7)
+    for h in (1, 2, 3):
+        assert store.write(h, _tokens(h), _kv(h)) == []
+    assert isinstance(store.read(1, _tokens(1)), torch.Tensor)  # 1 is now the most recent
+    assert store.write(4, _tokens(4), _kv(4)) == [2]
+    assert store.write(5, _tokens(5), _kv(5)) == [3]
+    assert sorted(store.hashes()) == [1, 4, 5] and store.used_bytes == 3 * LAYOUT.file_bytes
+    assert sorted(int(p.stem, 16) for p in tmp_path.glob("*.kv")) == [1, 4, 5]
+    store.check()
+    with pytest.raises(DiskFullError):  # a bound smaller than one file can never hold a block
+        DiskStore(tmp_path, LAYOUT.file_bytes - 1, LAYOUT, root_hash=7).write(9, _tokens(9), _kv(9))
+
+
+def test_a_directory_keeps_its_id_and_blocks_for_the_next_store_and_a_sharing_one(tmp_path):
+    first = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7)
+    sharing = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7)
+    first.write(11, _tokens(11), _kv(11))
+    restarted = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7)
+    assert first.dir_id == sharing.dir_id == restarted.dir_id and len(first.dir_id) == 32
+    assert restarted.hashes() == [11]  # the scan at start
+    assert sharing.has(11)  # not in its index: found by a stat
+    got = sharing.read(11, _tokens(11))
+    assert isinstance(got, torch.Tensor) and torch.equal(got.view(torch.uint8), _kv(11).view(torch.uint8))
+    assert not list(tmp_path.glob(".tmp-*"))  # the atomic writes left no temp file
+    restarted.check()
