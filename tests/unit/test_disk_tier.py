@@ -262,3 +262,24 @@ def test_block_events_name_the_disk_tier_and_stay_off_until_enabled(tmp_path):
     _round(s2, 1)
     kinds = {kind for kind, hashes in s2.kv.cache.take_block_events() if hashes}
     assert "stored_host" in kinds  # blocks read back from disk into the host tier
+
+
+def test_a_restart_announces_the_directory_s_blocks_under_the_directory_s_location(tmp_path):
+    """The prefix index learns a restarted pod's disk blocks from its first snapshot (before any
+    request), under the directory's id: every pod mounting the directory can load them."""
+    s = _scheduler(_tier(tmp_path))
+    s.kv.cache.enable_block_events(BLOCK, 1234)
+    _round(s, 0)
+    s.kv.cache.disk.flush()
+    on_disk = set(s.kv.cache.disk.store.hashes())
+    assert on_disk and s.kv.cache.disk_location == s.kv.cache.disk.store.dir_id != ""
+    snapshot = dict(s.kv.cache.block_snapshot())
+    held = {h for kind, hashes in snapshot.items() if kind != "stored_disk" for h in hashes}
+    assert set(snapshot.get("stored_disk", [])) == on_disk - held  # disk-only blocks, once each
+    restarted = _scheduler(_tier(tmp_path))  # a new process on the same directory: an empty tree
+    restarted.kv.cache.enable_block_events(BLOCK, 1234)
+    assert dict(restarted.kv.cache.block_snapshot()) == {
+        "stored_disk": list(restarted.kv.cache.disk.store.hashes())
+    }
+    assert set(restarted.kv.cache.disk.store.hashes()) == on_disk
+    assert restarted.kv.cache.disk_location == s.kv.cache.disk_location
