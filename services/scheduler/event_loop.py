@@ -38,6 +38,10 @@ from radixserve.scheduler.model.logits import StepScores
 from radixserve.scheduler.model.runner import ModelRunner
 from radixserve.scheduler.req import Req
 
+# A step that found nothing to run while disk reads are in flight (every waiting request waits on
+# one) sleeps until a read lands, this long at most: new requests still get in within it.
+IDLE_READ_WAIT_S = 0.01
+
 StepOutput: TypeAlias = tuple[list[int], "StepScores | None"]  # the step's tokens, its scores
 
 
@@ -234,6 +238,7 @@ class EventLoop:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch is None:
+            self.scheduler.kv.await_disk_read(IDLE_READ_WAIT_S)
             return Step()
         fb = self.runner.prepare(batch)
         t1 = time.perf_counter()
@@ -266,6 +271,8 @@ class EventLoop:
             self.in_flight.append((batch, self.stream.launch(fb, self.trace), t0))
         # Keep one batch running on the device while the host processes the one before it.
         done, waited = self._process_in_flight(keep=1 if batch is not None else 0)
+        if batch is None and not done.batches:
+            self.scheduler.kv.await_disk_read(IDLE_READ_WAIT_S)
         self._account(time.perf_counter() - t0 - waited, waited)
         return done
 

@@ -283,3 +283,33 @@ def test_a_restart_announces_the_directory_s_blocks_under_the_directory_s_locati
     }
     assert set(restarted.kv.cache.disk.store.hashes()) == on_disk
     assert restarted.kv.cache.disk_location == s.kv.cache.disk_location
+
+
+def test_an_idle_step_sleeps_until_the_disk_read_lands_instead_of_spinning(tmp_path):
+    """``await_read`` (what a step that found nothing to run calls) blocks while a read is in flight
+    and returns when it lands; with none in flight it returns at once."""
+    import threading
+
+    tier = _tier(tmp_path)
+    s = _scheduler(tier)
+    _round(s, 0)
+    tier.flush()
+    waiter = threading.Thread(target=tier.await_read, args=(60.0,))
+    waiter.start()
+    waiter.join(30)
+    assert not waiter.is_alive()  # nothing in flight: no wait
+    s2 = _scheduler(tier, host=128)
+    held = threading.Event()
+    tier._reader.submit(held.wait)  # the reader is busy: the read stays in flight
+    s2.add(make_req("disk", [*[1000 + i for i in range(PREFIX)], 8, 9], max_new=4))
+    assert s2.schedule() is None and tier.reading  # every waiting request waits on its read
+    waiter = threading.Thread(target=s2.kv.await_disk_read, args=(60.0,))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # asleep while the read is in flight
+    held.set()
+    waiter.join(30)
+    assert not waiter.is_alive()  # woken by the read landing, long before its 60 s
+    run_to_completion(s2)
+    _done(s2)
+    tier.close()

@@ -75,6 +75,7 @@ class DiskTier:
         self._seq = 0
         self._pending_bytes = 0
         self._done: queue.SimpleQueue[ReadResult] = queue.SimpleQueue()
+        self._landed = threading.Event()  # a read was put in _done (await_read)
         self._removed: list[int] = []  # files deleted (LRU, bad): hashes for "removed" events
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-write")
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-read")
@@ -105,6 +106,13 @@ class DiskTier:
                 out.append(self._done.get_nowait())
             except queue.Empty:
                 return out
+
+    def await_read(self, timeout_s: float) -> None:
+        """Wait, at most ``timeout_s``, for a read in flight to land; at once when none is in flight
+        or one has landed already."""
+        if self.reading and self._done.empty():
+            self._landed.wait(timeout_s)
+        self._landed.clear()
 
     def take_removed(self) -> list[int]:
         with self._lock:
@@ -170,6 +178,7 @@ class DiskTier:
             self.turn_off(f"reading {self.store.path}: {e}")
         kv = torch.cat(kvs, dim=1) if kvs else None
         self._done.put(ReadResult(job, len(kvs), kv))
+        self._landed.set()
 
     def turn_off(self, reason: str) -> None:
         if not self.off:

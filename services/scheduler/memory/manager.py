@@ -259,6 +259,13 @@ class KVCacheManager:
         if isinstance(self.cache, DiskTieredCache):
             self.cache.poll()
 
+    def await_disk_read(self, timeout_s: float) -> None:
+        """Sleep until a disk read in flight lands (at most ``timeout_s``; at once when none is): for
+        a step that found nothing to run, so an engine whose waiting requests all wait on reads
+        does not spin."""
+        if isinstance(self.cache, DiskTieredCache):
+            self.cache.disk.await_read(timeout_s)
+
     def take_transfers(self) -> KVTransfers | None:
         """The host-tier copies the next step runs before its forward (None: none)."""
         return self.cache.take_transfers()
