@@ -11,7 +11,6 @@ here, so a default is written once. Pure data: it imports no service code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypedDict
 
 from radixserve.common.block_hash import DEFAULT_BLOCK_SIZE
 from radixserve.common.config import Bounds, ConfigError, setting
@@ -57,7 +56,8 @@ REASONING_PARSERS = ("qwen3", "deepseek_r1")  # tokenizer/text/reasoning.py's (a
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Engine arguments: ``Engine(model_path, config)``, or any field as a keyword (``EngineOptions``)."""
+    """Engine arguments: ``Engine(model_path, config)``, or any field as a keyword (typed by
+    ``EngineOptions``, scheduler/engine_options.py)."""
 
     page_size: int = setting(1, "tokens per KV page", bounds=AT_LEAST_1)
     max_total_tokens: int | None = setting(
@@ -135,6 +135,12 @@ class EngineConfig:
     kv_disk_cache_gb: float = setting(
         16.0, "GiB the disk KV tier's files may take (least recently used go first)", bounds=ABOVE_0
     )
+    kv_disk_write_down_s: float = setting(
+        10.0,
+        "seconds a graceful stop may spend writing the device and host tiers' KV to the disk tier, so"
+        " that a restart on the directory starts warm (0: none)",
+        bounds=AT_LEAST_0,
+    )
     # None: overlap on CUDA, the normal loop on CPU. On CPU the "stream" is a worker thread, and
     # the host's Python and the worker's op dispatch share one GIL: the overlap can hide host work
     # only behind long kernels, which a CPU forward of our models rarely has, so it is opt-in there.
@@ -196,45 +202,6 @@ class EngineConfig:
         "tensor parallelism: seconds a collective may wait for a rank before the scheduler fails",
         bounds=ABOVE_0,
     )
-
-
-class EngineOptions(TypedDict, total=False):
-    """``EngineConfig``'s fields as keyword arguments (``Engine(path, tp_size=2)``), typed for the
-    type checker; tests/unit/test_config.py holds the two equal."""
-
-    page_size: int
-    max_total_tokens: int | None
-    mem_fraction: float
-    max_running_requests: int
-    max_waiting_requests: int
-    max_context_len: int | None
-    chunked_prefill_size: int | None
-    max_prefill_tokens: int
-    schedule_policy: str
-    fairness_timeout: float | None
-    fairness_lead: float
-    init_new_token_ratio: float
-    disable_radix_cache: bool
-    max_state_snapshots: int | None
-    snapshot_interval: int
-    host_kv_cache_gb: float
-    kv_write_policy: str
-    kv_disk_cache_dir: str | None
-    kv_disk_cache_gb: float
-    disable_overlap: bool | None
-    cpu_overlap_thread_min_ms: float
-    attention_backend: str
-    device: str
-    dtype: str
-    quantization: str
-    load_format: str
-    seed: int
-    disable_cuda_graph: bool
-    cuda_graph_max_bs: int
-    cpu_static_decode: bool
-    warmup: bool
-    tp_size: int
-    tp_timeout: float
 
 
 ENGINE_DEFAULTS = EngineConfig()

@@ -26,20 +26,17 @@ import torch
 
 from radixserve.common.config import load_format_problem
 from radixserve.common.sampling import SamplingParams, find_stop, stop_in_output
-from radixserve.common.service_config import (
-    CPU_CHUNKED_PREFILL_SIZE,
-    CUDA_CHUNKED_PREFILL_SIZE,
-    EngineConfig,
-    EngineOptions,
-)
+from radixserve.common.service_config import CPU_CHUNKED_PREFILL_SIZE, CUDA_CHUNKED_PREFILL_SIZE, EngineConfig
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.config import SchedulerConfig
+from radixserve.scheduler.engine_options import EngineOptions
 from radixserve.scheduler.event_loop import EventLoop, Step
 from radixserve.scheduler.memory.allocator import kv_capacity
 from radixserve.scheduler.memory.disk_cache import DiskTieredCache
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.memory.state_pool import plan_state_memory
 from radixserve.scheduler.memory.tier_setup import disk_tier, host_tokens
+from radixserve.scheduler.memory.write_down import write_down
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.device import resolve_profile
 from radixserve.scheduler.model.loader import load_model
@@ -470,6 +467,14 @@ class Engine:
             self._closed = True
             try:
                 self.loop.close()
+                if self.disk is not None and self.runner.host_pool is not None:  # a restart starts warm
+                    per_token, deadline = (
+                        self.model_config.kv_bytes_per_token(),
+                        self.config.kv_disk_write_down_s,
+                    )
+                    write_down(
+                        self.scheduler.kv, self.runner.host_pool, self.runner.kv_pool, per_token, deadline
+                    )
                 if self._grammars is not None:
                     self._grammars.close()
             finally:

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from radixserve import Engine
+from radixserve import Engine, SamplingParams
 from tests.helpers.host_tier import PREFIX, engine_turns
 
 HOST_GB = 0.00004  # about 76 tokens of the tiny llama: smaller than one turn's prefixes
@@ -125,3 +125,27 @@ def test_a_directory_that_cannot_be_opened_starts_the_engine_host_only_with_a_wa
     assert _tokens(turns) == tiers_off
     assert not hasattr(s.kv.cache, "disk")  # the host tier alone
     assert len([r for r in caplog.records if "disk KV tier off" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("write_down_s", [10.0, 0.0])
+def test_a_graceful_stop_writes_the_tiers_down_so_a_restart_starts_warm(llama_dir, tmp_path, write_down_s):
+    """A host tier large enough that nothing reached the disk while serving: at the stop the device
+    and host tiers go down to disk (unless ``kv_disk_write_down_s`` is 0), and the next engine on
+    the directory serves every conversation's prefix from it."""
+    opts = dict(
+        max_total_tokens=160, page_size=4, chunked_prefill_size=16, warmup=False, host_kv_cache_gb=0.01,
+        kv_disk_cache_dir=str(tmp_path), kv_disk_write_down_s=write_down_s,
+    )  # fmt: skip
+    prompts = [[*range(10 + 60 * c, 10 + 60 * c + PREFIX), 3] for c in range(4)]
+    params = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
+    with Engine(llama_dir, **opts) as first:
+        before = first.generate(input_ids=prompts, sampling_params=params)
+        assert first.disk is not None and first.disk.written_tokens == 0  # the host held everything
+    assert first.disk.written_tokens == (4 * PREFIX // 16 * 16 if write_down_s else 0)  # whole blocks
+    with Engine(llama_dir, **opts) as again:
+        after = again.generate(input_ids=prompts, sampling_params=params)
+        kv = again.scheduler.kv
+    assert [o["token_ids"] for o in after] == [o["token_ids"] for o in before]
+    cached = [o["meta_info"]["cached_tokens"] for o in after]
+    assert cached == ([PREFIX // 16 * 16] * 4 if write_down_s else [0] * 4)
+    assert kv.host is not None and kv.host.free_tokens + kv.cache.host_size == kv.host.capacity_tokens

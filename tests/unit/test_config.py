@@ -120,7 +120,8 @@ def test_engine_options_are_engine_config_fields_with_their_types() -> None:
     """``Engine(path, **options)`` is typed by EngineOptions: the same names and types as EngineConfig."""
     import typing
 
-    from radixserve.common.service_config import EngineConfig, EngineOptions
+    from radixserve.common.service_config import EngineConfig
+    from radixserve.scheduler.engine_options import EngineOptions
 
     assert typing.get_type_hints(EngineOptions) == typing.get_type_hints(EngineConfig)
 
