@@ -468,13 +468,13 @@ class Engine:
             self._closed = True
             try:
                 self.loop.close()
-                if self.disk is not None and self.runner.host_pool is not None:  # a restart starts warm
-                    r, per_token = self.runner, self.model_config.kv_bytes_per_token()
-                    to_ranks = (
-                        self.followers.send_copies if self.followers is not None else None
-                    )  # every rank
-                    deadline = self.config.kv_disk_write_down_s
-                    write_down(self.scheduler.kv, r.host_pool, r.kv_pool, per_token, deadline, to_ranks)
+                host_pool, per_token = self.runner.host_pool, self.model_config.kv_bytes_per_token()
+                if self.disk is not None and host_pool is not None:  # a restart starts warm
+                    f, deadline = self.followers, self.config.kv_disk_write_down_s
+                    to_ranks = f.send_copies if f is not None else None  # every rank runs the copies
+                    write_down(
+                        self.scheduler.kv, host_pool, self.runner.kv_pool, per_token, deadline, to_ranks
+                    )
                 if self._grammars is not None:
                     self._grammars.close()
             finally:
