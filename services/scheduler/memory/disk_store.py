@@ -49,6 +49,9 @@ MAGIC = b"RSKV"
 _HEADER = struct.Struct("<4sHQQIQIHH")
 MISS_CAUSES = ("corrupt", "foreign", "truncated", "missing")
 _STAT_EVERY_S = 1.0  # a block absent from the index is looked for on disk at most this often
+# A follower's part may land after rank 0's (each rank's writer runs on its own): a read waits this
+# long for it before the block is a miss (a part that never lands costs one read this, once).
+_PART_WAIT_S = 0.5
 
 
 def part_name(block_hash: int, rank: int, tp: int) -> str:
@@ -230,11 +233,9 @@ class DiskStore:
         entry; the block's files are then deleted: a part that fails is a miss of the whole block)."""
         parts = []
         for rank, path in enumerate(self.files(block_hash)):
-            try:
-                with open(path, "rb") as f:
-                    raw = f.read()
-            except FileNotFoundError:  # rank 0's: gone (evicted by another scheduler); another
-                self._drop(block_hash, delete=rank > 0)  # rank's: a write that never landed
+            raw = _read_file(path, _PART_WAIT_S if rank else 0.0)
+            if raw is None:  # rank 0's: gone (evicted by another scheduler); another rank's: a write
+                self._drop(block_hash, delete=rank > 0)  # that never landed (its writer off, behind)
                 return "missing"
             cause = self._verify(raw, block_hash, tokens, rank)
             if cause is not None:
@@ -293,3 +294,16 @@ class DiskStore:
                 self.used_bytes,
                 self.capacity_bytes,
             )
+
+
+def _read_file(path: Path, wait_s: float) -> bytes | None:
+    """The file's bytes; None when it does not exist within ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
