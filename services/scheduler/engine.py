@@ -176,7 +176,7 @@ class Engine:
             max_batch=cfg.max_running_requests,
             profile=self.profile,
             page_size=cfg.page_size,
-            step_sink=followers.send if followers is not None else None,
+            step_sink=followers.send_step if followers is not None else None,
             eos_token_ids=self._eos_token_ids(),
             state_snapshots=snapshots,
             host_kv_slots=host_slots,
@@ -186,7 +186,8 @@ class Engine:
         if followers is not None:
             table = kv.req_to_token
             shape = (kv.allocator.pool_slots, table.max_running, table.max_context, cfg.max_running_requests)
-            followers.build(RunnerSpec(*shape, cfg.page_size, snapshots, host_slots))
+            followers.disk, disk_dir = self.disk, str(self.disk.store.path) if self.disk is not None else ""
+            followers.build(RunnerSpec(*shape, cfg.page_size, snapshots, host_slots, disk_dir))
         self.placement = self._placement(weights, per_token, snapshots)
         if cfg.tp_size > 1:
             log.info(
@@ -467,13 +468,12 @@ class Engine:
             self._closed = True
             try:
                 self.loop.close()
-                if self.disk is not None and self.runner.host_pool is not None:  # a restart starts warm
-                    per_token, deadline = (
-                        self.model_config.kv_bytes_per_token(),
-                        self.config.kv_disk_write_down_s,
-                    )
+                host_pool, per_token = self.runner.host_pool, self.model_config.kv_bytes_per_token()
+                if self.disk is not None and host_pool is not None:  # a restart starts warm
+                    f, deadline = self.followers, self.config.kv_disk_write_down_s
+                    to_ranks = f.send_copies if f is not None else None  # every rank runs the copies
                     write_down(
-                        self.scheduler.kv, self.runner.host_pool, self.runner.kv_pool, per_token, deadline
+                        self.scheduler.kv, host_pool, self.runner.kv_pool, per_token, deadline, to_ranks
                     )
                 if self._grammars is not None:
                     self._grammars.close()

@@ -12,6 +12,11 @@ last step); the model's collectives go through the process group. A pipe rather 
 on the group: an idle server sends nothing, and a collective waiting for the next step would time
 out; and a follower learns that rank 0 is gone from the pipe's end of file.
 
+The KV tiers: every rank holds its own heads' host pool, and the step's copies travel in the plan.
+The disk tier's step ops (memory/disk_tier.py) go to each follower before the plan that names them
+(``send_step``: ``RankDiskOps``, its heads of the fills: one message per follower, not one for all);
+the graceful stop's write-down runs copies without a step (``send_copies``: ``KVCopies``).
+
 Start-up (``start_followers`` then ``TPFollowers``' calls, in this order):
 
 1. rank 0 starts the followers (``python -m radixserve.scheduler.tensor_parallel FD``: a fresh
@@ -48,13 +53,17 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from radixserve.common.child import die_with_parent
 from radixserve.common.ports import free_port
 from radixserve.scheduler.memory.allocator import kv_capacity
+from radixserve.scheduler.memory.disk_follower import DiskFollower
+from radixserve.scheduler.memory.disk_tier import DiskTier, RankDiskOps
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+from radixserve.scheduler.memory.tiered_cache import KVTransfers
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.device import DeviceProfile
 from radixserve.scheduler.model.loader import load_model
@@ -105,6 +114,14 @@ class RunnerSpec:
     page_size: int
     state_snapshots: int = 0  # a hybrid model's prefix snapshots (the StatePool's size)
     host_kv_slots: int = 0  # the host KV tier's slots (each rank holds its own heads' HostKVPool)
+    disk_dir: str = ""  # the disk KV tier's directory ("": none); each rank writes its own parts
+
+
+@dataclass(frozen=True, slots=True)
+class KVCopies:
+    """The KV tiers' copies without a step (the write-down at a graceful stop, memory/write_down.py)."""
+
+    transfers: KVTransfers
 
 
 CAPTURE = "capture"  # capture the decode graphs now
@@ -151,6 +168,7 @@ class TPFollowers:
         self.procs, self.conns = procs, conns
         self.sentinels = [os.pidfd_open(p.pid) for p in procs]  # readable once the process exits
         self.closing = False
+        self.disk: DiskTier | None = None  # rank 0's disk tier: its step ops go to the followers
         self._watcher: threading.Thread | None = None
 
     def _recv(self, i: int) -> object:
@@ -184,6 +202,25 @@ class TPFollowers:
             for conn in self.conns:
                 conn.send_bytes(data)
         except OSError as e:  # BrokenPipeError: a follower is gone
+            raise TPFailure(f"a tensor-parallel rank is gone: {e!r}") from e
+
+    def send_step(self, plan: StepPlan) -> None:
+        """The runner's step sink: the step's disk ops to each follower (its own heads), then the plan."""
+        self._send_disk_ops(plan.arrays.get("kv_disk_seq"))
+        self.send(plan)
+
+    def send_copies(self, transfers: KVTransfers) -> None:
+        """Copies every follower runs now, outside a step (the write-down at a graceful stop)."""
+        self._send_disk_ops(transfers.disk_seq)
+        self.send(KVCopies(transfers))
+
+    def _send_disk_ops(self, seq: object) -> None:
+        if self.disk is None or not isinstance(seq, np.ndarray) or not len(seq):
+            return
+        try:
+            for conn, ops in zip(self.conns, self.disk.follower_ops(int(seq[0])), strict=True):
+                conn.send_bytes(pickle.dumps(ops, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError as e:
             raise TPFailure(f"a tensor-parallel rank is gone: {e!r}") from e
 
     def watch(self, on_failure: Callable[[str], None]) -> None:
@@ -316,7 +353,18 @@ def _serve(spec: FollowerSpec, conn: Connection) -> None:
         model, table, rs.pool_slots, rs.max_batch, spec.profile, page_size=rs.page_size,
         state_snapshots=rs.state_snapshots, host_kv_slots=rs.host_kv_slots,
     )  # fmt: skip
+    disk = DiskFollower(rs.disk_dir, spec.rank, spec.size) if rs.disk_dir else None
+    if runner.host_pool is not None:
+        runner.host_pool.disk = disk
     conn.send("built")
+    try:
+        _steps(conn, runner, disk)
+    finally:
+        if disk is not None:
+            disk.close()  # its queued writes land first (a stop's write-down included)
+
+
+def _steps(conn: Connection, runner: ModelRunner, disk: DiskFollower | None) -> None:
     while True:
         try:
             msg = pickle.loads(conn.recv_bytes())
@@ -324,6 +372,13 @@ def _serve(spec: FollowerSpec, conn: Connection) -> None:
             raise TPFailure("rank 0 closed the pipe") from None
         if isinstance(msg, StepPlan):
             runner.forward(runner.load(msg))
+        elif isinstance(msg, RankDiskOps):
+            assert disk is not None, "disk-tier ops without a disk tier"
+            disk.stage(msg)
+        elif isinstance(msg, KVCopies):
+            assert runner.host_pool is not None and disk is not None, "KV copies without the tiers"
+            runner.host_pool.run(runner.kv_pool, msg.transfers)
+            disk.flush()  # written before the next chunk's: the writer's backlog drops none
         elif msg == CAPTURE:
             runner.capture_graphs()
         elif msg == STOP:

@@ -107,12 +107,6 @@ def test_a_read_only_directory_degrades_to_the_host_tier_with_one_warning(
 def test_settings_the_disk_tier_cannot_serve_are_refused_by_name(llama_dir, tmp_path):
     with pytest.raises(ValueError, match="kv_disk_cache_dir: the disk KV tier needs the host tier"):
         Engine(llama_dir, max_total_tokens=160, kv_disk_cache_dir=str(tmp_path), warmup=False)
-    from radixserve.common.service_config import EngineConfig
-    from radixserve.scheduler.memory.tier_setup import disk_tier
-
-    tp = EngineConfig(tp_size=2, host_kv_cache_gb=1.0, kv_disk_cache_dir=str(tmp_path))
-    with pytest.raises(ValueError, match="kv_disk_cache_dir: the disk KV tier does not serve tp_size > 1"):
-        disk_tier(tp, llama_dir, None)  # type: ignore[arg-type]  (refused before the model is read)
 
 
 def test_a_directory_that_cannot_be_opened_starts_the_engine_host_only_with_a_warning(

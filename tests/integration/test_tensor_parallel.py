@@ -260,3 +260,90 @@ def test_tp2_greedy_with_the_host_kv_tier_equals_tp1_without(demo_model):
     on, s = engine_turns(path, host_kv_cache_gb=0.01, disable_overlap=False, tp_size=2)
     assert [[o["token_ids"] for o in t] for t in on] == [[o["token_ids"] for o in t] for t in off]
     assert s.kv.cache.loaded_tokens >= 3 * PREFIX and s.num_retractions > 0
+
+
+# ------------------------------------------------------------------- the disk tier, tp=2
+DISK_HOST_GB = 0.00004  # the host tier smaller than one turn's prefixes: blocks reach the disk
+
+
+def _disk_turns(path, directory, tp_size):
+    """``engine_turns`` with host + disk on ``directory``; the host tier's tokens the same at every
+    tp size (each rank's host pool holds its own heads: tp 2 needs half the bytes per rank)."""
+    turns, s = engine_turns(
+        path, host_kv_cache_gb=DISK_HOST_GB / tp_size, kv_disk_cache_dir=str(directory),
+        disable_overlap=False, tp_size=tp_size,
+    )  # fmt: skip
+    return [[o["token_ids"] for o in t] for t in turns], turns, s
+
+
+@pytest.fixture(scope="module")
+def tp_disk(demo_model, tmp_path_factory):
+    """Tiers off (tp 1), and host + disk at tp 1 and tp 2, each on its own directory."""
+    path = demo_model("llama")
+    off, s_off = engine_turns(path, host_kv_cache_gb=0.0, disable_overlap=True)
+    dirs = {tp: tmp_path_factory.mktemp(f"disk-tp{tp}") for tp in (1, 2)}
+    runs = {tp: _disk_turns(path, dirs[tp], tp) for tp in (1, 2)}
+    runs[0] = ([], off, s_off)
+    return path, [[o["token_ids"] for o in t] for t in off], dirs, runs
+
+
+def test_tp2_greedy_with_host_and_disk_equals_tiers_off_and_tp1_and_a_restart_starts_warm(tp_disk):
+    """Every rank writes its own heads' part of each block; rank 0 reads and checks all of them and
+    sends each follower its heads of the fills: tokens identical to tiers off and to tp 1."""
+    path, off, dirs, runs = tp_disk
+    (_, _, s_off), (tokens1, _, _), (tokens2, _, s2) = runs[0], runs[1], runs[2]
+    assert tokens2 == tokens1 == off
+    tier = s2.kv.cache.disk
+    assert tier.written_tokens > 0 and tier.read_tokens > 0 and not tier.misses and not tier.off
+    assert s2.prefill_tokens < s_off.prefill_tokens  # (how many: when the reads land, not exact)
+    parts = {r: sorted(p.name[:16] for p in dirs[2].glob(f"*.r{r}of2.kv")) for r in (0, 1)}
+    assert parts[0] and parts[0] == parts[1] and not list(dirs[2].glob("????????????????.kv"))
+    tokens, again, s = _disk_turns(path, dirs[2], 2)  # a restart on the directory
+    assert tokens == off and again[0][0]["meta_info"]["cached_tokens"] > 0
+    assert s.kv.cache.disk.read_tokens > 0 and not s.kv.cache.disk.misses
+
+
+def test_tp2_a_corrupt_part_on_rank_1_is_a_counted_miss_and_the_outputs_stay_correct(tp_disk, tmp_path):
+    path, off, dirs, _ = tp_disk
+    for f in dirs[2].glob("*.kv"):  # a copy: the other test's restart reads the originals
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    for f in tmp_path.glob("*.r1of2.kv"):
+        raw = bytearray(f.read_bytes())
+        raw[-9] ^= 0x5A
+        f.write_bytes(bytes(raw))
+    tokens, again, s = _disk_turns(path, tmp_path, 2)
+    assert tokens == off
+    tier = s.kv.cache.disk
+    assert tier.misses["corrupt"] >= 1 and sum(tier.misses.values()) == tier.misses["corrupt"]
+    assert sum(o["meta_info"]["cached_tokens"] for o in again[0]) == 0  # nothing bad was served
+
+
+def test_files_of_another_tp_size_are_never_loaded(tp_disk):
+    """A tp 2 engine on tp 1's directory, and a tp 1 engine on tp 2's, find none of its blocks."""
+    path, off, dirs, _ = tp_disk
+    for tp, other in ((2, 1), (1, 2)):
+        tokens, turns, s = _disk_turns(path, dirs[other], tp)
+        assert tokens == off and sum(o["meta_info"]["cached_tokens"] for o in turns[0]) == 0
+        assert not s.kv.cache.disk.misses  # not even looked at: another layout's names
+
+
+def test_tp2_a_graceful_stop_writes_every_ranks_part_down_so_a_restart_starts_warm(demo_model, tmp_path):
+    """A host tier that held everything while serving: at the stop every rank runs the write-down's
+    copies and writes its parts; the next tp 2 engine serves every prefix from them."""
+    opts = dict(
+        max_total_tokens=160, page_size=4, chunked_prefill_size=16, warmup=False, host_kv_cache_gb=0.005,
+        kv_disk_cache_dir=str(tmp_path), tp_size=2,
+    )  # fmt: skip
+    prompts = [[*range(10 + 60 * c, 10 + 60 * c + PREFIX), 3] for c in range(4)]
+    params = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
+    with Engine(demo_model("llama"), **opts) as first:
+        before = first.generate(input_ids=prompts, sampling_params=params)
+        assert first.disk is not None and first.disk.written_tokens == 0  # the host held everything
+    assert first.disk.written_tokens == 4 * PREFIX // 16 * 16  # whole blocks
+    assert (
+        len(list(tmp_path.glob("*.r1of2.kv"))) == len(list(tmp_path.glob("*.r0of2.kv"))) == 4 * PREFIX // 16
+    )
+    with Engine(demo_model("llama"), **opts) as again:
+        after = again.generate(input_ids=prompts, sampling_params=params)
+    assert [o["token_ids"] for o in after] == [o["token_ids"] for o in before]
+    assert [o["meta_info"]["cached_tokens"] for o in after] == [PREFIX // 16 * 16] * 4

@@ -20,7 +20,7 @@ from radixserve.scheduler.memory.disk_tier import DiskTier
 from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
 from tests.unit.test_host_tier import TieredCacheMachine
 
-HEADER = struct.calcsize("<4sHQQIQI")  # the file header (memory/disk_store.py)
+HEADER = struct.calcsize("<4sHQQIQIHH")  # the file header (memory/disk_store.py)
 
 
 class DiskCacheMachine(TieredCacheMachine):

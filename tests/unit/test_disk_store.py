@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from radixserve.scheduler.memory.disk_store import BlockLayout, DiskFullError, DiskStore
+from radixserve.scheduler.memory.disk_store import (
+    BlockLayout,
+    DiskFullError,
+    DiskStore,
+    encode_block,
+    write_atomic,
+)
 
 LAYOUT = BlockLayout((6, 4, 2, 8), torch.bfloat16)  # 3 layers' K and V, 4 tokens, 2 heads of 8
 
@@ -76,3 +82,53 @@ def test_a_directory_keeps_its_id_and_blocks_for_the_next_store_and_a_sharing_on
     assert isinstance(got, torch.Tensor) and torch.equal(got.view(torch.uint8), _kv(11).view(torch.uint8))
     assert not list(tmp_path.glob(".tmp-*"))  # the atomic writes left no temp file
     restarted.check()
+
+
+# ----------------------------------------------------------- tensor parallelism: a part per rank
+def _part(store: DiskStore, h: int, rank: int, kv: torch.Tensor) -> None:
+    """Rank ``rank``'s part of block ``h``, as a follower writes it (memory/disk_follower.py)."""
+    write_atomic(store.file(h, rank), encode_block(store.root_hash, h, _tokens(5), kv, rank, store.tp))
+
+
+def test_with_tp_every_rank_has_its_part_and_a_read_checks_them_all(tmp_path):
+    """Rank 0 writes its part and accounts for every rank's; a read returns every rank's heads, and
+    a bad part on any rank is a miss of the whole block, whose parts are all deleted."""
+    store = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7, tp=2)
+    k0, k1 = _kv(1), _kv(2)
+    assert store.write(9, _tokens(5), k0) == [] and store.used_bytes == 2 * LAYOUT.file_bytes
+    assert store.read(9, _tokens(5)) == "missing"  # rank 1's part never landed: deleted, unindexed
+    assert not list(tmp_path.glob("*.kv")) and not store.has(9)
+    store.write(9, _tokens(5), k0)
+    _part(store, 9, 1, k1)
+    assert sorted(p.name for p in tmp_path.glob("*.kv")) == [
+        "0000000000000009.r0of2.kv",
+        "0000000000000009.r1of2.kv",
+    ]
+    got = store.read(9, _tokens(5))
+    assert isinstance(got, torch.Tensor) and torch.equal(got, torch.cat([k0, k1], dim=2))
+    again = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7, tp=2)  # a restart: the scan
+    assert again.hashes() == [9] and again.used_bytes == 2 * LAYOUT.file_bytes
+    raw = bytearray(store.file(9, 1).read_bytes())
+    raw[-3] ^= 0x5A
+    store.file(9, 1).write_bytes(bytes(raw))
+    assert again.read(9, _tokens(5)) == "corrupt" and not list(tmp_path.glob("*.kv"))
+    again.check()
+
+
+def test_a_part_of_another_tp_layout_is_foreign_and_another_layout_sees_no_blocks(tmp_path):
+    one = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7)
+    two = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7, tp=2)
+    one.write(5, _tokens(5), _kv(1))
+    two.write(6, _tokens(5), _kv(1))
+    _part(two, 6, 1, _kv(2))
+    assert not two.has(5) and not one.has(6)  # names of another layout: not its blocks
+    assert DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7, tp=2).hashes() == [6]
+    assert DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7).hashes() == [5]
+    for rank in (0, 1):  # tp 1's file under tp 2's names: its header says so
+        two.file(5, rank).write_bytes(one.file(5).read_bytes())
+    fresh = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7, tp=2)  # its scan finds them
+    assert fresh.has(5) and fresh.read(5, _tokens(5)) == "foreign"
+    swapped = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7, tp=2)
+    _part(swapped, 7, 1, _kv(1))
+    swapped.file(7, 0).write_bytes(swapped.file(7, 1).read_bytes())  # rank 1's part as rank 0's
+    assert swapped.has(7) and swapped.read(7, _tokens(5)) == "foreign"

@@ -313,3 +313,54 @@ def test_an_idle_step_sleeps_until_the_disk_read_lands_instead_of_spinning(tmp_p
     run_to_completion(s2)
     _done(s2)
     tier.close()
+
+
+def test_two_ranks_host_pools_round_trip_through_their_parts_byte_exact(tmp_path):
+    """Tensor parallelism without processes: rank 0's DiskTier and rank 1's DiskFollower each capture
+    their own heads' host pages into their own part files; rank 0 reads every part back, and each
+    rank's fill (rank 1's via ``follower_ops``, as tensor_parallel.py sends it) restores its heads."""
+    import numpy as np
+
+    from radixserve.scheduler.memory.disk_follower import DiskFollower
+    from radixserve.scheduler.memory.disk_tier import ReadJob, StepOps
+
+    layout = BlockLayout((4, BLOCK, 2, 3), torch.bfloat16)  # 2 layers' K and V, 2 heads per rank
+    tier = DiskTier(DiskStore(tmp_path, 1 << 20, layout, root_hash=1234, tp=2), BLOCK)
+    follower = DiskFollower(tmp_path, rank=1, tp=2)
+    gen = torch.Generator().manual_seed(0)
+    pools = [[torch.randn((32, 2, 3), generator=gen).to(torch.bfloat16) for _ in range(4)] for _ in range(2)]
+    before = [[t.clone() for t in p] for p in pools]
+    tokens, on_host = np.arange(2 * BLOCK, dtype=np.int32), np.arange(4, 4 + 2 * BLOCK, dtype=np.int64)
+    seq = tier.seal(StepOps(captures=[(on_host, [(0xA, tokens[:BLOCK]), (0xB, tokens[BLOCK:])])]))
+    (ops,) = tier.follower_ops(seq)
+    follower.stage(ops)
+    tier.run_step(seq, pools[0])
+    follower.run_step(seq, pools[1])
+    tier.flush()
+    follower.flush()
+    assert sorted(p.name[17:] for p in tmp_path.glob("*.kv")) == [
+        "r0of2.kv",
+        "r0of2.kv",
+        "r1of2.kv",
+        "r1of2.kv",
+    ]
+    for p in pools:
+        for t in p:
+            t.zero_()
+    tier.submit_read(ReadJob(tokens, 0, [0xA, 0xB]))
+    tier.flush()
+    (res,) = tier.take_done()
+    assert res.blocks == 2 and res.kv is not None and res.kv.shape == (4, 2 * BLOCK, 4, 3)
+    back = np.arange(16, 16 + 2 * BLOCK, dtype=np.int64)
+    seq = tier.seal(StepOps(fills=[(back, res.kv)]))
+    (ops,) = tier.follower_ops(seq)
+    assert ops.fills[0][1].shape == (4, 2 * BLOCK, 2, 3)  # rank 1's heads alone cross the pipe
+    follower.stage(ops)
+    tier.run_step(seq, pools[0])
+    follower.run_step(seq, pools[1])
+    for rank in (0, 1):
+        for got, want in zip(pools[rank], before[rank], strict=True):
+            assert torch.equal(got[back].view(torch.uint8), want[on_host].view(torch.uint8)), rank
+    assert not tier.misses
+    tier.close()
+    follower.close()

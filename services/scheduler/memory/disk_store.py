@@ -2,20 +2,26 @@
 
 One file per block of KV, named by the block's chained hash (``common/block_hash.py``), so any
 scheduler on the same directory (a restarted one, or another pod on a shared volume) finds a block
-from its prompt alone. A file is a fixed header, the block's token ids, then its KV bytes::
+from its prompt alone. With tensor parallelism (``tp`` > 1) a block is one file per rank, each of
+that rank's KV heads (``{hash}.r{rank}of{tp}.kv``; ``{hash}.kv`` without): every rank writes its
+own part (memory/disk_follower.py on ranks > 0), this store (rank 0's) keeps the index of whole
+blocks, their bytes over every part, and reads and checks every part. A file is a fixed header, the
+block's token ids, then its KV bytes::
 
     magic b"RSKV" | format version u16 | root hash u64 | block hash u64 | tokens u32 | KV bytes u64
-    | crc32 u32 (of the token ids and the KV bytes) | token ids (int32 each) | KV bytes
+    | crc32 u32 (of the token ids and the KV bytes) | rank u16 | tp u16 | token ids (int32 each)
+    | KV bytes
 
-A read checks all of it: a file of another format or model (the root hash), or of other tokens, is
-``foreign``; a short one ``truncated``; a checksum that does not match ``corrupt``; a file gone
-``missing``. A bad file is deleted, never served. Writes are atomic (a temp file in the directory,
-then ``os.replace``): a reader sees a whole file or none. The index (hash -> file bytes, least
-recently used first) is built by a scan at start and kept by this store's writes and reads; a lookup
-that misses it stats the file (at most once a second per block), so another scheduler's writes are
-found. Within ``capacity_bytes`` the least recently used files go first. ``DIR_ID`` holds a random
-id made once per directory (the first scheduler to start creates it atomically): the directory's
-identity as a location that every scheduler mounting it can load from.
+A read checks all of it: a file of another format, model (the root hash) or layout (its rank and tp
+size), or of other tokens, is ``foreign``; a short one ``truncated``; a checksum that does not match
+``corrupt``; a file gone ``missing``. A bad file (any rank's part) is deleted with its block's other
+parts, never served. Writes are atomic (a temp file in the directory, then ``os.replace``): a reader
+sees a whole file or none. The index (hash -> file bytes, least recently used first) is built by a
+scan at start and kept by this store's writes and reads; a lookup that misses it stats the files (at
+most once a second per block), so another scheduler's writes are found. Within ``capacity_bytes``
+the least recently used files go first. ``DIR_ID`` holds a random id made once per directory (the
+first scheduler to start creates it atomically): the directory's identity as a location that every
+scheduler mounting it can load from.
 
 Thread-safe: the scheduler thread looks up, a reader thread reads, a writer thread writes.
 """
@@ -38,12 +44,47 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the rank and tp size
 MAGIC = b"RSKV"
-_HEADER = struct.Struct("<4sHQQIQI")
-_NAME = re.compile(r"^[0-9a-f]{16}\.kv$")
+_HEADER = struct.Struct("<4sHQQIQIHH")
 MISS_CAUSES = ("corrupt", "foreign", "truncated", "missing")
 _STAT_EVERY_S = 1.0  # a block absent from the index is looked for on disk at most this often
+# A follower's part may land after rank 0's (each rank's writer runs on its own): a read waits this
+# long for it before the block is a miss (a part that never lands costs one read this, once).
+_PART_WAIT_S = 0.5
+
+
+def part_name(block_hash: int, rank: int, tp: int) -> str:
+    """The file of rank ``rank``'s part of a block (the whole block without tensor parallelism)."""
+    return f"{block_hash:016x}.kv" if tp == 1 else f"{block_hash:016x}.r{rank}of{tp}.kv"
+
+
+def name_pattern(tp: int) -> re.Pattern[str]:
+    """The names of the parts a ``tp``-rank layout writes (group 1: the block's hash)."""
+    return re.compile(r"^([0-9a-f]{16})\.kv$" if tp == 1 else rf"^([0-9a-f]{{16}})\.r\d+of{tp}\.kv$")
+
+
+def encode_block(
+    root_hash: int, block_hash: int, tokens: npt.NDArray[np.integer], kv: torch.Tensor, rank: int, tp: int
+) -> bytes:
+    """A file's bytes: the header, the token ids, then ``kv`` (rank ``rank``'s heads of the block)."""
+    ids = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
+    data = kv.contiguous().view(torch.uint8).numpy().tobytes()
+    crc = zlib.crc32(data, zlib.crc32(ids))
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, root_hash, block_hash, len(tokens), len(data), crc, rank, tp)
+    return head + ids + data
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` whole, or is as it was (a temp file in its directory, then a rename)."""
+    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class DiskFullError(OSError):
@@ -67,10 +108,15 @@ class BlockLayout:
 
 
 class DiskStore:
-    def __init__(self, path: str | Path, capacity_bytes: int, layout: BlockLayout, root_hash: int) -> None:
+    def __init__(
+        self, path: str | Path, capacity_bytes: int, layout: BlockLayout, root_hash: int, tp: int = 1
+    ) -> None:
         """Opens (creating it if needed) the directory ``path`` and indexes the blocks it holds.
-        Raises OSError when the directory cannot be created or written (read-only)."""
+        ``layout``: one rank's part (``tp`` ranks: each holds its own KV heads; ``capacity_bytes``
+        bounds every part together). Raises OSError when the directory cannot be created or written."""
         self.path = Path(path)
+        self.tp = tp
+        self._name = name_pattern(tp)
         self.capacity_bytes = capacity_bytes
         self.layout = layout
         self.root_hash = root_hash  # the model's: a file with another is foreign
@@ -97,17 +143,24 @@ class DiskStore:
         return marker.read_text().strip()
 
     def _scan(self) -> None:
-        found = []
+        found: dict[int, tuple[float, int]] = {}  # hash -> newest part's mtime, bytes of its parts
         for entry in os.scandir(self.path):
-            if _NAME.match(entry.name):
-                st = entry.stat()
-                found.append((st.st_mtime, int(entry.name[:16], 16), st.st_size))
-        for _, h, size in sorted(found):  # oldest first: the LRU order survives a restart (mtime)
+            if self._name.match(entry.name):
+                st, h = entry.stat(), int(entry.name[:16], 16)
+                mtime, size = found.get(h, (0.0, 0))
+                found[h] = (max(mtime, st.st_mtime), size + st.st_size)
+        # oldest first: the LRU order survives a restart (mtime). A block missing a part (a rank's
+        # write that never landed) is indexed too: its bytes count, and its first read drops it.
+        for h, (_, size) in sorted(found.items(), key=lambda kv: kv[1][0]):
             self._index[h] = size
             self.used_bytes += size
 
-    def file(self, block_hash: int) -> Path:
-        return self.path / f"{block_hash:016x}.kv"
+    def file(self, block_hash: int, rank: int = 0) -> Path:
+        return self.path / part_name(block_hash, rank, self.tp)
+
+    def files(self, block_hash: int) -> list[Path]:
+        """Every rank's part of the block."""
+        return [self.file(block_hash, r) for r in range(self.tp)]
 
     # ----------------------------------------------------------------- lookup
     def has(self, block_hash: int) -> bool:
@@ -121,8 +174,8 @@ class DiskStore:
             self._absent[block_hash] = now
             if len(self._absent) > 65536:
                 self._absent.clear()
-        try:
-            size = self.file(block_hash).stat().st_size  # another scheduler's write
+        try:  # another scheduler's write: found once every rank's part is
+            size = sum(f.stat().st_size for f in self.files(block_hash))
         except OSError:
             return False
         with self._lock:
@@ -143,13 +196,11 @@ class DiskStore:
 
     # ------------------------------------------------------------------ write
     def write(self, block_hash: int, tokens: npt.NDArray[np.integer], kv: torch.Tensor) -> list[int] | None:
-        """Store one block; returns the hashes of the files evicted to make room (None: it was there).
-        Raises DiskFullError when one file exceeds the bound, OSError when the disk refuses."""
-        ids = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
-        data = kv.contiguous().view(torch.uint8).numpy().tobytes()
-        crc = zlib.crc32(data, zlib.crc32(ids))
-        head = _HEADER.pack(MAGIC, FORMAT_VERSION, self.root_hash, block_hash, len(tokens), len(data), crc)
-        size = len(head) + len(ids) + len(data)
+        """Store one block (rank 0's part: the other ranks write theirs, memory/disk_follower.py);
+        returns the hashes of the blocks evicted to make room (None: it was there). Raises
+        DiskFullError when one block exceeds the bound, OSError when the disk refuses."""
+        data = encode_block(self.root_hash, block_hash, tokens, kv, 0, self.tp)
+        size = len(data) * self.tp  # every rank's part: the same heads per rank, the same size
         if size > self.capacity_bytes:
             raise DiskFullError(f"one block ({size} bytes) exceeds the disk tier's bound")
         with self._lock:
@@ -157,14 +208,7 @@ class DiskStore:
                 self._index.move_to_end(block_hash)
                 return None
             evicted = self._evict_to(self.capacity_bytes - size)
-        tmp = self.path / f".tmp-{uuid.uuid4().hex}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(head + ids + data)
-            os.replace(tmp, self.file(block_hash))
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(self.file(block_hash), data)
         with self._lock:
             if block_hash not in self._index:
                 self._index[block_hash] = size
@@ -177,39 +221,46 @@ class DiskStore:
         while self.used_bytes > limit and self._index:
             h, size = self._index.popitem(last=False)
             self.used_bytes -= size
-            self.file(h).unlink(missing_ok=True)
+            for f in self.files(h):
+                f.unlink(missing_ok=True)
             evicted.append(h)
         return evicted
 
     # ------------------------------------------------------------------- read
     def read(self, block_hash: int, tokens: npt.NDArray[np.integer]) -> torch.Tensor | str:
-        """The block's KV (``layout``), or why not (a MISS_CAUSES entry; the file is then deleted)."""
-        try:
-            with open(self.file(block_hash), "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            self._drop(block_hash, delete=False)
-            return "missing"
-        cause = self._verify(raw, block_hash, tokens)
-        if cause is not None:
-            self._drop(block_hash, delete=True)
-            return cause
+        """The block's KV (``layout``; with ``tp`` ranks every rank's part, concatenated along the
+        heads: rank r's are ``[:, :, r * heads : (r + 1) * heads]``), or why not (a MISS_CAUSES
+        entry; the block's files are then deleted: a part that fails is a miss of the whole block)."""
+        parts = []
+        for rank, path in enumerate(self.files(block_hash)):
+            raw = _read_file(path, _PART_WAIT_S if rank else 0.0)
+            if raw is None:  # rank 0's: gone (evicted by another scheduler); another rank's: a write
+                self._drop(block_hash, delete=rank > 0)  # that never landed (its writer off, behind)
+                return "missing"
+            cause = self._verify(raw, block_hash, tokens, rank)
+            if cause is not None:
+                self._drop(block_hash, delete=True)
+                return cause
+            kv = torch.frombuffer(bytearray(raw[-self.layout.kv_bytes :]), dtype=torch.uint8)
+            parts.append(kv.view(self.layout.dtype).reshape(self.layout.shape))
         with self._lock:
             if block_hash in self._index:
                 self._index.move_to_end(block_hash)
-        with contextlib.suppress(OSError):
-            os.utime(self.file(block_hash))  # the LRU order after a restart
-        kv = torch.frombuffer(bytearray(raw[-self.layout.kv_bytes :]), dtype=torch.uint8)
-        return kv.view(self.layout.dtype).reshape(self.layout.shape)
+        for path in self.files(block_hash):
+            with contextlib.suppress(OSError):
+                os.utime(path)  # the LRU order after a restart
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
-    def _verify(self, raw: bytes, block_hash: int, tokens: npt.NDArray[np.integer]) -> str | None:
+    def _verify(self, raw: bytes, block_hash: int, tokens: npt.NDArray[np.integer], rank: int) -> str | None:
         if len(raw) < _HEADER.size:
             return "truncated"
-        magic, version, root, h, n, nbytes, crc = _HEADER.unpack_from(raw)
+        magic, version, root, h, n, nbytes, crc, its_rank, its_tp = _HEADER.unpack_from(raw)
         if magic != MAGIC:
             return "corrupt"
         if version != FORMAT_VERSION or root != self.root_hash or nbytes != self.layout.kv_bytes:
             return "foreign"
+        if (its_rank, its_tp) != (rank, self.tp):
+            return "foreign"  # another tensor-parallel layout's part
         if h != block_hash or n != len(tokens):
             return "corrupt"  # its name and its header disagree
         end = _HEADER.size + 4 * n + nbytes
@@ -228,17 +279,31 @@ class DiskStore:
             if size is not None:
                 self.used_bytes -= size
         if delete:
-            self.file(block_hash).unlink(missing_ok=True)
+            for f in self.files(block_hash):
+                f.unlink(missing_ok=True)
 
     # ----------------------------------------------------------------- checks
     def check(self) -> None:
         """Every indexed block is a file, their bytes (as written) within the bound. Files another
         scheduler sharing the directory wrote may not be indexed yet (none may delete one meanwhile)."""
         with self._lock:
-            on_disk = {int(e.name[:16], 16) for e in os.scandir(self.path) if _NAME.match(e.name)}
+            on_disk = {int(e.name[:16], 16) for e in os.scandir(self.path) if self._name.match(e.name)}
             stale = set(self._index) - on_disk
             assert not stale, f"indexed blocks with no file: {sorted(stale)[:4]}"
             assert self.used_bytes == sum(self._index.values()) <= self.capacity_bytes, (
                 self.used_bytes,
                 self.capacity_bytes,
             )
+
+
+def _read_file(path: Path, wait_s: float) -> bytes | None:
+    """The file's bytes; None when it does not exist within ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)

@@ -9,6 +9,12 @@ reader thread reads and checks the files (a bad one is a counted miss) and the c
 result on its next ``poll``: new host pages and a *fill* of them, which the step's copies run after
 the captures and before the loads to the device. Neither thread ever touches the pools.
 
+Tensor parallelism (``store.tp`` > 1): this tier is rank 0's; its reader reads and checks every
+rank's part of a block (one node, one directory), and a fill holds every rank's heads. Before each
+step's plan, rank 0 sends each follower its ``RankDiskOps`` (``follower_ops``: the captures, and its
+heads of the fills; tensor_parallel.py), and each rank writes its own part of a captured block
+(memory/disk_follower.py on ranks > 0).
+
 A disk that refuses a write (full, read-only, or a bound smaller than one block) turns the tier off
 with one warning: no more reads or writes, requests go on with the host tier alone.
 """
@@ -34,7 +40,8 @@ log = logging.getLogger(__name__)
 MAX_PENDING_WRITE_BYTES = 1 << 30
 
 Capture = tuple[npt.NDArray[np.int64], list[tuple[int, npt.NDArray[np.int32]]]]  # host slots, blocks
-Fill = tuple[npt.NDArray[np.int64], torch.Tensor]  # host slots, their KV [2L, n, heads, dim]
+# host slots, their KV [2L, n, heads, dim] (tensor parallelism: every rank's heads, rank 0's first)
+Fill = tuple[npt.NDArray[np.int64], torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -57,6 +64,17 @@ class ReadResult:
 class StepOps:
     captures: list[Capture] = field(default_factory=list)
     fills: list[Fill] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class RankDiskOps:
+    """One step's disk ops for one follower rank: the captures (its part of each block to write) and
+    its heads of the fills; rank 0 sends it before the step's plan (tensor_parallel.py)."""
+
+    seq: int
+    root_hash: int  # the model's, for the files' headers (block events may set it after start)
+    captures: list[Capture]
+    fills: list[Fill]
 
 
 class DiskTier:
@@ -95,6 +113,22 @@ class DiskTier:
             self._sealed[self._seq] = ops
             return self._seq
 
+    def follower_ops(self, seq: int) -> list[RankDiskOps]:
+        """Step ``seq``'s ops for ranks 1..tp-1, each with its own heads of the fills (the scheduler
+        thread, before the runner's ``run_step`` takes them)."""
+        with self._lock:
+            ops = self._sealed[seq]
+        heads = self.store.layout.shape[2]
+        return [
+            RankDiskOps(
+                seq,
+                self.store.root_hash,
+                [] if self.off else ops.captures,
+                [(slots, kv[:, :, r * heads : (r + 1) * heads].contiguous()) for slots, kv in ops.fills],
+            )
+            for r in range(1, self.store.tp)
+        ]
+
     def submit_read(self, job: ReadJob) -> None:
         self.reading.update(job.hashes)
         self._reader.submit(self._read, job)
@@ -128,8 +162,7 @@ class DiskTier:
         for slots, blocks in ops.captures:
             if self.off:
                 break
-            idx = torch.from_numpy(slots)
-            kv = torch.stack([t.index_select(0, idx) for t in tensors])
+            kv = gather(slots, tensors)
             nbytes = kv.numel() * kv.element_size()
             with self._lock:
                 if self._pending_bytes + nbytes > MAX_PENDING_WRITE_BYTES:
@@ -137,10 +170,7 @@ class DiskTier:
                     continue
                 self._pending_bytes += nbytes
             self._writer.submit(self._write, blocks, kv, nbytes)
-        for slots, kv in ops.fills:
-            idx = torch.from_numpy(slots)
-            for i, t in enumerate(tensors):
-                t.index_copy_(0, idx, kv[i])
+        run_fills(ops.fills, tensors)
 
     # -------------------------------------------------------------- threads
     def _write(self, blocks: list[tuple[int, npt.NDArray[np.int32]]], kv: torch.Tensor, nbytes: int) -> None:
@@ -198,3 +228,18 @@ class DiskTier:
     def close(self) -> None:
         self._writer.shutdown(wait=True)
         self._reader.shutdown(wait=True)
+
+
+def gather(slots: npt.NDArray[np.int64], tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Host slots ``slots`` of every tensor of a host pool: ``[2L, n, heads, dim]``."""
+    idx = torch.from_numpy(slots)
+    return torch.stack([t.index_select(0, idx) for t in tensors])
+
+
+def run_fills(fills: list[Fill], tensors: list[torch.Tensor]) -> None:
+    """Write fills into a host pool's tensors: this rank's heads, the first ``heads`` of a fill's
+    (rank 0 holds every rank's; a follower gets its own alone)."""
+    for slots, kv in fills:
+        idx = torch.from_numpy(slots)
+        for i, t in enumerate(tensors):
+            t.index_copy_(0, idx, kv[i, :, : t.shape[1]])

@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from radixserve.scheduler.memory.disk_follower import DiskFollower
 from radixserve.scheduler.memory.disk_tier import DiskTier
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.tiered_cache import KVTransfers
@@ -87,7 +88,8 @@ class HostKVPool:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         # CUDA: a write-back whose transfer is queued: (its done event, the pinned buffer, host slots)
         self._landing: tuple[torch.cuda.Event, torch.Tensor, torch.Tensor] | None = None
-        self.disk: DiskTier | None = None  # the disk tier under this pool (the engine attaches it)
+        # the disk tier under this pool (the engine attaches it; a tensor-parallel follower its side)
+        self.disk: DiskTier | DiskFollower | None = None
 
     def run(self, pool: KVPool, t: KVTransfers, load: KVLoad | None = None) -> None:
         """The step's copies: ``t.store_src`` device slots to ``t.store_dst`` host slots, then

@@ -35,18 +35,19 @@ def disk_block_size(page_size: int) -> int:
 
 def disk_tier(cfg: EngineConfig, model_path: str | Path, local: ModelConfig) -> DiskTier | None:
     """The disk tier on ``kv_disk_cache_dir`` (None: off). A directory that cannot be opened for
-    writing leaves the engine host-only, with one warning; settings it cannot serve are refused."""
+    writing leaves the engine host-only, with one warning; settings it cannot serve are refused.
+    ``local``: rank 0's shard (tensor parallelism: each rank's files hold its own KV heads)."""
     if cfg.kv_disk_cache_dir is None:
         return None
     if cfg.host_kv_cache_gb <= 0:
         raise ValueError("kv_disk_cache_dir: the disk KV tier needs the host tier (host_kv_cache_gb > 0)")
-    if cfg.tp_size > 1:
-        raise ValueError("kv_disk_cache_dir: the disk KV tier does not serve tp_size > 1 yet")
     bs = disk_block_size(cfg.page_size)
     layout = BlockLayout((2 * local.num_kv_layers, bs, local.num_kv_heads, local.head_dim), local.dtype)
     capacity = int(cfg.kv_disk_cache_gb * 2**30)
     try:
-        store = DiskStore(cfg.kv_disk_cache_dir, capacity, layout, root_hash(Path(model_path).name))
+        store = DiskStore(
+            cfg.kv_disk_cache_dir, capacity, layout, root_hash(Path(model_path).name), tp=cfg.tp_size
+        )
     except OSError as e:
         log.warning("disk KV tier off, serving from the host tier alone: %s", e)
         return None

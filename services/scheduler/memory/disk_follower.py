@@ -1,0 +1,83 @@
+"""DiskFollower: a tensor-parallel follower's (rank > 0) side of the disk KV tier
+(docs/architecture.md, "KV tiers"; rank 0's side: memory/disk_tier.py).
+
+Rank 0 decides everything (the index, LRU, lookups, which blocks to read and write) and reads and
+checks every rank's part of a block itself; a follower only runs each step's ``RankDiskOps``, which
+rank 0 sends before the step's plan (tensor_parallel.py): its captures (this rank's heads of the
+host pages, gathered before the step's copies rewrite them, written as this rank's part of each
+block by a writer thread) and its fills (this rank's heads of blocks rank 0 read). A write the disk
+refuses turns this rank's writing off with one warning: rank 0 then finds those blocks' parts
+missing, a counted miss each, and the requests compute them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from radixserve.scheduler.memory.disk_store import encode_block, part_name, write_atomic
+from radixserve.scheduler.memory.disk_tier import MAX_PENDING_WRITE_BYTES, RankDiskOps, gather, run_fills
+
+log = logging.getLogger(__name__)
+
+
+class DiskFollower:
+    def __init__(self, path: str | Path, rank: int, tp: int) -> None:
+        self.path, self.rank, self.tp = Path(path), rank, tp
+        self.off = False
+        self.written_tokens = 0
+        self._staged: dict[int, RankDiskOps] = {}  # by sequence number: received, not run yet
+        self._lock = threading.Lock()
+        self._pending_bytes = 0
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-write")
+
+    def stage(self, ops: RankDiskOps) -> None:
+        """Rank 0's ops for step ``ops.seq`` (they arrive before the step's plan)."""
+        self._staged[ops.seq] = ops
+
+    def run_step(self, seq: int, tensors: list[torch.Tensor]) -> None:
+        """The step's captures (gathered now, written by the writer thread), then its fills."""
+        ops = self._staged.pop(seq)
+        for slots, blocks in ops.captures:
+            if self.off:
+                break
+            kv = gather(slots, tensors)
+            nbytes = kv.numel() * kv.element_size()
+            with self._lock:
+                if self._pending_bytes + nbytes > MAX_PENDING_WRITE_BYTES:
+                    continue  # rank 0 finds the parts missing: a miss, never a wrong block
+                self._pending_bytes += nbytes
+            self._writer.submit(self._write, ops.root_hash, blocks, kv, nbytes)
+        run_fills(ops.fills, tensors)
+
+    def _write(
+        self, root: int, blocks: list[tuple[int, npt.NDArray[np.int32]]], kv: torch.Tensor, nbytes: int
+    ) -> None:
+        bs = kv.shape[1] // max(len(blocks), 1)
+        try:
+            for i, (h, tokens) in enumerate(blocks):
+                if self.off:
+                    return
+                data = encode_block(root, h, tokens, kv[:, i * bs : (i + 1) * bs], self.rank, self.tp)
+                write_atomic(self.path / part_name(h, self.rank, self.tp), data)
+                self.written_tokens += bs
+        except OSError as e:
+            if not self.off:
+                self.off = True
+                log.warning("disk KV tier: rank %d writes no more parts: %s", self.rank, e)
+        finally:
+            with self._lock:
+                self._pending_bytes -= nbytes
+
+    def flush(self) -> None:
+        """Wait for every queued write (the write-down at a stop)."""
+        self._writer.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
