@@ -27,7 +27,8 @@ from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 
 
 class KVTransfers(NamedTuple):
-    """Copies between the device and host KV pools to run before a step's forward, stores first."""
+    """Copies between the device and host KV pools to run with a step, stores first (before its forward;
+    the loads too when ``load_sync``)."""
 
     store_src: npt.NDArray[np.int64]  # device slots written back ...
     store_dst: npt.NDArray[np.int64]  # ... to these host slots
@@ -36,6 +37,9 @@ class KVTransfers(NamedTuple):
     # The disk tier's captures and fills for this step, by sequence number (memory/disk_tier.py;
     # one element, or none). They run first: captures, then fills, then the copies above.
     disk_seq: npt.NDArray[np.int64] = _EMPTY_SLOTS
+    # One element when the step's own batch reads pages these loads write: its forward waits for
+    # them. Empty: it does not (a request waits a step for its load), the next step's forward does.
+    load_sync: npt.NDArray[np.int64] = _EMPTY_SLOTS
 
 
 _Copies = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]  # (source slots, destination slots)
