@@ -9,8 +9,16 @@ it: a batch that reads a page its own step loads without waiting reads it wrong 
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
+from radixserve.common import telemetry
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.batch_scheduler import BatchScheduler
+from radixserve.scheduler.memory.host_pool import KVLoad
+from radixserve.scheduler.metrics import SchedulerMetrics
+from radixserve.scheduler.tracing import SchedulerTracer
 from tests.helpers.scheduler import (
     KVEchoRunner,
     make_req,
@@ -127,3 +135,61 @@ def test_with_nothing_else_to_run_it_is_admitted_at_once_and_its_forward_waits_f
     run_to_completion(s)
     assert hit.output_ids == reference_output(hit.origin_ids.tolist(), 6)
     assert hit.loaded_len == len(PREFIX) and s.kv.hit_tokens["host"] == len(PREFIX)
+
+
+def _timed_load(batch: ScheduleBatch, seconds: float | None) -> KVLoad | None:
+    """What the model runner makes of a step's loads (ModelRunner.prepare, HostKVPool.run): its
+    KVLoad, timed (``seconds`` None: not known yet, as on CUDA while the copies still run)."""
+    t = batch.kv_transfers
+    if t is None or not len(t.load_src):
+        return None
+    batch.kv_load = KVLoad(len(t.load_src), len(t.load_src) * 64)
+    if seconds is not None:
+        batch.kv_load.timed(time.perf_counter(), seconds)
+    return batch.kv_load
+
+
+def test_the_load_a_request_waited_for_is_traced_and_timed_from_the_step_that_ran_it(monkeypatch):
+    spans: list[tuple[str, float, float, dict]] = []
+    monkeypatch.setattr(
+        telemetry, "span_between", lambda name, parent, s, e, attrs: spans.append((name, s, e, attrs))
+    )
+    tracer, metrics = SchedulerTracer("pod", "lpm"), SchedulerMetrics("m")
+    s, runner = _with_prefix_on_the_host()
+    hit = make_req("hit", [*PREFIX, 7, 8], max_new=3, t=1.0)
+    tracer.track("hit", {})
+    s.add(hit)
+    s.add(make_req("other", list(range(300, 320)), max_new=3, t=2.0))
+    steps = []
+    while not s.idle:
+        batch = s.schedule()
+        assert batch is not None
+        first = not steps
+        load = _timed_load(batch, None if first else 0.01)  # the first step's time is known later
+        t0 = time.perf_counter()
+        done = s.process(batch, runner.forward(batch))
+        t1 = time.perf_counter()
+        steps.append(batch)
+        metrics.on_batch(batch, t0, t1)
+        tracer.on_batch(batch, t0, t1)
+        if first:  # its copies ran beside this step's forward; the next step's waits for them
+            assert load is not None and hit not in batch.reqs
+            assert _count(metrics, "radixserve_kv_load_seconds_count") == 0
+            load.timed(t0, seconds := (t1 - t0) / 2)
+        for r in done:
+            tracer.finish(r, "length")
+    tracer.close()
+    assert _count(metrics, "radixserve_kv_load_seconds_count") == 1
+    assert _count(metrics, "radixserve_kv_load_seconds_sum") == pytest.approx(seconds)
+    loads = [sp for sp in spans if sp[0] == "kv.load_back"]
+    prefills = sorted(sp[1] for sp in spans if sp[0] == "prefill")
+    assert len(loads) == 1 and loads[0][3]["radixserve.kv.tokens"] == len(PREFIX)
+    assert loads[0][3]["radixserve.kv.bytes"] == len(PREFIX) * 64
+    # it lies in the step before its first prefill, the step that ran the other request
+    assert loads[0][2] - loads[0][1] == pytest.approx(seconds)
+    assert loads[0][2] <= prefills[0] and hit in steps[1].reqs
+
+
+def _count(metrics: SchedulerMetrics, name: str) -> float:
+    value = metrics.registry.get_sample_value(name, {"model_name": "m", "from_tier": "host"})
+    return value or 0.0
