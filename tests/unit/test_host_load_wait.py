@@ -19,6 +19,8 @@ from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.memory.host_pool import KVLoad
 from radixserve.scheduler.metrics import SchedulerMetrics
 from radixserve.scheduler.tracing import SchedulerTracer
+from tests.helpers.host_tier import PREFIX as HOST_PREFIX
+from tests.helpers.host_tier import engine_turns
 from tests.helpers.scheduler import (
     KVEchoRunner,
     make_req,
@@ -193,3 +195,13 @@ def test_the_load_a_request_waited_for_is_traced_and_timed_from_the_step_that_ra
 def _count(metrics: SchedulerMetrics, name: str) -> float:
     value = metrics.registry.get_sample_value(name, {"model_name": "m", "from_tier": "host"})
     return value or 0.0
+
+
+def test_engine_greedy_tokens_are_the_same_when_requests_wait_for_their_loads(demo_model):
+    # CPU engines admit at once (the copies cannot run beside the forward there): this one waits, as
+    # on CUDA, with the overlap loop, chunked prefill and retraction (tests/helpers/host_tier.py)
+    path = demo_model("llama")
+    off, _ = engine_turns(path, host_kv_cache_gb=0.0, disable_overlap=True)
+    on, s = engine_turns(path, defer_host_loads=True, host_kv_cache_gb=0.01, disable_overlap=False)
+    assert [[o["token_ids"] for o in t] for t in on] == [[o["token_ids"] for o in t] for t in off]
+    assert s.kv.cache.loaded_tokens >= 3 * HOST_PREFIX and s.kv.hit_tokens["host"] >= 3 * HOST_PREFIX

@@ -38,8 +38,8 @@ step: its load is started (device pages, the copies queued to run with this step
 batch: ``KVCacheManager.start_load``) and it is admitted at the next step, when the copies are
 done, into the room kept for it now. So is a request whose prefix such a load brings. With
 ``defer_loads`` off (the scheduler's second pass, when the first admitted nothing and nothing
-runs: waiting would idle the device) they are admitted at once and the step's forward waits for
-the loads.
+runs: waiting would idle the device; or ``SchedulerConfig.defer_host_loads`` off: CPU) they are
+admitted at once and the step's forward waits for the loads.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class PrefillAdder:
         # per admitted request, the slots its new tokens write
         self.out_slots: list[npt.NDArray[np.int64]] = []
         self.chunked: Req | None = None  # the request cut short in this batch, if any
-        self.defer_loads = True  # a request whose prefix must be loaded from the host waits a step
+        self.defer_loads = config.defer_host_loads  # one whose prefix is on the host waits a step
         self.loading = 0  # requests waiting for loads started this step (admitted next step)
 
     def load_now(self) -> None:
