@@ -197,11 +197,14 @@ def _count(metrics: SchedulerMetrics, name: str) -> float:
     return value or 0.0
 
 
-def test_engine_greedy_tokens_are_the_same_when_requests_wait_for_their_loads(demo_model):
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_engine_greedy_tokens_are_the_same_when_requests_wait_for_their_loads(demo_model, tp_size):
     # CPU engines admit at once (the copies cannot run beside the forward there): this one waits, as
-    # on CUDA, with the overlap loop, chunked prefill and retraction (tests/helpers/host_tier.py)
+    # on CUDA, with the overlap loop, chunked prefill and retraction (tests/helpers/host_tier.py);
+    # tp 2: rank 0 plans the copies and whether a step waits for its loads, every rank runs them
     path = demo_model("llama")
     off, _ = engine_turns(path, host_kv_cache_gb=0.0, disable_overlap=True)
-    on, s = engine_turns(path, defer_host_loads=True, host_kv_cache_gb=0.01, disable_overlap=False)
+    options = dict(host_kv_cache_gb=0.01, disable_overlap=False, tp_size=tp_size)
+    on, s = engine_turns(path, defer_host_loads=True, **options)
     assert [[o["token_ids"] for o in t] for t in on] == [[o["token_ids"] for o in t] for t in off]
     assert s.kv.cache.loaded_tokens >= 3 * HOST_PREFIX and s.kv.hit_tokens["host"] >= 3 * HOST_PREFIX
