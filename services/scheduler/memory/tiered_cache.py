@@ -5,8 +5,9 @@ closed under parents (a node on the device has its whole path on the device), so
 [device nodes][host-only nodes]. Evicting an unlocked device leaf first copies its KV to host pages
 (write-back; the copy is queued, ``take_transfers``); the node stays in the tree, host-resident.
 ``match_prefix`` reports the host part after the device part; ``load_back`` gives it new device
-pages and queues the copies back. Queued copies run before the next step's forward, stores before
-loads: a page freed by a write-back may be a load's destination in the same step. Host pages are
+pages and queues the copies back. Queued copies run with the next step, stores before loads (a page
+freed by a write-back may be a load's destination in the same step) and before its forward; the
+loads' requests wait a step for them (policy/prefill_adder.py) unless nothing else runs. Host pages are
 evicted LRU (locked and wanted nodes last); a host page that a queued load reads is never freed.
 ``evictable_size`` and ``protected_size`` count device tokens only; ``host_size`` counts host ones.
 Block events name the best tier of a node's blocks: ``stored_host`` when its device copy goes and
