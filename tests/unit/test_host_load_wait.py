@@ -197,7 +197,7 @@ def _count(metrics: SchedulerMetrics, name: str) -> float:
     return value or 0.0
 
 
-@pytest.mark.parametrize("tp_size", [1, 2])
+@pytest.mark.parametrize("tp_size", [1, pytest.param(2, marks=pytest.mark.slow)])  # tp 2: rank processes
 def test_engine_greedy_tokens_are_the_same_when_requests_wait_for_their_loads(demo_model, tp_size):
     # CPU engines admit at once (the copies cannot run beside the forward there): this one waits, as
     # on CUDA, with the overlap loop, chunked prefill and retraction (tests/helpers/host_tier.py);
