@@ -340,6 +340,7 @@ class KVCacheManager:
         """Assert every accounting and ownership invariant; raises AssertionError."""
         live = list(live)
         ps, alloc, cache = self.page_size, self.allocator, self.cache
+        assert not self._load_locks, "a path locked for a load outlived its step's admissions"
         owner = np.zeros(alloc.num_pages + 1, dtype=np.int32)  # how many owners each page has
 
         nodes = [] if cache.disabled else cache.nodes()
