@@ -52,6 +52,7 @@ GROUPS = (
             GPU + "test_gpu_hybrid.py": ("test_fla_kernels_agree_with_the_torch_delta_rule_in_bfloat16",),
             GPU + "test_gpu_host_tier.py": (
                 "test_host_pages_are_pinned_and_round_trip_byte_exact_through_the_side_stream",
+                "test_the_forward_stream_waits_for_a_steps_loads_only_when_its_batch_reads_them",
             ),
             GPU + "test_gpu_kv_tier_metrics.py": (
                 "test_a_loads_seconds_come_from_its_events_once_fired_and_the_pages_arrive",

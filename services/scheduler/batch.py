@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from radixserve.scheduler.memory.host_pool import KVLoad
     from radixserve.scheduler.memory.states import StatePlan
     from radixserve.scheduler.memory.tiered_cache import KVTransfers
+    from radixserve.scheduler.model.logits import StepScores
 
 
 def _empty() -> npt.NDArray[np.int64]:
@@ -96,6 +97,9 @@ class ScheduleBatch:
     states: StatePlan | None = None  # a hybrid model's state copies and snapshots (memory/states.py)
     # Host-tier copies to run before the forward (write-backs, then loads: memory/radix_cache.py)
     kv_transfers: KVTransfers | None = None
+    # The requests its loads are for, with their tokens (each waits for them: it joins a later step,
+    # or this one when ``kv_transfers.load_sync``): traces span their loads.
+    kv_loads_for: list[tuple[Req, int]] = field(default_factory=list)
     # Set when the batch is prepared (ModelRunner.prepare) if it loads KV back: the loads' size and,
     # once the step has run, their time (metrics and traces read it).
     kv_load: KVLoad | None = None
@@ -126,3 +130,33 @@ class ScheduleBatch:
         ids = np.fromiter((r.output_ids[-1] for r in reqs), dtype=np.int32, count=n)
         positions = np.fromiter((r.kv_len for r in reqs), dtype=np.int64, count=n)
         return cls(ForwardMode.DECODE, reqs, ids, positions, out_slots, positions, np.ones(n, dtype=np.int64))
+
+
+def store_scores(batch: ScheduleBatch, scores: StepScores) -> None:
+    """Hand a step's log-probabilities (host tensors) to the requests they belong to."""
+    layout = batch.scores
+    assert layout is not None
+    token, top_ids, top = scores.token.tolist(), scores.top_ids.tolist(), scores.top.tolist()
+    for j, row in enumerate(layout.rows):
+        req = batch.reqs[row]
+        if req.finish_reason is not None or req.retractions != batch.epochs[row]:
+            continue  # its results are void (process skips it too)
+        k = req.sampling.logprobs or 0
+        # batches are processed in order and dropped tokens truncate the list: it is always the next
+        assert batch.token_index[row] == len(req.output_logprobs)
+        req.output_logprobs.append((token[j], top_ids[j][:k], top[j][:k]))
+    if layout.prompt:
+        prompt, p_ids, p_top = (
+            scores.prompt.tolist(),
+            scores.prompt_top_ids.tolist(),
+            scores.prompt_top.tolist(),
+        )
+        j = 0  # the scores come in span order
+        for row, first, count in layout.prompt:
+            req = batch.reqs[row]
+            k = req.sampling.prompt_logprobs or 0
+            if req.prompt_logprobs is not None and req.retractions == batch.epochs[row]:
+                req.prompt_logprobs[first : first + count] = [
+                    (prompt[x], p_ids[x][:k], p_top[x][:k]) for x in range(j, j + count)
+                ]
+            j += count

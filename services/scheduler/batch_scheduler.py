@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
+from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, store_scores
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.allocator import pages_for
 from radixserve.scheduler.memory.manager import KVCacheManager
@@ -177,9 +177,9 @@ class BatchScheduler:
                 self.consecutive_prefills = self.consecutive_prefills + 1 if prefill else 0
                 if self.kv.states is not None:  # a hybrid model: its state copies and snapshots
                     batch.states = self.kv.states.plan(batch)
-                # Copies the host tier queued while this batch took its pages: they run first
-                # (a page written back may be one this batch writes).
-                batch.kv_transfers = self.kv.take_transfers()
+                # Copies the host tier queued while this batch took its pages: write-backs first (a
+                # page written back may be one this batch writes), loads beside it unless it reads them.
+                batch.kv_transfers, batch.kv_loads_for = self.kv.take_transfers(batch.reqs)
                 self._commit(batch)
                 return batch
         return None
@@ -232,20 +232,25 @@ class BatchScheduler:
             # hit: evicting one to run a request sooner costs its whole prefill again later.
             # Requests the fairness bound serves first are exempt (they must get room).
             self.kv.want_hits_of(self.waiting)
-            for req in ordered:
-                keep = not self.policy.due_soon(req, now)
-                followers = self.policy.followers.get(id(req), ())
-                added = adder.add(req, keep_wanted=keep, followers=followers)
-                if added is AddResult.WAITING:  # reading its prefix from disk: the rest go on
-                    continue
-                if added is not AddResult.ADDED:
+            for _ in range(2):  # a second pass when requests wait for loads and nothing else would run
+                for req in ordered:
+                    keep = not self.policy.due_soon(req, now)
+                    followers = self.policy.followers.get(id(req), ())
+                    added = adder.add(req, keep_wanted=keep, followers=followers)
+                    if added is AddResult.WAITING:  # its prefix is read from disk or loaded: the rest go on
+                        continue
+                    if added is not AddResult.ADDED:
+                        break
+                    if followers and self.kv.states is not None:
+                        self.kv.states.lead(req, followers)  # snapshot where they will resume
+                    req.waited = now - req.queue_time  # queue_time already counts earlier waits
+                    if req.admit_time is None:
+                        req.admit_time = now
+                        req.num_cached_tokens = req.cached_len
+                if adder.reqs or self.running or not adder.loading:
                     break
-                if followers and self.kv.states is not None:
-                    self.kv.states.lead(req, followers)  # snapshot where they will resume
-                req.waited = now - req.queue_time  # queue_time already counts earlier waits
-                if req.admit_time is None:
-                    req.admit_time = now
-                    req.num_cached_tokens = req.cached_len
+                adder.load_now()  # waiting would idle the device: they run now, their forward waits
+            self.kv.release_loads()
         if not adder.reqs:
             return None
         admitted = {id(r) for r in adder.reqs}
@@ -406,7 +411,7 @@ class BatchScheduler:
         written = (batch.prefix_lens + batch.extend_lens).tolist()
         eos = self.eos_token_ids
         if scores is not None and batch.scores is not None:
-            _store_scores(batch, scores)
+            store_scores(batch, scores)
         per_request = zip(
             batch.reqs, tokens, batch.epochs.tolist(), batch.token_index.tolist(), written, strict=True
         )
@@ -463,36 +468,6 @@ class BatchScheduler:
         if idx + 1 >= sp.max_new_tokens:
             return FinishReason.LENGTH
         return None
-
-
-def _store_scores(batch: ScheduleBatch, scores: StepScores) -> None:
-    """Hand a step's log-probabilities (host tensors) to the requests they belong to."""
-    layout = batch.scores
-    assert layout is not None
-    token, top_ids, top = scores.token.tolist(), scores.top_ids.tolist(), scores.top.tolist()
-    for j, row in enumerate(layout.rows):
-        req = batch.reqs[row]
-        if req.finish_reason is not None or req.retractions != batch.epochs[row]:
-            continue  # its results are void (process skips it too)
-        k = req.sampling.logprobs or 0
-        # batches are processed in order and dropped tokens truncate the list: it is always the next
-        assert batch.token_index[row] == len(req.output_logprobs)
-        req.output_logprobs.append((token[j], top_ids[j][:k], top[j][:k]))
-    if layout.prompt:
-        prompt, p_ids, p_top = (
-            scores.prompt.tolist(),
-            scores.prompt_top_ids.tolist(),
-            scores.prompt_top.tolist(),
-        )
-        j = 0  # the scores come in span order
-        for row, first, count in layout.prompt:
-            req = batch.reqs[row]
-            k = req.sampling.prompt_logprobs or 0
-            if req.prompt_logprobs is not None and req.retractions == batch.epochs[row]:
-                req.prompt_logprobs[first : first + count] = [
-                    (prompt[x], p_ids[x][:k], p_top[x][:k]) for x in range(j, j + count)
-                ]
-            j += count
 
 
 def placeholder(future_id: int) -> int:

@@ -40,6 +40,11 @@ class SchedulerConfig:
     new_token_ratio_decay_steps: int = 600  # decode steps from init to min
     retract_ratio_step: float = 0.2  # added to the ratio on every retraction
     clip_max_new_tokens: int = 4096  # cap on the per-request reserve estimate
+    # A request whose prefix must be loaded from the host tier waits a step while the others run
+    # (PrefillAdder): where the copies run beside the forward (CUDA: their own stream). The engine
+    # turns it off on CPU, where the scheduler thread runs them within the step anyway: waiting would
+    # only cost the request a step (16 conversations x 4 turns: 21 prefill steps against 16).
+    defer_host_loads: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULE_POLICIES:

@@ -328,6 +328,7 @@ class Engine:
             init_new_token_ratio=cfg.init_new_token_ratio,
             min_new_token_ratio=min(0.1, cfg.init_new_token_ratio),
             max_waiting_requests=cfg.max_waiting_requests,
+            defer_host_loads=device != "cpu",  # the copies run beside the forward only on CUDA
         )
 
     def warmup(self) -> None:

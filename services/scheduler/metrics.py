@@ -8,6 +8,7 @@ when several InferenceServices share one Prometheus.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.memory.disk_store import MISS_CAUSES
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.memory.host_pool import KVLoad
     from radixserve.scheduler.server import SchedulerService
 
 MODEL_LABEL = "model_name"
@@ -213,6 +215,7 @@ class SchedulerMetrics:
             by_tier,
             registry=r,
         )
+        self._timing: deque[KVLoad] = deque()  # loads whose time is not known yet, oldest first
         self._load_seconds = Histogram(
             "radixserve_kv_load_seconds",
             "One step's load-back copies (CPU: their wall time; CUDA: the host gather and the device"
@@ -243,6 +246,9 @@ class SchedulerMetrics:
         load = batch.kv_load
         if load is not None:
             self._load_bytes.labels(self.model_name, load.from_tier).inc(load.nbytes)
-            seconds = load.seconds()
-            if seconds is not None:  # known once the copies are done: always, once the step is
-                self._load_seconds.labels(self.model_name, load.from_tier).observe(seconds)
+            self._timing.append(load)
+        # A load's time is known once its copies are done: at its step's end when the step's forward
+        # waited for them (CPU: always), else at a later step's (CUDA: they ran beside the forward).
+        # One side stream runs them in order.
+        while self._timing and (seconds := self._timing[0].seconds()) is not None:
+            self._load_seconds.labels(self.model_name, self._timing.popleft().from_tier).observe(seconds)

@@ -57,7 +57,13 @@ class Req:
     waited: float = 0.0
     num_cached_tokens: int = 0  # prompt tokens served from cache at first admission
     loaded_len: int = 0  # of cached_len at its last admission: tokens loaded back from the host tier
-    undone_loads: int = 0  # loaded_len of an admission undone (no room) since: its loads ran anyway
+    # Device slots loaded back from the host for it (while it waited a step for its load, or by an
+    # admission undone for want of room): its host hits at its next admission, those its match still
+    # holds (KVCacheManager.admit); dropped when it ends or is retracted.
+    loaded_slots: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # It waits for a load started for it (PrefillAdder): its room was checked then, as for an
+    # admission, so it is admitted without keeping other requests' prefixes (``keep_wanted``).
+    load_started: bool = False
     retractions: int = 0
     finish_reason: FinishReason | None = None
 

@@ -6,8 +6,8 @@ chunk, first token); when it ends, a worker thread turns them into spans under t
 
     scheduler (arrival -> end; pod, cached tokens, retractions, finish reason)
       queue   (arrival -> first admission)
-      kv.load_back (per admission whose prefix came back from the host tier: tokens, tier, bytes;
-                    the step's copies, which its first prefill chunk waits for)
+      kv.load_back (per load of its prefix back from the host tier: tokens, tier, bytes; the copies
+                    of the step before its first prefill chunk, or of that chunk's own step)
       prefill (one per chunk: tokens, prefix already in KV)
       decode  (first token -> end; output tokens)
 
@@ -38,7 +38,9 @@ class _Timeline:
     carrier: dict[str, str]
     chunks: list[tuple[float, float, int, int]] = field(default_factory=list)  # start, end, tokens, prefix
     first_token: float | None = None
-    admissions: set[int] = field(default_factory=set)  # req.retractions of each admission seen run
+    # its loads as the steps that ran them saw them (the load, its tokens, the step's end: monotonic),
+    # made spans when it ends (their times are known by then: its prefill waited for them)
+    queued_loads: list[tuple[KVLoad, int, float]] = field(default_factory=list)
     loads: list[_LoadBack] = field(default_factory=list)
 
 
@@ -73,19 +75,21 @@ class SchedulerTracer:
         self._timelines[rid] = _Timeline(carrier)
 
     def on_batch(self, batch: ScheduleBatch, start: float, end: float) -> None:
-        if batch.mode is not ForwardMode.EXTEND or not self._timelines:
+        if not self._timelines:
             return
         start, end = start + _PERF_TO_MONO, end + _PERF_TO_MONO
-        lens, prefixes, epochs = batch.extend_lens.tolist(), batch.prefix_lens.tolist(), batch.epochs.tolist()
-        for r, n, p, epoch in zip(batch.reqs, lens, prefixes, epochs, strict=True):
+        if batch.kv_load is not None:  # (any batch: the requests it loads for wait for it, not in it)
+            for r, tokens in batch.kv_loads_for:
+                tl = self._timelines.get(r.rid)
+                if tl is not None:
+                    tl.queued_loads.append((batch.kv_load, tokens, end))
+        if batch.mode is not ForwardMode.EXTEND:
+            return
+        lens, prefixes = batch.extend_lens.tolist(), batch.prefix_lens.tolist()
+        for r, n, p in zip(batch.reqs, lens, prefixes, strict=True):
             tl = self._timelines.get(r.rid)
-            if tl is None:
-                continue
-            tl.chunks.append((start, end, n, p))
-            if epoch not in tl.admissions:  # its first batch since it was admitted: the one it loads in
-                tl.admissions.add(epoch)
-                if r.loaded_len and batch.kv_load is not None:
-                    tl.loads.append(_load_back(batch.kv_load, r.loaded_len, end))
+            if tl is not None:
+                tl.chunks.append((start, end, n, p))
 
     def first_token(self, rid: str) -> None:
         tl = self._timelines.get(rid)
@@ -95,6 +99,7 @@ class SchedulerTracer:
     def finish(self, req: Req, reason: str) -> None:
         tl = self._timelines.pop(req.rid, None)
         if tl is not None:
+            tl.loads = [_load_back(*q) for q in tl.queued_loads]  # on this thread: KVLoad is not shared
             self._done.put((tl, req, reason, time.monotonic()))
 
     # worker ---------------------------------------------------------------------------------------

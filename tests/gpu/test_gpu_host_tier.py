@@ -44,12 +44,58 @@ def test_host_pages_are_pinned_and_round_trip_byte_exact_through_the_side_stream
     for t in (*pool.k, *pool.v):
         t.index_fill_(0, torch.as_tensor(_slots([3, 9, 10]), device=DEV), 0)
     host.run(pool, KVTransfers(EMPTY, EMPTY, _slots([5, 1, 2]), _slots([30, 31, 32])))
+    host.wait_loads()  # as the next forward does: these loads' batch did not wait for them
     torch.cuda.current_stream().synchronize()
     back = torch.as_tensor(_slots([30, 31, 32]), device=DEV)
     same_step = torch.as_tensor(_slots([20]), device=DEV)
     for t, w in zip((*pool.k, *pool.v), want, strict=True):
         assert torch.equal(t[back].view(torch.int16), w.view(torch.int16))
         assert torch.equal(t[same_step].view(torch.int16), w[16:32].view(torch.int16))
+
+
+def _busy_side_stream(host: HostKVPool) -> torch.cuda.Event:
+    """Keep ``host``'s side stream busy for a while (it waits for matrix products on a third stream):
+    its copies then cannot be done before the forward stream gets past them, unless it waits for
+    them. Returns the event that ends the work."""
+    busy = torch.cuda.Stream(DEV)
+    with torch.cuda.stream(busy):
+        x = torch.randn(4096, 4096, device=DEV)
+        for _ in range(100):  # about 14 TFLOP: a large fraction of a second on any GPU
+            x = torch.tanh(x @ x)
+        gate = torch.cuda.Event()
+        gate.record(busy)
+    assert host.stream is not None
+    host.stream.wait_event(gate)
+    return gate
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["beside", "waited"])
+def test_the_forward_stream_waits_for_a_steps_loads_only_when_its_batch_reads_them(sync):
+    layers, heads, dim = 2, 2, 64
+    pool = KVPool(65 * 16, layers, heads, dim, torch.bfloat16, DEV)
+    host = HostKVPool(33 * 16, layers, heads, dim, torch.bfloat16, DEV)
+    for t in host.tensors:
+        t.copy_(torch.randn(t.shape).to(torch.bfloat16))
+    gate = _busy_side_stream(host)
+    flag = np.ones(1, dtype=np.int64) if sync else EMPTY
+    host.run(pool, KVTransfers(EMPTY, EMPTY, _slots([1, 2]), _slots([40, 41]), EMPTY, flag))
+    main = torch.cuda.current_stream(DEV)
+    forward = torch.cuda.Event()
+    forward.record(main)  # where this step's forward would start
+    if sync:  # the batch reads the loaded pages: its forward starts after the loads
+        forward.synchronize()
+        assert gate.query()
+    else:  # the forward starts while the loads still wait on the side stream
+        forward.synchronize()
+        assert not gate.query(), "the forward stream waited for loads its batch does not read"
+        host.wait_loads()  # the next step's forward waits for them
+        nxt = torch.cuda.Event()
+        nxt.record(main)
+        nxt.synchronize()
+        assert gate.query()
+    src, dst = torch.as_tensor(_slots([1, 2])), torch.as_tensor(_slots([40, 41]), device=DEV)
+    for h, d in zip(host.tensors, (*pool.k, *pool.v), strict=True):
+        assert torch.equal(d[dst].cpu().view(torch.int16), h[src].view(torch.int16))
 
 
 def test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_cuda(demo_model):

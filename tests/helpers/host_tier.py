@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -14,10 +15,11 @@ PREFIX = 48  # tokens of each conversation's own prefix
 
 
 def engine_turns(
-    model_dir: Any, device: str = "cpu", **options: Any
+    model_dir: Any, device: str = "cpu", defer_host_loads: bool | None = None, **options: Any
 ) -> tuple[list[list[GenerateOutput]], BatchScheduler]:
     """Two turns of six conversations through a device pool of 160 tokens (about two of them), with
-    chunked prefill and retraction; returns each turn's outputs and the scheduler, checked after."""
+    chunked prefill and retraction; returns each turn's outputs and the scheduler, checked after.
+    ``defer_host_loads``: the scheduler's setting instead of the engine's (CPU: off)."""
     rng = np.random.default_rng(0)
     prefixes = [rng.integers(5, 200, PREFIX).tolist() for _ in range(6)]
     greedy = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
@@ -25,6 +27,9 @@ def engine_turns(
         model_dir, max_total_tokens=160, page_size=4, chunked_prefill_size=16, init_new_token_ratio=0.0,
         cpu_overlap_thread_min_ms=0, max_running_requests=6, warmup=False, device=device, **options,
     ) as engine:  # fmt: skip
+        if defer_host_loads is not None:
+            s = engine.scheduler
+            s.config = dataclasses.replace(s.config, defer_host_loads=defer_host_loads)
         turns = []
         for turn in range(2):
             ids = [[*p, 3 + turn, 4 + c] for c, p in enumerate(prefixes)]

@@ -37,6 +37,7 @@ class KVEchoRunner:
         self.states: dict[int, tuple[int, ...]] = {}  # state slot -> the tokens it has seen
         self.host: np.ndarray | None = None  # the host KV tier's fake pool
         self.stored = self.loaded = 0  # tokens copied to and from it
+        self._loading: tuple[np.ndarray, np.ndarray] | None = None  # loads not landed: (device slots, KV)
 
     def _states(self, batch: ScheduleBatch) -> None:
         plan, cache = batch.states, self.s.kv.cache
@@ -65,7 +66,10 @@ class KVEchoRunner:
         return ids
 
     def _transfers(self, batch: ScheduleBatch) -> None:
-        """The host tier's copies (write-backs, then loads), as the model runner runs them."""
+        """The host tier's copies (write-backs, then loads), as the model runner runs them; loads the
+        batch does not wait for (``load_sync`` empty) land only after its forward, as on CUDA, where
+        they run beside it: a batch that reads a page its own step loads without waiting fails."""
+        self._land_loads()
         t = batch.kv_transfers
         if t is None:
             return
@@ -77,9 +81,19 @@ class KVEchoRunner:
         if len(t.disk_seq):  # the disk tier's captures, then fills, as HostKVPool runs them
             self.s.kv.cache.disk.run_step(int(t.disk_seq[0]), [self.host_tensor])
         self.host[t.store_dst] = self.kv[t.store_src]
-        self.kv[t.load_dst] = self.host[t.load_src]
+        self.kv[t.load_dst] = -2  # being loaded: a forward that reads it before it lands fails
+        self._loading = (t.load_dst, self.host[t.load_src].copy())
+        if len(t.load_sync):
+            self._land_loads()
         self.stored += len(t.store_dst)
         self.loaded += len(t.load_dst)
+
+    def _land_loads(self) -> None:
+        """The last step's loads land (before the next forward: it waits for them)."""
+        if self._loading is not None:
+            dst, kv = self._loading
+            self._loading = None
+            self.kv[dst] = kv
 
     def forward(self, batch: ScheduleBatch) -> list[int]:
         self._transfers(batch)

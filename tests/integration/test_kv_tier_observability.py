@@ -1,6 +1,8 @@
 """The host KV tier seen from outside a real scheduler process: after a prefix was evicted to the host
 and a request brought it back, /metrics counts the tokens each tier served and the bytes and seconds
-of the load, and the request's trace holds a kv.load_back span with the same tokens and bytes."""
+of the load, and the request's trace holds a kv.load_back span with the same tokens and bytes (nothing
+else runs here, so the request joins the step of its load: a load it waited a step for, beside another
+request, is spanned in tests/unit/test_host_load_wait.py)."""
 
 from __future__ import annotations
 

@@ -7,18 +7,22 @@ device's page size; which pages hold what is the radix cache's business (its hos
 CPU: plain memory; the copies run synchronously, write-backs first, then loads.
 
 CUDA: pinned memory, so that copies are asynchronous DMA. The copies run on a side stream that first
-waits for the forward stream (the pages a write-back reads were written by earlier forwards), and the
-forward stream waits for the copies' event before the forward (it reads loaded pages and may
-overwrite written-back ones). Each direction is one transfer per step: the pages are gathered into
-one contiguous buffer (on the device for write-backs, in pinned memory for loads), copied once, and
-scattered. A write-back lands in the host pool (a host-side scatter) at the start of the next step's
-copies, when its transfer is long done, so the scheduler thread does not wait for it; a load in the
-same step that reads a page just written back waits for it first.
+waits for the forward stream (the pages a write-back reads were written by earlier forwards). The
+forward stream waits for the write-backs' event before the forward (it may overwrite the pages they
+read), but not for the loads': the request a load is for waits a step (policy/prefill_adder.py), so
+the step's forward runs beside its loads, and the next step's forward waits for them
+(``wait_loads``). Only a batch that reads pages its own step loads (``KVTransfers.load_sync``: a
+request admitted at once, with nothing else to run) waits for its loads. Each direction is one
+transfer per step: the pages are gathered into one contiguous buffer (on the device for write-backs,
+in pinned memory for loads), copied once, and scattered. A write-back lands in the host pool (a
+host-side scatter) at the start of the next step's copies, when its transfer is long done, so the
+scheduler thread does not wait for it; a load in the same step that reads a page just written back
+waits for it first.
 
 A step's loads are timed into its ``KVLoad`` (metrics and traces read it once the step is done):
 on CPU the copies' wall time; on CUDA the host-side gather's wall time plus the device time between
 two events on the side stream around the transfer and the scatter, read only once the end event
-has fired (``KVLoad.seconds`` never waits for it).
+has fired (``KVLoad.seconds`` never waits for it: None until then).
 """
 
 from __future__ import annotations
@@ -88,12 +92,22 @@ class HostKVPool:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         # CUDA: a write-back whose transfer is queued: (its done event, the pinned buffer, host slots)
         self._landing: tuple[torch.cuda.Event, torch.Tensor, torch.Tensor] | None = None
+        self._loaded: torch.cuda.Event | None = None  # CUDA: the last loads no forward has waited for
         # the disk tier under this pool (the engine attaches it; a tensor-parallel follower its side)
         self.disk: DiskTier | DiskFollower | None = None
 
+    def wait_loads(self) -> None:
+        """CUDA: the forward stream waits for the loads of earlier steps (before every forward: their
+        requests join this step, and their pages may be this step's to write). CPU: nothing."""
+        if self._loaded is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._loaded)
+            self._loaded = None
+
     def run(self, pool: KVPool, t: KVTransfers, load: KVLoad | None = None) -> None:
         """The step's copies: ``t.store_src`` device slots to ``t.store_dst`` host slots, then
-        ``t.load_src`` host slots to ``t.load_dst`` device slots (timed into ``load``, if given)."""
+        ``t.load_src`` host slots to ``t.load_dst`` device slots (timed into ``load``, if given).
+        CUDA: the forward stream waits for the write-backs, and for the loads only with
+        ``t.load_sync`` (else ``wait_loads`` does, before the next forward)."""
         dev = [*pool.k, *pool.v]
         if not self.cuda:
             self._disk_step(t)
@@ -122,14 +136,18 @@ class HostKVPool:
                 staging.copy_(gathered, non_blocking=True)  # one device -> host transfer
                 stored = torch.cuda.Event()
                 stored.record(self.stream)
+                main.wait_event(stored)  # the forward may overwrite the pages it reads
                 self._landing = (stored, staging, _index(t.store_dst))
                 if len(t.load_src):
                     self._land()  # a load may read a page this write-back fills: land it first
             if len(t.load_src):
                 self._load(dev, t, load)
-            done = torch.cuda.Event()
-            done.record(self.stream)
-        main.wait_event(done)
+                loaded = torch.cuda.Event()
+                loaded.record(self.stream)
+                if len(t.load_sync):
+                    main.wait_event(loaded)  # this batch reads pages they write
+                else:
+                    self._loaded = loaded  # the side stream runs in order: it covers earlier loads
 
     def _load(self, dev: list[torch.Tensor], t: KVTransfers, load: KVLoad | None) -> None:
         """CUDA, on the side stream: gather the loads' host pages into pinned memory (on this
@@ -179,6 +197,7 @@ class HostKVPool:
         """Every queued copy done, write-backs landed (tests, shutdown)."""
         if self.stream is not None:
             self.stream.synchronize()
+        self._loaded = None
         self._land()
 
 

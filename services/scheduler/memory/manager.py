@@ -94,6 +94,8 @@ class KVCacheManager:
         # Prefix tokens admitted requests got from each tier instead of computing them (every
         # admission: a retracted request's readmission counts again); metrics read it.
         self.hit_tokens = {"device": 0, **({"host": 0} if self.host is not None else {})}
+        self._load_locks: list[TreeNode] = []  # paths locked by ``start_load`` until ``release_loads``
+        self._queued_loads: list[tuple[Req, npt.NDArray[np.int64]]] = []  # since ``take_transfers``
 
     # ---------------------------------------------------------------- sizes
     @property
@@ -154,19 +156,15 @@ class KVCacheManager:
         row = self.req_to_token.alloc()
         req.req_pool_idx = row
         self.cache.lock(m.node)
-        on_device = len(m.slots)
         if m.host_node is not None:  # the host part back to the device, before this step's forward
-            loaded = self.cache.load_back(m)
-            self.cache.lock(loaded.node)
-            self.cache.unlock(m.node)
-            m = loaded
-        # Loads queued for it by an admission undone since (no room) ran already: its device part
-        # holds them now, and they are the host's hits still (at most what is on the device).
-        earlier = min(req.undone_loads, on_device)
-        req.loaded_len, req.undone_loads = len(m.slots) - on_device + earlier, 0
-        self.hit_tokens["device"] += on_device - earlier
-        if req.loaded_len:
-            self.hit_tokens["host"] += req.loaded_len
+            m = self._load(req, m)
+        # Its device part may hold pages loaded for it since it last ran (it waited a step for them,
+        # or an admission undone for want of room queued them): those are the host's hits.
+        loaded = m.slots[np.isin(m.slots, req.loaded_slots)] if len(req.loaded_slots) else _NONE
+        req.loaded_len, req.loaded_slots = len(loaded), loaded
+        self.hit_tokens["device"] += len(m.slots) - len(loaded)
+        if len(loaded):
+            self.hit_tokens["host"] += len(loaded)
         if len(m.slots):
             self.req_to_token.write(row, 0, m.slots)
         req.last_node = m.node
@@ -175,13 +173,56 @@ class KVCacheManager:
         if self.states is not None:
             self.states.admitted(req, m)
 
+    def _load(self, req: Req, m: MatchResult) -> MatchResult:
+        """Queue the load of ``m``'s host part for ``req`` (``m.node`` locked: the lock moves to the
+        device match returned, which lacks the host part when the device cannot hold it)."""
+        loaded = self.cache.load_back(m)
+        self.cache.lock(loaded.node)
+        self.cache.unlock(m.node)
+        new = loaded.slots[len(m.slots) :]
+        if len(new):
+            req.loaded_slots = np.concatenate([req.loaded_slots, new])
+            self._queued_loads.append((req, new))
+        return loaded
+
+    def start_load(self, req: Req, m: MatchResult) -> bool:
+        """Give ``m``'s host part device pages and queue its load for ``req``, which waits for it
+        (it joins a later step's batch: this step's runs beside the copies). Its path stays locked
+        until ``release_loads`` (the end of this step's admissions: they must not evict it). False:
+        the device cannot hold it."""
+        self.cache.lock(m.node)
+        loaded = self._load(req, m)
+        req.last_match = None
+        if len(loaded.slots) == len(m.slots):
+            self.cache.unlock(loaded.node)
+            return False
+        self._load_locks.append(loaded.node)
+        return True
+
+    def release_loads(self) -> None:
+        """Unlock the paths ``start_load`` locked: evictable again (a decode that needs the room may
+        take them: their requests load them again), and wanted while their requests wait."""
+        for node in self._load_locks:
+            self.cache.unlock(node)
+        self._load_locks = []
+
+    def reads_loading(self, node: TreeNode | None) -> bool:
+        """Whether the path to ``node`` holds pages a queued load writes (a request admitted on it
+        reads them: it waits for the copies, or its step's forward must)."""
+        loading = self.cache.loading if isinstance(self.cache, TieredRadixCache) else ()
+        while loading and node is not None:
+            if node in loading:
+                return True
+            node = node.parent
+        return False
+
     def unadmit(self, req: Req) -> None:
         """Undo ``admit`` for a request that got no pages after all."""
         assert req.req_pool_idx is not None and req.last_node is not None and req.alloc_len == req.cached_len
         self.hit_tokens["device"] -= req.cached_len - req.loaded_len  # its next admission counts them
         if req.loaded_len:
             self.hit_tokens["host"] -= req.loaded_len
-        req.undone_loads, req.loaded_len = req.loaded_len, 0  # its queued loads run all the same
+        req.loaded_len = 0  # its queued loads run all the same: ``loaded_slots`` keeps them
         self.cache.unlock(req.last_node)
         self.req_to_token.free(req.req_pool_idx)
         req.req_pool_idx = req.last_node = None
@@ -266,9 +307,17 @@ class KVCacheManager:
         if isinstance(self.cache, DiskTieredCache):
             self.cache.disk.await_read(timeout_s)
 
-    def take_transfers(self) -> KVTransfers | None:
-        """The host-tier copies the next step runs before its forward (None: none)."""
-        return self.cache.take_transfers()
+    def take_transfers(self, readers: Sequence[Req] = ()) -> tuple[KVTransfers | None, list[tuple[Req, int]]]:
+        """The host-tier copies the next step runs (None: none), with ``load_sync`` when one of
+        ``readers`` (its batch) reads pages they load; and the requests the loads are for, with
+        their tokens (a load dropped since with its pages is not counted)."""
+        sync = any(self.reads_loading(r.last_node) for r in readers)
+        queued, self._queued_loads = self._queued_loads, []
+        t = self.cache.take_transfers()
+        if t is None:
+            return None, []
+        owners = [(r, n) for r, slots in queued if (n := int(np.isin(slots, t.load_dst).sum()))]
+        return (t._replace(load_sync=np.ones(1, dtype=np.int64)) if sync else t), owners
 
     # ------------------------------------------------------------- release
     def cache_written(self, req: Req, upto: int) -> None:
@@ -277,6 +326,7 @@ class KVCacheManager:
 
     def release(self, req: Req) -> None:
         """The request ends (finished, aborted or retracted): cache what it wrote, free the rest."""
+        req.loaded_slots = _NONE  # a readmission's hits are the device's
         if req.req_pool_idx is not None:
             self.cache.cache_finished_req(req)
 
@@ -290,6 +340,7 @@ class KVCacheManager:
         """Assert every accounting and ownership invariant; raises AssertionError."""
         live = list(live)
         ps, alloc, cache = self.page_size, self.allocator, self.cache
+        assert not self._load_locks, "a path locked for a load outlived its step's admissions"
         owner = np.zeros(alloc.num_pages + 1, dtype=np.int32)  # how many owners each page has
 
         nodes = [] if cache.disabled else cache.nodes()

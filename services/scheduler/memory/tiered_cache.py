@@ -5,8 +5,9 @@ closed under parents (a node on the device has its whole path on the device), so
 [device nodes][host-only nodes]. Evicting an unlocked device leaf first copies its KV to host pages
 (write-back; the copy is queued, ``take_transfers``); the node stays in the tree, host-resident.
 ``match_prefix`` reports the host part after the device part; ``load_back`` gives it new device
-pages and queues the copies back. Queued copies run before the next step's forward, stores before
-loads: a page freed by a write-back may be a load's destination in the same step. Host pages are
+pages and queues the copies back. Queued copies run with the next step, stores before loads (a page
+freed by a write-back may be a load's destination in the same step) and before its forward; the
+loads' requests wait a step for them (policy/prefill_adder.py) unless nothing else runs. Host pages are
 evicted LRU (locked and wanted nodes last); a host page that a queued load reads is never freed.
 ``evictable_size`` and ``protected_size`` count device tokens only; ``host_size`` counts host ones.
 Block events name the best tier of a node's blocks: ``stored_host`` when its device copy goes and
@@ -27,7 +28,8 @@ from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 
 
 class KVTransfers(NamedTuple):
-    """Copies between the device and host KV pools to run before a step's forward, stores first."""
+    """Copies between the device and host KV pools to run with a step, stores first (before its forward;
+    the loads too when ``load_sync``)."""
 
     store_src: npt.NDArray[np.int64]  # device slots written back ...
     store_dst: npt.NDArray[np.int64]  # ... to these host slots
@@ -36,6 +38,9 @@ class KVTransfers(NamedTuple):
     # The disk tier's captures and fills for this step, by sequence number (memory/disk_tier.py;
     # one element, or none). They run first: captures, then fills, then the copies above.
     disk_seq: npt.NDArray[np.int64] = _EMPTY_SLOTS
+    # One element when the step's own batch reads pages these loads write: its forward waits for
+    # them. Empty: it does not (a request waits a step for its load), the next step's forward does.
+    load_sync: npt.NDArray[np.int64] = _EMPTY_SLOTS
 
 
 _Copies = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]  # (source slots, destination slots)

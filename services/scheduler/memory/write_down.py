@@ -64,7 +64,7 @@ def _write_down(
     start, written0 = time.monotonic(), cache.disk.written_tokens
 
     def run_copies() -> None:
-        t = kv.take_transfers()
+        t, _ = kv.take_transfers()
         if t is not None:
             if to_ranks is not None:
                 to_ranks(t)

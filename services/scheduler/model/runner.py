@@ -84,7 +84,7 @@ class StepResult:
 
 
 # StepPlan arrays: the KV tiers' copies (memory/tiered_cache.py, KVTransfers)
-KV_TRANSFERS = ("kv_store_src", "kv_store_dst", "kv_load_src", "kv_load_dst", "kv_disk_seq")
+KV_TRANSFERS = ("kv_store_src", "kv_store_dst", "kv_load_src", "kv_load_dst", "kv_disk_seq", "kv_load_sync")
 
 
 @dataclass(slots=True)
@@ -292,7 +292,11 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> StepResult:
         """Device side of a step: the sampled tokens [B] and the scores asked for (on the device)."""
-        if fb.kv_transfers is not None:  # the host tier's write-backs and loads, before the KV is read
+        if self.host_pool is not None:
+            # An earlier step's loads (a request waited a step for them) before this forward reads them;
+            # then this step's write-backs, and loads this forward waits for only if it reads them.
+            self.host_pool.wait_loads()
+        if fb.kv_transfers is not None:
             assert self.host_pool is not None, "host-tier copies without a host tier"
             self.host_pool.run(self.kv_pool, fb.kv_transfers, fb.kv_load)
         ids = self.futures.resolve(fb.input_ids)

@@ -31,6 +31,15 @@ bound does not serve first, unless the engine is idle); they bind only when memo
 Requests are taken in the policy's order and admission stops at the first one that
 does not fit, so a large request at the head (an overdue one, say) is not overtaken
 forever by smaller ones behind it.
+
+A request whose cached prefix is not on the device yet waits (``AddResult.WAITING``) while the
+others go on: one on disk until its read lands (then it is on the host), one on the host for a
+step: its load is started (device pages, the copies queued to run with this step, beside its
+batch: ``KVCacheManager.start_load``) and it is admitted at the next step, when the copies are
+done, into the room kept for it now. So is a request whose prefix such a load brings. With
+``defer_loads`` off (the scheduler's second pass, when the first admitted nothing and nothing
+runs: waiting would idle the device; or ``SchedulerConfig.defer_host_loads`` off: CPU) they are
+admitted at once and the step's forward waits for the loads.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ import numpy.typing as npt
 from radixserve.scheduler.config import SchedulerConfig
 from radixserve.scheduler.memory.allocator import pages_for
 from radixserve.scheduler.memory.manager import KVCacheManager
-from radixserve.scheduler.memory.radix_cache import common_len
+from radixserve.scheduler.memory.radix_cache import MatchResult, common_len
 from radixserve.scheduler.req import Req
 
 
@@ -58,7 +67,7 @@ class AddResult(Enum):
     ADDED = "added"
     NO_ROOM = "no_room"  # the KV budget is spent
     BATCH_FULL = "batch_full"  # prefill-token or running-request limit reached
-    WAITING = "waiting"  # its cached prefix is being read from disk: the others go on meanwhile
+    WAITING = "waiting"  # its cached prefix is being read from disk or loaded from the host: the others go on
 
 
 class PrefillAdder:
@@ -68,7 +77,9 @@ class PrefillAdder:
         self.config = config
         self.kv = kv
         self.ratio = new_token_ratio
-        self.reserved = decode_reserve(running, new_token_ratio, config.clip_max_new_tokens)
+        self.reserved = self._running_reserve = decode_reserve(
+            running, new_token_ratio, config.clip_max_new_tokens
+        )
         self.rem_prefill = config.max_prefill_tokens
         self.num_running = len(running)
         self.reqs: list[Req] = []
@@ -76,6 +87,15 @@ class PrefillAdder:
         # per admitted request, the slots its new tokens write
         self.out_slots: list[npt.NDArray[np.int64]] = []
         self.chunked: Req | None = None  # the request cut short in this batch, if any
+        self.defer_loads = config.defer_host_loads  # one whose prefix is on the host waits a step
+        self.loading = 0  # requests waiting for loads started this step (admitted next step)
+
+    def load_now(self) -> None:
+        """For a second pass after one that admitted nothing while requests waited for loads, and
+        with nothing running: waiting would idle the device, so they are admitted at once (the
+        step's forward waits for their loads)."""
+        assert not self.reqs
+        self.defer_loads, self.loading, self.reserved = False, 0, self._running_reserve
 
     def _decode_reserve(self, req: Req) -> int:
         return decode_reserve((req,), self.ratio, self.config.clip_max_new_tokens)
@@ -86,17 +106,18 @@ class PrefillAdder:
             limit = min(limit, self.config.chunked_prefill_size)
         return limit
 
-    def _still_needs(self, req: Req) -> int:
-        """KV tokens ``req`` will still take: the unallocated rest of its prompt + its decode reserve."""
-        ps = self.kv.page_size
-        return (pages_for(req.seq_len, ps) - pages_for(req.alloc_len, ps)) * ps + self._decode_reserve(req)
+    def _still_needs(self, req: Req, alloc: int | None = None) -> int:
+        """KV tokens ``req`` will still take: the unallocated rest of its prompt + its decode reserve
+        (``alloc``: as if its first ``alloc`` tokens had slots, a prefix it is loading)."""
+        ps, alloc = self.kv.page_size, req.alloc_len if alloc is None else alloc
+        return (pages_for(req.seq_len, ps) - pages_for(alloc, ps)) * ps + self._decode_reserve(req)
 
     def _followers_need(self, req: Req, followers: Sequence[Req]) -> int:
         """KV tokens the requests held back behind ``req`` will take once its prefix is cached (as
         many as can run beside it): each one's part past the prefix it shares with ``req``, and
         its decode reserve."""
         ps = self.kv.page_size
-        room = self.config.running_limit - self.num_running - len(self.reqs) - 1
+        room = self.config.running_limit - self.num_running - len(self.reqs) - self.loading - 1
         ids = req.fill_ids()
         need = 0
         for f in followers[: max(0, room)]:
@@ -104,9 +125,11 @@ class PrefillAdder:
             need += (pages_for(f.seq_len, ps) - shared // ps) * ps + self._decode_reserve(f)
         return need
 
-    def _fits(self, req: Req, keep_wanted: bool = False, followers: Sequence[Req] = ()) -> bool:
-        need = self._still_needs(req)
-        if self.num_running == 0 and not self.reqs:
+    def _fits(
+        self, req: Req, keep_wanted: bool = False, followers: Sequence[Req] = (), alloc: int | None = None
+    ) -> bool:
+        need = self._still_needs(req, alloc)
+        if self.num_running == 0 and not self.reqs and not self.loading:
             # The decode reserve is an estimate; on an idle engine it must not keep a request
             # out for good (retraction covers a wrong estimate). Nor may wanted prefixes or
             # followers: with nothing running, nothing would ever free room for it.
@@ -118,6 +141,7 @@ class PrefillAdder:
         return available - self.reserved >= need
 
     def _take(self, req: Req, n: int) -> None:
+        req.load_started = False
         self.out_slots.append(self.kv.alloc_extend(req, n))
         self.reserved += self._still_needs(req)  # promised to it from now on
         if n < req.remaining_prefill:
@@ -145,14 +169,18 @@ class PrefillAdder:
         started without room for its requests is wanted memory that runs nothing.
         """
         if (
-            self.num_running + len(self.reqs) >= self.config.running_limit
-            or self.kv.req_to_token.num_free == 0
+            self.num_running + len(self.reqs) + self.loading >= self.config.running_limit
+            or self.kv.req_to_token.num_free <= self.loading
         ):
             return AddResult.BATCH_FULL
+        if req.load_started:  # its room was checked when its load started, the wanted prefixes' too
+            keep_wanted, followers = False, ()
         m = self.kv.cached_match(req)
         if m.disk_len:  # its prefix is on disk: read it (the request is admitted once it is here)
             self.kv.read_disk(req)
             return AddResult.WAITING
+        if self.defer_loads and self.kv.reads_loading(m.node):
+            return AddResult.WAITING  # a load this step brings its prefix: it joins the next step
         extend = req.seq_len - m.length  # a host-tier part is loaded back, not computed
         n = extend
         limit = self._chunk_limit()
@@ -163,6 +191,8 @@ class PrefillAdder:
                 pass  # no chunking: a request larger than the prefill budget still runs alone
             else:
                 return AddResult.BATCH_FULL
+        if self.defer_loads and m.host_node is not None:
+            return self._wait_for_load(req, m, keep_wanted, followers)
         self.kv.admit(req, m)  # locks its own prefix: not counted as wanted room below
         if req.cached_len < m.length or not self._fits(req, keep_wanted, followers):
             # (a host-tier part the device had no room to load: the request does not fit either)
@@ -170,3 +200,17 @@ class PrefillAdder:
             return AddResult.NO_ROOM
         self._take(req, n)
         return AddResult.ADDED
+
+    def _wait_for_load(
+        self, req: Req, m: MatchResult, keep_wanted: bool, followers: Sequence[Req]
+    ) -> AddResult:
+        """Start the load of ``m``'s host part for ``req`` if it fits as if admitted now: it waits,
+        and the room it needs stays kept from this step's others. Checked as an admission is, once
+        its path is locked and loading: a load started for a request that then does not fit runs all
+        the same (its hits count at its admission)."""
+        if not self.kv.start_load(req, m) or not self._fits(req, keep_wanted, followers, alloc=m.length):
+            return AddResult.NO_ROOM
+        self.reserved += self._still_needs(req, m.length)
+        self.loading += 1
+        req.load_started = True
+        return AddResult.WAITING
