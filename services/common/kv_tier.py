@@ -35,11 +35,6 @@ class TierMatch:
     def blocks(self) -> int:
         return self.device + self.host + self.disk
 
-    def plus(self, tier: int) -> TierMatch:
-        """This match with one more block, on ``tier``."""
-        d, h, k = self.device, self.host, self.disk
-        return TierMatch(d + (tier == DEVICE), h + (tier == HOST), k + (tier == DISK))
-
 
 @dataclass(frozen=True, slots=True)
 class TierWeights:

@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from radixserve.common import prefix_index_lua as lua
-from radixserve.common.kv_tier import LOCATION_MARK, TierMatch
+from radixserve.common.kv_tier import TierMatch, disk_location_key
 from radixserve.common.prefix_index_input import Load as Load
 from radixserve.common.prefix_index_input import check_pod as check_pod
 from radixserve.common.prefix_index_input import clean_hashes, clean_load, clean_location, clean_stored
@@ -234,7 +234,7 @@ class RedisPrefixIndex:
     ) -> None:
         check_pod(pod)
         loc = clean_location(location, pod)
-        loc = LOCATION_MARK + loc if loc else ""
+        loc = disk_location_key(loc) if loc else ""
         pairs, removed = clean_stored(stored, tiers, pod), clean_hashes(removed, pod, "removed")
         if cleared:
             self._drop_blocks(pod)
@@ -278,7 +278,7 @@ class RedisPrefixIndex:
         hashes = clean_hashes(hashes, "a lookup", "looked-up", chain=True)
         if not hashes:
             return {}
-        at = [x for pod, loc in (locations or {}).items() if loc for x in (pod, LOCATION_MARK + loc)]
+        at = [x for pod, loc in (locations or {}).items() if loc for x in (pod, disk_location_key(loc))]
         flat = self._run(self._match, [self.ns, len(at) // 2, *at, *hashes])
         return {flat[i]: TierMatch(*map(int, flat[i + 1 : i + 4])) for i in range(0, len(flat), 4)}
 

@@ -8,7 +8,7 @@ node leaves the tree: the directory's index finds it again by hash (simpler than
 node, and the same path serves another scheduler's blocks and a restart's). Its blocks are then
 ``stored_disk`` (block events), the rest ``removed``. Reading: ``match_prefix`` goes on past the
 tree's match, hashing the prompt's next blocks and looking them up on disk; a hit is read by the
-reader thread while the request waits (``MatchResult.disk_len``: not admitted, the others run), and
+reader thread while the request waits (``read_disk``: not admitted, the others run), and
 ``poll`` turns a finished read into a host-only node whose pages the step's copies fill before any
 load reads them: from there it is a host hit. A block a read could not check is a miss (counted,
 its file deleted); the request then computes it.
@@ -118,26 +118,21 @@ class DiskTieredCache(TieredRadixCache):
         leaf.blocks = rest  # the base records them removed
 
     # ----------------------------------------------------------- matching
-    def match_prefix(self, tokens: npt.NDArray[np.integer]) -> MatchResult:
-        """The tree's match; with blocks after it on disk, ``disk_len`` says how many tokens a read
-        (``read_disk``, or one in flight) brings: the request waits for it."""
-        m = super().match_prefix(tokens)
+    def read_disk(self, tokens: npt.NDArray[np.integer], m: MatchResult | None = None) -> bool:
+        """Whether the blocks past the tree's match ``m`` of ``tokens`` (default: matched now) are on
+        disk, so that the request waits for them; starts their read unless one is in flight. The
+        scheduler asks only for a request it would admit: reading for the whole queue would evict
+        the reads from the host before their requests come, and hashing past every waiting
+        request's match each step would cost for nothing. Reads in flight are held to half the
+        host tier."""
         if self.disk.off:
-            return m
-        n, _ = self._disk_part(m, np.asarray(tokens, dtype=np.int32))
-        return m._replace(disk_len=n) if n else m
-
-    def read_disk(self, tokens: npt.NDArray[np.integer]) -> None:
-        """Start reading the blocks past the tree's match of ``tokens`` (the scheduler calls it for a
-        request it would admit: reading for the whole queue would evict the reads from the host
-        before their requests come). Reads in flight are held to half the host tier."""
+            return False
         ids = np.asarray(tokens, dtype=np.int32)
-        _, job = self._disk_part(super().match_prefix(ids), ids)
-        if job is None or self.disk.off:
-            return
-        if self.disk.reading and (len(self.disk.reading) + len(job.hashes)) * self.block_size > self.room:
-            return  # it waits for the reads in flight, and reads after
-        self.disk.submit_read(job)
+        n, job = self._disk_part(m if m is not None else super().match_prefix(ids), ids)
+        reading = len(self.disk.reading)
+        if job is not None and not (reading and (reading + len(job.hashes)) * self.block_size > self.room):
+            self.disk.submit_read(job)  # (else it waits for the reads in flight, and reads after)
+        return n > 0
 
     @property
     def room(self) -> int:

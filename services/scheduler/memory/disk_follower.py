@@ -13,16 +13,12 @@ missing, a counted miss each, and the requests compute them.
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
 from radixserve.scheduler.memory.disk_store import encode_block, part_name, write_atomic
-from radixserve.scheduler.memory.disk_tier import MAX_PENDING_WRITE_BYTES, RankDiskOps, gather, run_fills
+from radixserve.scheduler.memory.disk_tier import Blocks, CaptureWriter, RankDiskOps, run_fills
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +29,8 @@ class DiskFollower:
         self.off = False
         self.written_tokens = 0
         self._staged: dict[int, RankDiskOps] = {}  # by sequence number: received, not run yet
-        self._lock = threading.Lock()
-        self._pending_bytes = 0
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-write")
+        self._root_hash = 0  # the model root of the blocks (rank 0 fixes it before any block; ops carry it)
+        self._writer = CaptureWriter(self._write)
 
     def stage(self, ops: RankDiskOps) -> None:
         """Rank 0's ops for step ``ops.seq`` (they arrive before the step's plan)."""
@@ -44,40 +39,32 @@ class DiskFollower:
     def run_step(self, seq: int, tensors: list[torch.Tensor]) -> None:
         """The step's captures (gathered now, written by the writer thread), then its fills."""
         ops = self._staged.pop(seq)
+        self._root_hash = ops.root_hash
         for slots, blocks in ops.captures:
             if self.off:
                 break
-            kv = gather(slots, tensors)
-            nbytes = kv.numel() * kv.element_size()
-            with self._lock:
-                if self._pending_bytes + nbytes > MAX_PENDING_WRITE_BYTES:
-                    continue  # rank 0 finds the parts missing: a miss, never a wrong block
-                self._pending_bytes += nbytes
-            self._writer.submit(self._write, ops.root_hash, blocks, kv, nbytes)
+            self._writer.submit(slots, blocks, tensors)  # dropped: rank 0 finds the parts missing, a miss
         run_fills(ops.fills, tensors)
 
-    def _write(
-        self, root: int, blocks: list[tuple[int, npt.NDArray[np.int32]]], kv: torch.Tensor, nbytes: int
-    ) -> None:
+    def _write(self, blocks: Blocks, kv: torch.Tensor) -> None:
         bs = kv.shape[1] // max(len(blocks), 1)
         try:
             for i, (h, tokens) in enumerate(blocks):
                 if self.off:
                     return
-                data = encode_block(root, h, tokens, kv[:, i * bs : (i + 1) * bs], self.rank, self.tp)
+                data = encode_block(
+                    self._root_hash, h, tokens, kv[:, i * bs : (i + 1) * bs], self.rank, self.tp
+                )
                 write_atomic(self.path / part_name(h, self.rank, self.tp), data)
                 self.written_tokens += bs
         except OSError as e:
             if not self.off:
                 self.off = True
                 log.warning("disk KV tier: rank %d writes no more parts: %s", self.rank, e)
-        finally:
-            with self._lock:
-                self._pending_bytes -= nbytes
 
     def flush(self) -> None:
         """Wait for every queued write (the write-down at a stop)."""
-        self._writer.submit(lambda: None).result()
+        self._writer.flush()
 
     def close(self) -> None:
-        self._writer.shutdown(wait=True)
+        self._writer.close()

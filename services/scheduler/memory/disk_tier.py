@@ -25,6 +25,7 @@ import logging
 import queue
 import threading
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -42,6 +43,45 @@ MAX_PENDING_WRITE_BYTES = 1 << 30
 Capture = tuple[npt.NDArray[np.int64], list[tuple[int, npt.NDArray[np.int32]]]]  # host slots, blocks
 # host slots, their KV [2L, n, heads, dim] (tensor parallelism: every rank's heads, rank 0's first)
 Fill = tuple[npt.NDArray[np.int64], torch.Tensor]
+Blocks = list[tuple[int, npt.NDArray[np.int32]]]  # (hash, token ids) of each block a capture holds
+
+
+class CaptureWriter:
+    """A writer thread for captured KV with a bounded backlog (rank 0's ``DiskTier`` and a
+    follower's ``DiskFollower`` alike): ``submit`` gathers a capture's host pages now (before the
+    step's copies may rewrite them) and queues ``write(blocks, kv)``, or drops the capture when the
+    backlog is past ``MAX_PENDING_WRITE_BYTES`` (a disk slower than eviction: a later miss, never a
+    wrong block)."""
+
+    def __init__(self, write: Callable[[Blocks, torch.Tensor], None]) -> None:
+        self._write = write
+        self._lock = threading.Lock()
+        self._pending_bytes = 0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-write")
+
+    def submit(self, slots: npt.NDArray[np.int64], blocks: Blocks, tensors: list[torch.Tensor]) -> bool:
+        """Queue the capture of host ``slots``; False: dropped (the backlog is full)."""
+        kv = gather(slots, tensors)
+        nbytes = kv.numel() * kv.element_size()
+        with self._lock:
+            if self._pending_bytes + nbytes > MAX_PENDING_WRITE_BYTES:
+                return False
+            self._pending_bytes += nbytes
+        self._pool.submit(self._run, blocks, kv, nbytes)
+        return True
+
+    def _run(self, blocks: Blocks, kv: torch.Tensor, nbytes: int) -> None:
+        try:
+            self._write(blocks, kv)
+        finally:
+            with self._lock:
+                self._pending_bytes -= nbytes
+
+    def flush(self) -> None:
+        self._pool.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 @dataclass(slots=True)
@@ -91,11 +131,10 @@ class DiskTier:
         self._lock = threading.Lock()
         self._sealed: dict[int, StepOps] = {}  # step ops by sequence number, cache -> runner
         self._seq = 0
-        self._pending_bytes = 0
         self._done: queue.SimpleQueue[ReadResult] = queue.SimpleQueue()
         self._landed = threading.Event()  # a read was put in _done (await_read)
         self._removed: list[int] = []  # files deleted (LRU, bad): hashes for "removed" events
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-write")
+        self._writer = CaptureWriter(self._write)
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-read")
 
     # -------------------------------------------------------- the cache's side
@@ -162,18 +201,12 @@ class DiskTier:
         for slots, blocks in ops.captures:
             if self.off:
                 break
-            kv = gather(slots, tensors)
-            nbytes = kv.numel() * kv.element_size()
-            with self._lock:
-                if self._pending_bytes + nbytes > MAX_PENDING_WRITE_BYTES:
-                    self.dropped_writes += len(blocks)
-                    continue
-                self._pending_bytes += nbytes
-            self._writer.submit(self._write, blocks, kv, nbytes)
+            if not self._writer.submit(slots, blocks, tensors):
+                self.dropped_writes += len(blocks)
         run_fills(ops.fills, tensors)
 
     # -------------------------------------------------------------- threads
-    def _write(self, blocks: list[tuple[int, npt.NDArray[np.int32]]], kv: torch.Tensor, nbytes: int) -> None:
+    def _write(self, blocks: Blocks, kv: torch.Tensor) -> None:
         bs = self.block_size
         try:
             for i, (h, tokens) in enumerate(blocks):
@@ -187,9 +220,6 @@ class DiskTier:
                 self.written_tokens += bs
         except OSError as e:  # full, read-only, or a bound smaller than one block
             self.turn_off(f"writing {self.store.path}: {e}")
-        finally:
-            with self._lock:
-                self._pending_bytes -= nbytes
 
     def _read(self, job: ReadJob) -> None:
         bs, kvs = self.block_size, []
@@ -218,7 +248,7 @@ class DiskTier:
     # ------------------------------------------------------------ checks, end
     def flush(self) -> None:
         """Wait for every queued write and read (checks, tests, shutdown)."""
-        self._writer.submit(lambda: None).result()
+        self._writer.flush()
         self._reader.submit(lambda: None).result()
 
     def check(self) -> None:
@@ -226,7 +256,7 @@ class DiskTier:
         self.store.check()
 
     def close(self) -> None:
-        self._writer.shutdown(wait=True)
+        self._writer.close()
         self._reader.shutdown(wait=True)
 
 

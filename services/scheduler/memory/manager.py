@@ -117,10 +117,7 @@ class KVCacheManager:
         Records the length on ``req.match_len`` (the policy sorts by it) and keeps the
         result for ``cached_match`` until the cache changes.
         """
-        ids = req.fill_ids()
-        # A request scoring its prompt needs the logits of every prompt position: it recomputes the
-        # prompt rather than reuse cached KV, whose logits were never kept.
-        m = self.cache.match_prefix(ids[: 0 if req.scores_prompt else len(ids) - 1])
+        m = self.cache.match_prefix(_match_ids(req))
         req.match_len = m.length
         req.last_match = (self.cache.version, m)
         return m
@@ -289,11 +286,12 @@ class KVCacheManager:
             r.alloc_len += 1
         return slots
 
-    def read_disk(self, req: Req) -> None:
-        """Start reading the part of ``req``'s prefix that is on disk (``MatchResult.disk_len``)."""
-        if isinstance(self.cache, DiskTieredCache):
-            ids = req.fill_ids()
-            self.cache.read_disk(ids[: 0 if req.scores_prompt else len(ids) - 1])
+    def read_disk(self, req: Req, m: MatchResult) -> bool:
+        """Whether ``req`` waits for the part of its prefix past its match ``m`` that is on disk
+        (its read started now, or in flight)."""
+        if not isinstance(self.cache, DiskTieredCache):
+            return False
+        return self.cache.read_disk(_match_ids(req), m)
 
     def poll(self) -> None:
         """Take what the disk tier's reader finished into the cache (each step, before matching)."""
@@ -443,3 +441,11 @@ class KVCacheManager:
         assert host.free_tokens + cache.host_size == host.capacity_tokens
         if isinstance(cache, DiskTieredCache):
             cache.check_disk()
+
+
+def _match_ids(req: Req) -> npt.NDArray[np.int32]:
+    """The tokens ``req``'s cached prefix is matched on: all but the last, which is computed for its
+    logits. A request scoring its prompt needs the logits of every prompt position: it recomputes
+    the prompt rather than reuse cached KV, whose logits were never kept."""
+    ids = req.fill_ids()
+    return ids[: 0 if req.scores_prompt else len(ids) - 1]

@@ -109,7 +109,6 @@ class MatchResult(NamedTuple):
     # nodes, and how many tokens those hold (``load_back`` brings them to the device).
     host_node: TreeNode | None = None
     host_len: int = 0
-    disk_len: int = 0  # tokens after those on disk, being read (memory/disk_cache.py): wait for them
 
     @property
     def length(self) -> int:

@@ -176,8 +176,7 @@ class PrefillAdder:
         if req.load_started:  # its room was checked when its load started, the wanted prefixes' too
             keep_wanted, followers = False, ()
         m = self.kv.cached_match(req)
-        if m.disk_len:  # its prefix is on disk: read it (the request is admitted once it is here)
-            self.kv.read_disk(req)
+        if self.kv.read_disk(req, m):  # its prefix is on disk: read (it is admitted once here)
             return AddResult.WAITING
         if self.defer_loads and self.kv.reads_loading(m.node):
             return AddResult.WAITING  # a load this step brings its prefix: it joins the next step

@@ -222,7 +222,8 @@ class CacheAwareRouter(_Recorder):
             self.record(Decision(h.address, "index-down", 0, time.perf_counter() - t))
             return h
         none = TierMatch()
-        score = {c.address: self.weights.score(matched.get(c.address, none)) for c in candidates}
+        of = {c.address: matched.get(c.address, none) for c in candidates}
+        score = {pod: self.weights.score(m) for pod, m in of.items()}
         best = max(score.values(), default=0.0)
         if best <= 0:
             # A new prefix: to the least busy pod among those with room for it; ties (equally idle
@@ -242,14 +243,14 @@ class CacheAwareRouter(_Recorder):
             lo = min(c.busy for c in candidates)
             if h.busy - lo > self.balance_abs and h.busy > self.balance_rel * lo:
                 h, reason = least_loaded(candidates, rotate), "balance"
-        mine = matched.get(h.address, none)
+        mine = of[h.address]
         # what the pod computes: a prefix on its lower tiers is loaded back, not computed
         h.routed_tokens += len(input_ids) - mine.blocks * self.block_size
         self.recent.remember(hashes, h.address, now)
         # The working set counts prefixes, not requests: a request that shares a prefix adds only
         # that prefix (its own tail blocks are never reused), or every request would grow its
         # pod's set by its unique tail and new prefixes would spread by request count instead.
-        shared = max((matched.get(c.address, none).blocks for c in candidates), default=0)
+        shared = max((m.blocks for m in of.values()), default=0)
         self.working_set.remember(hashes[:shared] if shared else hashes, h.address, now)
         seconds = time.perf_counter() - t
         self.record(Decision(h.address, reason, mine.blocks, seconds, mine, score[h.address]))
