@@ -39,10 +39,9 @@ class DiskTieredCache(TieredRadixCache):
         if disk.block_size % allocator.page_size:
             raise ValueError("the disk tier's block size must be a multiple of the page size")
         self.disk = disk
-        self._events_on = False  # blocks are hashed for the disk; recorded only once events are on
         self._skip: set[int] = set()  # blocks read whose result found no host room: not read again
         super().__init__(allocator, req_to_token, host, write_through)
-        self.block_size = disk.block_size
+        self.block_size = disk.block_size  # hashed for the disk; recorded once block events are on
         self._root_block_hash = disk.store.root_hash
         self.disk_location = disk.store.dir_id  # the prefix index's location of its disk-only blocks
 
@@ -51,8 +50,6 @@ class DiskTieredCache(TieredRadixCache):
         self._captures: list[Capture] = []
         self._fills: list[Fill] = []
         self.filling: set[TreeNode] = set()  # host-only nodes whose pages a queued fill writes
-        if not self._events_on:
-            self.block_events.clear()
 
     def enable_block_events(self, block_size: int, root_block_hash: int) -> None:
         """The blocks events name are the disk's: the prefix index's size and model root."""
@@ -61,11 +58,6 @@ class DiskTieredCache(TieredRadixCache):
             raise ValueError(f"--block-size {block_size}: the disk tier needs a multiple of page_size {ps}")
         super().enable_block_events(block_size, root_block_hash)
         self.disk.rehash(block_size, root_block_hash)
-        self._events_on = True
-
-    def _blocks_event(self, kind: str, node: TreeNode) -> None:
-        if self._events_on:
-            super()._blocks_event(kind, node)
 
     def block_snapshot(self) -> list[tuple[str, list[int]]]:
         """The tree's blocks by tier, and the directory's blocks it does not hold as ``stored_disk``
@@ -172,7 +164,7 @@ class DiskTieredCache(TieredRadixCache):
             if res.kv is not None:
                 self._insert_read(res)
         removed = self.disk.take_removed()
-        if removed and self._events_on:
+        if removed and self.record_events:
             held = set(self.all_block_hashes())
             gone = TreeNode(np.zeros(0, dtype=np.int32), _EMPTY_SLOTS, None)
             gone.blocks = [h for h in removed if h not in held]  # on no tier of this scheduler now
