@@ -24,7 +24,7 @@ from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.disk_tier import Capture, DiskTier, Fill, ReadJob, ReadResult, StepOps
 from radixserve.scheduler.memory.radix_cache import _EMPTY_SLOTS, MatchResult, TreeNode
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
-from radixserve.scheduler.memory.tiered_cache import KVTransfers, TieredRadixCache
+from radixserve.scheduler.memory.tiered_cache import KVTransfers, TieredRadixCache, _without
 
 
 class DiskTieredCache(TieredRadixCache):
@@ -79,7 +79,7 @@ class DiskTieredCache(TieredRadixCache):
 
     def _free_host(self, node: TreeNode) -> None:
         if node in self.filling:  # a queued fill of its pages: dropped with them
-            self._fills = _without_fills(self._fills, node.host_value)
+            self._fills = _without(self._fills, node.host_value, 0)
             self.filling.discard(node)
         super()._free_host(node)
 
@@ -222,14 +222,3 @@ class DiskTieredCache(TieredRadixCache):
         for n in self.filling:
             assert n.on_host, f"{n!r}: a queued fill of a node off the host"
         self.disk.check()
-
-
-def _without_fills(fills: list[Fill], slots: npt.NDArray[np.int64]) -> list[Fill]:
-    out = []
-    for dst, kv in fills:
-        keep = ~np.isin(dst, slots)
-        if keep.all():
-            out.append((dst, kv))
-        elif keep.any():
-            out.append((dst[keep], kv[:, keep]))
-    return out
