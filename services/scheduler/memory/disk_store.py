@@ -15,7 +15,7 @@ block's token ids, then its KV bytes::
 A read checks all of it: a file of another format, model (the root hash) or layout (its rank and tp
 size), or of other tokens, is ``foreign``; a short one ``truncated``; a checksum that does not match
 ``corrupt``; a file gone ``missing``. A bad file (any rank's part) is deleted with its block's other
-parts, never served. Writes are atomic (a temp file in the directory, then ``os.replace``): a reader
+parts, never served. Writes are atomic (``common/atomic_file.py``: a temp file, then a rename): a reader
 sees a whole file or none. The index (hash -> file bytes, least recently used first) is built by a
 scan at start and kept by this store's writes and reads; a lookup that misses it stats the files (at
 most once a second per block), so another scheduler's writes are found. Within ``capacity_bytes``
@@ -43,6 +43,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from radixserve.common.atomic_file import write_atomic
 
 FORMAT_VERSION = 2  # 2: the rank and tp size
 MAGIC = b"RSKV"
@@ -75,19 +77,6 @@ def encode_block(
     crc = zlib.crc32(data, zlib.crc32(ids))
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, root_hash, block_hash, len(tokens), len(data), crc, rank, tp)
     return [head + ids, data]
-
-
-def write_atomic(path: Path, parts: list[bytes | memoryview]) -> None:
-    """``path`` holds ``parts`` whole, or is as it was (a temp file in its directory, then a rename)."""
-    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
-    try:
-        with open(tmp, "wb") as f:
-            for part in parts:
-                f.write(part)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class DiskFullError(OSError):
