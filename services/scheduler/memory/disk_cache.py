@@ -50,6 +50,10 @@ class DiskTieredCache(TieredRadixCache):
         self._captures: list[Capture] = []
         self._fills: list[Fill] = []
         self.filling: set[TreeNode] = set()  # host-only nodes whose pages a queued fill writes
+        # Every block hash the tree holds, on any tier (kept by the hooks below: ``poll`` asks per
+        # hash, without walking the tree). A set: a block's hash names its whole prefix, which one
+        # node holds.
+        self._held: set[int] = set()
 
     def enable_block_events(self, block_size: int, root_block_hash: int) -> None:
         """The blocks events name are the disk's: the prefix index's size and model root."""
@@ -64,8 +68,7 @@ class DiskTieredCache(TieredRadixCache):
         (a resync or a restart announces what the files hold: a restarted pod starts warm)."""
         events = super().block_snapshot()
         if not self.disk.off:
-            held = set(self.all_block_hashes())
-            on_disk = [h for h in self.disk.store.hashes() if h not in held]
+            on_disk = [h for h in self.disk.store.hashes() if h not in self._held]
             if on_disk:
                 events.append(("stored_disk", on_disk))
         return events
@@ -76,6 +79,14 @@ class DiskTieredCache(TieredRadixCache):
         if child in self.filling:
             self.filling.add(upper)
         return upper
+
+    def _inserted(self, leaf: TreeNode) -> None:
+        super()._inserted(leaf)
+        self._held.update(leaf.blocks)
+
+    def _evicting(self, leaf: TreeNode) -> None:
+        self._held.difference_update(leaf.blocks)
+        super()._evicting(leaf)
 
     def _free_host(self, node: TreeNode) -> None:
         if node in self.filling:  # a queued fill of its pages: dropped with them
@@ -105,6 +116,7 @@ class DiskTieredCache(TieredRadixCache):
             slots.append(leaf.host_value[start : start + bs])
         if written:
             self._captures.append((np.concatenate(slots), written))
+        self._held.difference_update(leaf.blocks)  # the leaf leaves the tree next
         leaf.blocks = [h for h, _ in written] + written_already
         self._blocks_event("stored_disk", leaf)
         leaf.blocks = rest  # the base records them removed
@@ -165,9 +177,8 @@ class DiskTieredCache(TieredRadixCache):
                 self._insert_read(res)
         removed = self.disk.take_removed()
         if removed and self.record_events:
-            held = set(self.all_block_hashes())
             gone = TreeNode(np.zeros(0, dtype=np.int32), _EMPTY_SLOTS, None)
-            gone.blocks = [h for h in removed if h not in held]  # on no tier of this scheduler now
+            gone.blocks = [h for h in removed if h not in self._held]  # on no tier of this scheduler now
             self._blocks_event("removed", gone)
         if done:
             self.version += 1  # matches taken before wait for nothing now
@@ -193,6 +204,7 @@ class DiskTieredCache(TieredRadixCache):
         leaf.blocks = [h for i, h in enumerate(job.hashes[: res.blocks]) if first + (i + 1) * bs > pos]
         node.children[self._child_key(leaf.key)] = leaf
         self.host_size += len(leaf)
+        self._held.update(leaf.blocks)
         assert res.kv is not None
         self._fills.append((leaf.host_value, res.kv[:, pos - first :]))
         self.filling.add(leaf)
@@ -221,4 +233,5 @@ class DiskTieredCache(TieredRadixCache):
             assert len(np.unique(slots)) == len(slots) and np.isin(slots, mine).all(), "a fill lost its node"
         for n in self.filling:
             assert n.on_host, f"{n!r}: a queued fill of a node off the host"
+        assert self._held == set(self.all_block_hashes()), "the held blocks are not the tree's"
         self.disk.check()
