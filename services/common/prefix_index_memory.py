@@ -109,9 +109,8 @@ class InMemoryPrefixIndex:
         self._heartbeats.pop(pod, None)
         loc = self._location_of.pop(pod, None)
         if loc is not None and loc not in self._location_of.values():  # its last pod: nobody loads them
-            for h in list(self._at_location.get(loc, ())):
+            for h in self._at_location.pop(loc, ()):  # (none: no pod wrote a block there yet)
                 self._off_disk(h, loc)
-            del self._at_location[loc]
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         return {p: m.blocks for p, m in self.match_tiers(hashes).items()}
