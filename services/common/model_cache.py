@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from radixserve.common.atomic_file import write_atomic
 from radixserve.common.model_source import ModelSource, ModelSourceError, format_bytes
 
 MARKER = ".complete"
@@ -143,13 +144,7 @@ class ModelCache:
 
     def finish(self, source: ModelSource, record: EntryRecord) -> None:
         """Mark ``source``'s entry complete: its record, written to a temporary file then renamed."""
-        entry = self.root / source.entry()
-        tmp = entry / f"{MARKER}.tmp"
-        with open(tmp, "w") as f:
-            f.write(record.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, entry / MARKER)
+        write_atomic(self.root / source.entry() / MARKER, [record.to_json().encode()], fsync=True)
 
     def discard(self, source: ModelSource) -> None:
         """Remove ``source``'s entry (hold its lock): the marker first, so it is never complete half gone."""

@@ -23,6 +23,7 @@ from radixserve.common.prefix_index_input import (
 )
 
 log = logging.getLogger("radixserve.common.prefix_index")
+_NO_DIRS: frozenset[str] = frozenset()
 
 
 class InMemoryPrefixIndex:
@@ -108,9 +109,8 @@ class InMemoryPrefixIndex:
         self._heartbeats.pop(pod, None)
         loc = self._location_of.pop(pod, None)
         if loc is not None and loc not in self._location_of.values():  # its last pod: nobody loads them
-            for h in list(self._at_location.get(loc, ())):
+            for h in self._at_location.pop(loc, ()):  # (none: no pod wrote a block there yet)
                 self._off_disk(h, loc)
-            del self._at_location[loc]
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         return {p: m.blocks for p, m in self.match_tiers(hashes).items()}
@@ -121,29 +121,28 @@ class InMemoryPrefixIndex:
         """Per pod, its leading blocks by the best tier it can load each from: its own, or (disk) its
         shared location's, ``locations`` naming each pod's (a pod left out: its own entries only)."""
         hashes = clean_hashes(hashes, "a lookup", "looked-up", chain=True)
+        location_of = {pod: loc for pod, loc in (locations or {}).items() if loc}
         pods_at: dict[str, list[str]] = {}  # shared directory -> the pods that load from it
-        for pod, location in (locations or {}).items():
-            if location:
-                pods_at.setdefault(location, []).append(pod)
+        for pod, loc in location_of.items():
+            pods_at.setdefault(loc, []).append(pod)
         counts: dict[str, list[int]] = {}  # pod -> blocks on each tier so far
         alive: set[str] | None = None  # the pods that matched every block so far
         for h in hashes:
-            best = self._tiers.get(h, {})  # pod -> the best tier it can load ``h`` from
-            dirs = self._on_disk.get(h) if pods_at else None
-            if dirs:  # a pod's own entry is never worse than its directory's (disk)
-                best = dict(best)
-                for d in dirs:
-                    for pod in pods_at.get(d, ()):
-                        best.setdefault(pod, DISK)
+            own = self._tiers.get(h, {})  # pod -> its own tier of ``h``
+            dirs = self._on_disk.get(h, _NO_DIRS) if pods_at else _NO_DIRS  # shared ones holding ``h``
             if alive is None:
-                alive = set(best)
+                alive = set(own).union(*(pods_at.get(d, ()) for d in dirs))
                 counts = {pod: [0, 0, 0] for pod in alive}
-            else:
-                alive &= best.keys()
+            missed = []
+            for pod in alive:  # its own entry first: never worse than its directory's (disk)
+                tier = own.get(pod, DISK if location_of.get(pod) in dirs else None)
+                if tier is None:
+                    missed.append(pod)
+                else:
+                    counts[pod][tier] += 1
+            alive.difference_update(missed)
             if not alive:
                 break
-            for pod in alive:
-                counts[pod][best[pod]] += 1
         return {pod: TierMatch(*c) for pod, c in counts.items()}
 
     def live_pods(self) -> dict[str, Load]:

@@ -99,3 +99,11 @@ def test_in_memory_a_directorys_blocks_go_with_the_last_pod_that_mounts_it() -> 
         "r"
     )  # nobody that reported under it is left: forgotten (a pod's snapshot brings them back)
     assert idx.match_tiers(h, mounts) == {}
+
+
+def test_a_pod_gone_before_it_wrote_a_block_to_its_shared_disk_is_removed(backend: Backend) -> None:
+    idx = backend.index
+    h = hashes_of(prompt(6, 2))
+    idx.apply("p", h, [], tiers=[DEVICE, HOST], location="dir-3")  # nothing on its disk yet
+    idx.remove_pod("p")  # the router's watch of a pod that went down, or a sweep
+    assert idx.match_tiers(h, {"p": "dir-3"}) == {}

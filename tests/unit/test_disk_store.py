@@ -8,13 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from radixserve.scheduler.memory.disk_store import (
-    BlockLayout,
-    DiskFullError,
-    DiskStore,
-    encode_block,
-    write_atomic,
-)
+from radixserve.common.atomic_file import write_atomic
+from radixserve.scheduler.memory.disk_store import BlockLayout, DiskFullError, DiskStore, encode_block
 
 LAYOUT = BlockLayout((6, 4, 2, 8), torch.bfloat16)  # 3 layers' K and V, 4 tokens, 2 heads of 8
 

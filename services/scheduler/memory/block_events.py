@@ -6,6 +6,8 @@ kept on the node its last token lives in. A node's blocks are reported at the be
 says which in ``_tier_event``) when it is created and whenever that tier changes, ``removed`` when it
 leaves the tree, ``cleared`` when the tree is reset. ``block_snapshot`` is the same as a snapshot
 (what a subscriber that fell behind gets, after ``cleared``); ``all_block_hashes`` lists the blocks.
+Events are recorded once ``enable_block_events`` sets ``record_events``; a cache may hash blocks
+before that (the disk tier names its files by them: memory/disk_cache.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ if TYPE_CHECKING:
 class BlockEvents:
     """RadixCache's part that hashes blocks and records their events (memory/radix_cache.py)."""
 
-    block_size: int  # 0: no block events
+    block_size: int  # 0: blocks are not hashed
+    record_events: bool  # False: blocks may be hashed (the disk tier's names) but no events recorded
     _root_block_hash: int
     block_events: list[tuple[str, list[int]]]  # (kind, hashes): common/kv_tier.py's, "removed", "cleared"
     # The id of the disk directory whose blocks this cache reports as ``stored_disk`` ("": no disk
@@ -64,7 +67,7 @@ class BlockEvents:
 
     def _blocks_event(self, kind: str, node: TreeNode) -> None:
         """Record ``kind`` for ``node``'s blocks (a hybrid's cache records fewer)."""
-        if node.blocks:
+        if self.record_events and node.blocks:
             self.block_events.append((kind, node.blocks))
 
     def _tier_event(self, node: TreeNode) -> str:

@@ -24,7 +24,7 @@ from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.disk_tier import Capture, DiskTier, Fill, ReadJob, ReadResult, StepOps
 from radixserve.scheduler.memory.radix_cache import _EMPTY_SLOTS, MatchResult, TreeNode
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
-from radixserve.scheduler.memory.tiered_cache import KVTransfers, TieredRadixCache
+from radixserve.scheduler.memory.tiered_cache import KVTransfers, TieredRadixCache, _without
 
 
 class DiskTieredCache(TieredRadixCache):
@@ -39,10 +39,9 @@ class DiskTieredCache(TieredRadixCache):
         if disk.block_size % allocator.page_size:
             raise ValueError("the disk tier's block size must be a multiple of the page size")
         self.disk = disk
-        self._events_on = False  # blocks are hashed for the disk; recorded only once events are on
         self._skip: set[int] = set()  # blocks read whose result found no host room: not read again
         super().__init__(allocator, req_to_token, host, write_through)
-        self.block_size = disk.block_size
+        self.block_size = disk.block_size  # hashed for the disk; recorded once block events are on
         self._root_block_hash = disk.store.root_hash
         self.disk_location = disk.store.dir_id  # the prefix index's location of its disk-only blocks
 
@@ -51,8 +50,10 @@ class DiskTieredCache(TieredRadixCache):
         self._captures: list[Capture] = []
         self._fills: list[Fill] = []
         self.filling: set[TreeNode] = set()  # host-only nodes whose pages a queued fill writes
-        if not self._events_on:
-            self.block_events.clear()
+        # Every block hash the tree holds, on any tier (kept by the hooks below: ``poll`` asks per
+        # hash, without walking the tree). A set: a block's hash names its whole prefix, which one
+        # node holds.
+        self._held: set[int] = set()
 
     def enable_block_events(self, block_size: int, root_block_hash: int) -> None:
         """The blocks events name are the disk's: the prefix index's size and model root."""
@@ -61,19 +62,13 @@ class DiskTieredCache(TieredRadixCache):
             raise ValueError(f"--block-size {block_size}: the disk tier needs a multiple of page_size {ps}")
         super().enable_block_events(block_size, root_block_hash)
         self.disk.rehash(block_size, root_block_hash)
-        self._events_on = True
-
-    def _blocks_event(self, kind: str, node: TreeNode) -> None:
-        if self._events_on:
-            super()._blocks_event(kind, node)
 
     def block_snapshot(self) -> list[tuple[str, list[int]]]:
         """The tree's blocks by tier, and the directory's blocks it does not hold as ``stored_disk``
         (a resync or a restart announces what the files hold: a restarted pod starts warm)."""
         events = super().block_snapshot()
         if not self.disk.off:
-            held = set(self.all_block_hashes())
-            on_disk = [h for h in self.disk.store.hashes() if h not in held]
+            on_disk = [h for h in self.disk.store.hashes() if h not in self._held]
             if on_disk:
                 events.append(("stored_disk", on_disk))
         return events
@@ -85,9 +80,17 @@ class DiskTieredCache(TieredRadixCache):
             self.filling.add(upper)
         return upper
 
+    def _inserted(self, leaf: TreeNode) -> None:
+        super()._inserted(leaf)
+        self._held.update(leaf.blocks)
+
+    def _evicting(self, leaf: TreeNode) -> None:
+        self._held.difference_update(leaf.blocks)
+        super()._evicting(leaf)
+
     def _free_host(self, node: TreeNode) -> None:
         if node in self.filling:  # a queued fill of its pages: dropped with them
-            self._fills = _without_fills(self._fills, node.host_value)
+            self._fills = _without(self._fills, node.host_value, 0)
             self.filling.discard(node)
         super()._free_host(node)
 
@@ -113,6 +116,7 @@ class DiskTieredCache(TieredRadixCache):
             slots.append(leaf.host_value[start : start + bs])
         if written:
             self._captures.append((np.concatenate(slots), written))
+        self._held.difference_update(leaf.blocks)  # the leaf leaves the tree next
         leaf.blocks = [h for h, _ in written] + written_already
         self._blocks_event("stored_disk", leaf)
         leaf.blocks = rest  # the base records them removed
@@ -172,10 +176,9 @@ class DiskTieredCache(TieredRadixCache):
             if res.kv is not None:
                 self._insert_read(res)
         removed = self.disk.take_removed()
-        if removed and self._events_on:
-            held = set(self.all_block_hashes())
+        if removed and self.record_events:
             gone = TreeNode(np.zeros(0, dtype=np.int32), _EMPTY_SLOTS, None)
-            gone.blocks = [h for h in removed if h not in held]  # on no tier of this scheduler now
+            gone.blocks = [h for h in removed if h not in self._held]  # on no tier of this scheduler now
             self._blocks_event("removed", gone)
         if done:
             self.version += 1  # matches taken before wait for nothing now
@@ -201,6 +204,7 @@ class DiskTieredCache(TieredRadixCache):
         leaf.blocks = [h for i, h in enumerate(job.hashes[: res.blocks]) if first + (i + 1) * bs > pos]
         node.children[self._child_key(leaf.key)] = leaf
         self.host_size += len(leaf)
+        self._held.update(leaf.blocks)
         assert res.kv is not None
         self._fills.append((leaf.host_value, res.kv[:, pos - first :]))
         self.filling.add(leaf)
@@ -229,15 +233,5 @@ class DiskTieredCache(TieredRadixCache):
             assert len(np.unique(slots)) == len(slots) and np.isin(slots, mine).all(), "a fill lost its node"
         for n in self.filling:
             assert n.on_host, f"{n!r}: a queued fill of a node off the host"
+        assert self._held == set(self.all_block_hashes()), "the held blocks are not the tree's"
         self.disk.check()
-
-
-def _without_fills(fills: list[Fill], slots: npt.NDArray[np.int64]) -> list[Fill]:
-    out = []
-    for dst, kv in fills:
-        keep = ~np.isin(dst, slots)
-        if keep.all():
-            out.append((dst, kv))
-        elif keep.any():
-            out.append((dst[keep], kv[:, keep]))
-    return out

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from radixserve.scheduler.memory.disk_store import encode_block, part_name, write_atomic
+from radixserve.common.atomic_file import write_atomic
+from radixserve.scheduler.memory.disk_store import encode_block, part_name
 from radixserve.scheduler.memory.disk_tier import Blocks, CaptureWriter, RankDiskOps, run_fills
 
 log = logging.getLogger(__name__)

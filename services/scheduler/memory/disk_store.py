@@ -15,7 +15,7 @@ block's token ids, then its KV bytes::
 A read checks all of it: a file of another format, model (the root hash) or layout (its rank and tp
 size), or of other tokens, is ``foreign``; a short one ``truncated``; a checksum that does not match
 ``corrupt``; a file gone ``missing``. A bad file (any rank's part) is deleted with its block's other
-parts, never served. Writes are atomic (a temp file in the directory, then ``os.replace``): a reader
+parts, never served. Writes are atomic (``common/atomic_file.py``: a temp file, then a rename): a reader
 sees a whole file or none. The index (hash -> file bytes, least recently used first) is built by a
 scan at start and kept by this store's writes and reads; a lookup that misses it stats the files (at
 most once a second per block), so another scheduler's writes are found. Within ``capacity_bytes``
@@ -44,6 +44,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from radixserve.common.atomic_file import write_atomic
+
 FORMAT_VERSION = 2  # 2: the rank and tp size
 MAGIC = b"RSKV"
 _HEADER = struct.Struct("<4sHQQIQIHH")
@@ -66,25 +68,15 @@ def name_pattern(tp: int) -> re.Pattern[str]:
 
 def encode_block(
     root_hash: int, block_hash: int, tokens: npt.NDArray[np.integer], kv: torch.Tensor, rank: int, tp: int
-) -> bytes:
-    """A file's bytes: the header, the token ids, then ``kv`` (rank ``rank``'s heads of the block)."""
+) -> list[bytes | memoryview]:
+    """A file's bytes, in the parts to write one after the other: the header and the token ids, then
+    ``kv`` (rank ``rank``'s heads of the block): a view of it made contiguous, its one copy (a block
+    cut from a capture, ``[2L, n, heads, dim]``, is strided)."""
     ids = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
-    data = kv.contiguous().view(torch.uint8).numpy().tobytes()
+    data = kv.contiguous().view(torch.uint8).numpy().data.cast("B")
     crc = zlib.crc32(data, zlib.crc32(ids))
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, root_hash, block_hash, len(tokens), len(data), crc, rank, tp)
-    return head + ids + data
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """``path`` holds ``data`` whole, or is as it was (a temp file in its directory, then a rename)."""
-    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    return [head + ids, data]
 
 
 class DiskFullError(OSError):
@@ -200,7 +192,7 @@ class DiskStore:
         returns the hashes of the blocks evicted to make room (None: it was there). Raises
         DiskFullError when one block exceeds the bound, OSError when the disk refuses."""
         data = encode_block(self.root_hash, block_hash, tokens, kv, 0, self.tp)
-        size = len(data) * self.tp  # every rank's part: the same heads per rank, the same size
+        size = sum(len(part) for part in data) * self.tp  # every rank's part: the same heads, the same size
         if size > self.capacity_bytes:
             raise DiskFullError(f"one block ({size} bytes) exceeds the disk tier's bound")
         with self._lock:
@@ -233,16 +225,15 @@ class DiskStore:
         entry; the block's files are then deleted: a part that fails is a miss of the whole block)."""
         parts = []
         for rank, path in enumerate(self.files(block_hash)):
-            raw = _read_file(path, _PART_WAIT_S if rank else 0.0)
+            raw = _read_file(path, _PART_WAIT_S if rank else 0.0, self.layout.kv_bytes)
             if raw is None:  # rank 0's: gone (evicted by another scheduler); another rank's: a write
                 self._drop(block_hash, delete=rank > 0)  # that never landed (its writer off, behind)
                 return "missing"
-            cause = self._verify(raw, block_hash, tokens, rank)
+            cause = self._verify(*raw, block_hash, tokens, rank)
             if cause is not None:
                 self._drop(block_hash, delete=True)
                 return cause
-            kv = torch.frombuffer(bytearray(raw[-self.layout.kv_bytes :]), dtype=torch.uint8)
-            parts.append(kv.view(self.layout.dtype).reshape(self.layout.shape))
+            parts.append(raw[1].view(self.layout.dtype).reshape(self.layout.shape))
         with self._lock:
             if block_hash in self._index:
                 self._index.move_to_end(block_hash)
@@ -251,10 +242,14 @@ class DiskStore:
                 os.utime(path)  # the LRU order after a restart
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
-    def _verify(self, raw: bytes, block_hash: int, tokens: npt.NDArray[np.integer], rank: int) -> str | None:
-        if len(raw) < _HEADER.size:
+    def _verify(
+        self, head: bytearray, kv: torch.Tensor, block_hash: int, tokens: npt.NDArray[np.integer], rank: int
+    ) -> str | None:
+        """Why the file ``head`` + ``kv`` (``_read_file``'s) is not this block's part (None: it is)."""
+        size = len(head) + len(kv)
+        if size < _HEADER.size:
             return "truncated"
-        magic, version, root, h, n, nbytes, crc, its_rank, its_tp = _HEADER.unpack_from(raw)
+        magic, version, root, h, n, nbytes, crc, its_rank, its_tp = _HEADER.unpack_from(head)
         if magic != MAGIC:
             return "corrupt"
         if version != FORMAT_VERSION or root != self.root_hash or nbytes != self.layout.kv_bytes:
@@ -264,10 +259,11 @@ class DiskStore:
         if h != block_hash or n != len(tokens):
             return "corrupt"  # its name and its header disagree
         end = _HEADER.size + 4 * n + nbytes
-        if len(raw) < end:
+        if size < end:
             return "truncated"
-        ids = raw[_HEADER.size : _HEADER.size + 4 * n]
-        if len(raw) > end or zlib.crc32(raw[_HEADER.size + 4 * n :], zlib.crc32(ids)) != crc:
+        # size == end from here: ``_read_file`` split the file at its KV, ``head`` is the header and ids
+        ids = memoryview(head)[_HEADER.size :]
+        if size > end or zlib.crc32(kv.numpy().data, zlib.crc32(ids)) != crc:
             return "corrupt"
         if ids != np.ascontiguousarray(tokens, dtype="<i4").tobytes():
             return "foreign"  # the same hash for other tokens: never served
@@ -296,13 +292,21 @@ class DiskStore:
             )
 
 
-def _read_file(path: Path, wait_s: float) -> bytes | None:
-    """The file's bytes; None when it does not exist within ``wait_s`` seconds."""
+def _read_file(path: Path, wait_s: float, kv_bytes: int) -> tuple[bytearray, torch.Tensor] | None:
+    """The file's bytes, read once: all but the last ``kv_bytes`` (a good file's header and token
+    ids), then those into a tensor of their own (its KV, aligned for any dtype); all in the first
+    part when the file is too short to hold a header and KV. None when it does not exist within
+    ``wait_s`` seconds."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
             with open(path, "rb") as f:
-                return f.read()
+                size = os.fstat(f.fileno()).st_size
+                kv = torch.empty(kv_bytes if size >= _HEADER.size + kv_bytes else 0, dtype=torch.uint8)
+                head = bytearray(size - len(kv))
+                if f.readinto(head) + f.readinto(kv.numpy().data) < size:
+                    return bytearray(), torch.empty(0, dtype=torch.uint8)  # cut short as it was read
+                return head, kv
         except FileNotFoundError:
             if time.monotonic() >= deadline:
                 return None

@@ -34,6 +34,7 @@ import numpy.typing as npt
 import torch
 
 from radixserve.scheduler.memory.disk_store import DiskStore
+from radixserve.scheduler.memory.kv_pool import gather_slots, scatter_slots
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class CaptureWriter:
 
     def submit(self, slots: npt.NDArray[np.int64], blocks: Blocks, tensors: list[torch.Tensor]) -> bool:
         """Queue the capture of host ``slots``; False: dropped (the backlog is full)."""
-        kv = gather(slots, tensors)
+        kv = torch.stack([*gather_slots(tensors, torch.from_numpy(slots))])  # [2L, n, heads, dim]
         nbytes = kv.numel() * kv.element_size()
         with self._lock:
             if self._pending_bytes + nbytes > MAX_PENDING_WRITE_BYTES:
@@ -260,16 +261,8 @@ class DiskTier:
         self._reader.shutdown(wait=True)
 
 
-def gather(slots: npt.NDArray[np.int64], tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Host slots ``slots`` of every tensor of a host pool: ``[2L, n, heads, dim]``."""
-    idx = torch.from_numpy(slots)
-    return torch.stack([t.index_select(0, idx) for t in tensors])
-
-
 def run_fills(fills: list[Fill], tensors: list[torch.Tensor]) -> None:
     """Write fills into a host pool's tensors: this rank's heads, the first ``heads`` of a fill's
     (rank 0 holds every rank's; a follower gets its own alone)."""
     for slots, kv in fills:
-        idx = torch.from_numpy(slots)
-        for i, t in enumerate(tensors):
-            t.index_copy_(0, idx, kv[i, :, : t.shape[1]])
+        scatter_slots(tensors, torch.from_numpy(slots), kv[:, :, : tensors[0].shape[1]])

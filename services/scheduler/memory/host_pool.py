@@ -36,7 +36,7 @@ import torch
 
 from radixserve.scheduler.memory.disk_follower import DiskFollower
 from radixserve.scheduler.memory.disk_tier import DiskTier
-from radixserve.scheduler.memory.kv_pool import KVPool
+from radixserve.scheduler.memory.kv_pool import KVPool, gather_slots, scatter_slots
 from radixserve.scheduler.memory.tiered_cache import KVTransfers
 
 
@@ -112,14 +112,10 @@ class HostKVPool:
         if not self.cuda:
             self._disk_step(t)
             if len(t.store_src):
-                src, dst = _index(t.store_src), _index(t.store_dst)
-                for h, d in zip(self.tensors, dev, strict=True):
-                    h.index_copy_(0, dst, d.index_select(0, src))
+                scatter_slots(self.tensors, _index(t.store_dst), gather_slots(dev, _index(t.store_src)))
             if len(t.load_src):
                 start = time.perf_counter()
-                src, dst = _index(t.load_src), _index(t.load_dst)
-                for h, d in zip(self.tensors, dev, strict=True):
-                    d.index_copy_(0, dst, h.index_select(0, src))
+                scatter_slots(dev, _index(t.load_dst), gather_slots(self.tensors, _index(t.load_src)))
                 if load is not None:
                     load.timed(start, time.perf_counter() - start)
             return
@@ -131,7 +127,7 @@ class HostKVPool:
         with torch.cuda.stream(self.stream):
             if len(t.store_src):
                 src = self._to_device(t.store_src)
-                gathered = torch.stack([d.index_select(0, src) for d in dev])  # [2L, n, heads, dim]
+                gathered = torch.stack([*gather_slots(dev, src)])  # [2L, n, heads, dim]
                 staging = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
                 staging.copy_(gathered, non_blocking=True)  # one device -> host transfer
                 stored = torch.cuda.Event()
@@ -159,16 +155,14 @@ class HostKVPool:
             dtype=self.tensors[0].dtype,
             pin_memory=True,
         )
-        torch.stack([h.index_select(0, src) for h in self.tensors], out=staging)
+        torch.stack([*gather_slots(self.tensors, src)], out=staging)
         host_s = time.perf_counter() - start
         events = None
         if load is not None:  # the device part: read later, without waiting (KVLoad.seconds)
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record(self.stream)
         loaded = staging.to(self.device, non_blocking=True)  # one host -> device transfer
-        dst = self._to_device(t.load_dst)
-        for i, d in enumerate(dev):
-            d.index_copy_(0, dst, loaded[i])
+        scatter_slots(dev, self._to_device(t.load_dst), loaded)
         if load is not None and events is not None:
             events[1].record(self.stream)
             load.timed_on_device(start, host_s, *events)
@@ -187,8 +181,7 @@ class HostKVPool:
         event, staging, dst = self._landing
         self._landing = None
         event.synchronize()
-        for i, h in enumerate(self.tensors):
-            h.index_copy_(0, dst, staging[i])
+        scatter_slots(self.tensors, dst, staging)
 
     def _to_device(self, slots: npt.NDArray[np.int64]) -> torch.Tensor:
         return _index(slots).pin_memory().to(self.device, non_blocking=True)

@@ -1,6 +1,9 @@
-"""KVPool: the K and V tensors of every layer, indexed by KV slot."""
+"""KVPool: the K and V tensors of every layer, indexed by KV slot; and the copies of slots' rows
+between such tensors (the host pool's and the disk tier's: memory/host_pool.py, memory/disk_tier.py)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
@@ -23,3 +26,17 @@ class KVPool:
         # index_put_ rather than ``k[slots] = ...``: the same kernel, without Python's indexing path
         self.k[layer].index_put_((slots,), k)
         self.v[layer].index_put_((slots,), v)
+
+
+def gather_slots(tensors: Sequence[torch.Tensor], slots: torch.Tensor) -> Iterator[torch.Tensor]:
+    """Rows ``slots`` of each of ``tensors`` (a pool's K of every layer, then V), one tensor at a
+    time: a copy into another pool holds one layer's rows at once; ``torch.stack`` them for one
+    ``[2L, n, heads, dim]`` tensor."""
+    return (t.index_select(0, slots) for t in tensors)
+
+
+def scatter_slots(tensors: Sequence[torch.Tensor], slots: torch.Tensor, rows: Iterable[torch.Tensor]) -> None:
+    """Write ``rows`` (one ``[n, heads, dim]`` per tensor: ``gather_slots``'s, or a stacked tensor's
+    first axis) into rows ``slots`` of each of ``tensors``."""
+    for t, r in zip(tensors, rows, strict=True):
+        t.index_copy_(0, slots, r)

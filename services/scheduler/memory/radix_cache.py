@@ -143,7 +143,8 @@ class RadixCache(BlockEvents):
         self.allocator = allocator
         self.req_to_token = req_to_token
         self.page_size = allocator.page_size
-        self.block_size = 0  # 0: no block events
+        self.block_size = 0  # 0: blocks are not hashed
+        self.record_events = False
         self._root_block_hash = 0
         self.block_events: list[tuple[str, list[int]]] = []
         self.reset()
@@ -154,6 +155,7 @@ class RadixCache(BlockEvents):
             raise RuntimeError("enable block events on an empty cache")
         self.block_size = block_size
         self._root_block_hash = root_block_hash
+        self.record_events = True
 
     def reset(self) -> None:
         """Drop every node. Only valid when no request holds a lock."""
@@ -168,7 +170,7 @@ class RadixCache(BlockEvents):
         # Nodes on the cached prefixes that waiting requests matched (``want``): evicted last, and
         # the scheduler keeps them out of what it admits new work into.
         self.wanted: set[TreeNode] = set()
-        if self.block_size:
+        if self.record_events:
             self.block_events.append(("cleared", []))
 
     def _tick(self) -> int:

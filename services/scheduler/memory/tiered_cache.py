@@ -17,7 +17,7 @@ its host copy stays, ``stored`` when it is loaded back, ``removed`` when it leav
 from __future__ import annotations
 
 import heapq
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,9 @@ import numpy.typing as npt
 from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocator
 from radixserve.scheduler.memory.radix_cache import _EMPTY_SLOTS, MatchResult, RadixCache, TreeNode, _parent
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
+
+if TYPE_CHECKING:
+    import torch
 
 
 class KVTransfers(NamedTuple):
@@ -46,15 +49,23 @@ class KVTransfers(NamedTuple):
 _Copies = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]  # (source slots, destination slots)
 
 
-def _without(pairs: _Copies, slots: npt.NDArray[np.int64], side: int) -> _Copies:
-    """``pairs`` less the copies whose ``side`` (0: source, 1: destination) is in ``slots``."""
-    out = []
+# A queued copy: (source slots, destination slots); or the disk tier's fill: (destination slots, KV
+# [2L, n, heads, dim]: memory/disk_tier.py).
+_Pair = TypeVar(
+    "_Pair", tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]], "tuple[npt.NDArray[np.int64], torch.Tensor]"
+)
+
+
+def _without(pairs: list[_Pair], slots: npt.NDArray[np.int64], side: int) -> list[_Pair]:
+    """``pairs`` less the tokens whose slot on ``side`` (0 or 1) is in ``slots`` (a fill's KV holds
+    its tokens on axis 1)."""
+    out: list[_Pair] = []
     for pair in pairs:
         keep = ~np.isin(pair[side], slots)
         if keep.all():
             out.append(pair)
         elif keep.any():
-            out.append((pair[0][keep], pair[1][keep]))
+            out.append((pair[0][keep], pair[1][:, keep] if pair[1].ndim > 1 else pair[1][keep]))
     return out
 
 
