@@ -34,7 +34,8 @@ import _common as common
 from _common import MODEL_NAME, SPECIAL_IDS
 from _machine import machine_info
 
-CONFIGS = ((1, "cache-aware"), (1, "round-robin"), (2, "cache-aware"), (2, "round-robin"))
+ROUTERS = ("cache-aware", "round-robin")
+CONFIGS = tuple((pods, router) for pods in (1, 2) for router in ROUTERS)
 
 FULL, QUICK = common.presets(
     (  # (setting, full run, --quick)
@@ -144,8 +145,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--input-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
     p.add_argument("--output-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
     p.add_argument("--threads", type=int, default=1, help="torch threads per pod (1)")
+    p.add_argument(
+        "--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS), help="the routers to run (both)"
+    )
     common.add_run_args(p, quick_help="tiny model, few requests (< 2 min)")
     args = p.parse_args(argv)
+    args.routers = [r for r in ROUTERS if r in args.routers]  # a fixed order, each once
     common.fill_defaults(args, FULL, QUICK)
     if args.num_requests < 1 or args.concurrency < 1:
         p.error("--num-requests and --concurrency must be positive")
@@ -166,6 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         results = {}
         for pods, router in CONFIGS:
+            if router not in args.routers:
+                continue
             key = f"{pods} pod{'s' * (pods > 1)}, {router}"
             results[key] = r = run_config(model, pods, router, reqs, args)
             print(
@@ -173,7 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f" {r['ttft_ms_p50']:.0f}/{r['ttft_ms_p90']:.0f} ms, per pod {r['requests_per_pod']}",
                 flush=True,
             )
-    one = results["1 pod, cache-aware"]["output_tok_s"]
+    one = results[f"1 pod, {args.routers[0]}"]["output_tok_s"]  # one pod: the router does not matter
     report["config"] = {
         "model": common.model_description(args),
         "quick": args.quick,
@@ -183,11 +190,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "input_range": list(args.input_range),
         "output_range": list(args.output_range),
         "torch_threads_per_pod": args.threads,
+        "routers": args.routers,
     }
     report["results"] = results
     report["two_pods_over_one"] = {
-        router: results[f"2 pods, {router}"]["output_tok_s"] / one
-        for router in ("cache-aware", "round-robin")
+        router: results[f"2 pods, {router}"]["output_tok_s"] / one for router in args.routers
     }
     return common.finish_report(report, t_start)
 

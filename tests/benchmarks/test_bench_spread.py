@@ -17,12 +17,16 @@ def test_workload_prompts_share_no_first_block():
 
 
 def test_quick_run_completes_every_request_and_two_pods_share_the_work(tmp_path):
+    # One router, the default (each configuration starts a cluster, the bulk of the run's time)
     spread = load()
-    assert spread.main(["--quick", "--num-requests", "16", "--out", str(tmp_path)]) == 0
+    argv = ["--quick", "--num-requests", "16", "--routers", "cache-aware", "--out", str(tmp_path)]
+    assert spread.main(argv) == 0
     report = json.loads((tmp_path / "spread.json").read_text())
     assert (tmp_path / "spread.png").stat().st_size > 0
     for name, r in report["results"].items():
         assert r["ok"] == 16 and r["failed"] == 0, (name, r)
         assert sum(r["requests_per_pod"]) == 16
     assert min(report["results"]["2 pods, cache-aware"]["requests_per_pod"]) >= 4
-    assert set(report["two_pods_over_one"]) == {"cache-aware", "round-robin"}
+    assert list(report["results"]) == ["1 pod, cache-aware", "2 pods, cache-aware"]
+    assert set(report["two_pods_over_one"]) == {"cache-aware"}
+    assert report["config"]["routers"] == ["cache-aware"]

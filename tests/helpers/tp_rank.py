@@ -1,9 +1,11 @@
-"""One rank of the tiny model by hand (test_tensor_parallel.py starts it as a process per rank)."""
+"""One rank of tiny models by hand (test_tensor_parallel.py starts it as a process per rank; each
+process runs every model the test names, so the interpreters start once)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -11,21 +13,37 @@ import torch
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.parallel import ShardLayout
 
+if TYPE_CHECKING:
+    from radixserve.scheduler.tensor_parallel import TPGroup
 
-def run_rank(rank: int, size: int, port: int, path: str, out: str) -> None:
-    """One rank of the model on the torch attention backend: the logits of a prefill, a cached
-    extend and four decodes (every position), saved to ``out``."""
+
+def run_rank(rank: int, size: int, port: int, *paths_and_outs: str) -> None:
+    """One rank of each model (``path out path out ...``) on the torch attention backend: the
+    logits of a prefill, a cached extend and four decodes (every position), saved to its ``out``."""
+    import torch.distributed as dist
+
+    from radixserve.scheduler.tensor_parallel import TPGroup, init_group
+
+    torch.set_num_threads(1)
+    group = None
+    for path, out in zip(paths_and_outs[::2], paths_and_outs[1::2], strict=True):
+        layout = ShardLayout.of(ModelConfig.from_pretrained(path), rank, size)
+        if size > 1 and group is None:
+            group = init_group(layout, port, torch.device("cpu"), 60)
+        tp = TPGroup(layout, dist.group.WORLD) if group is not None else None
+        _run_model(path, out, tp)
+
+
+def _run_model(path: str, out: str, tp: TPGroup | None) -> None:
     from radixserve.scheduler.batch import ForwardMode
     from radixserve.scheduler.memory.kv_pool import KVPool
     from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
     from radixserve.scheduler.model.attention import TorchAttention
     from radixserve.scheduler.model.forward_batch import ForwardBatch
     from radixserve.scheduler.model.loader import load_model
-    from radixserve.scheduler.tensor_parallel import init_group, weight_bytes
+    from radixserve.scheduler.tensor_parallel import weight_bytes
 
-    torch.set_num_threads(1)
     cfg = ModelConfig.from_pretrained(path)
-    tp = init_group(ShardLayout.of(cfg, rank, size), port, torch.device("cpu"), 60) if size > 1 else None
     model = load_model(path, cfg, "cpu", tp=tp)
     local = model.local_config
     pool = KVPool(256, cfg.num_layers, local.num_kv_heads, cfg.head_dim, cfg.dtype, "cpu")

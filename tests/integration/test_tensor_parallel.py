@@ -188,53 +188,60 @@ def test_a_model_that_does_not_split_is_refused_before_any_process_starts(demo_m
 
 
 # --------------------------------------------------------------------- logits, by hand
-# tp_rank.py imports little (no transformers): seven interpreters start at once on two cores
+# tp_rank.py imports little (no transformers); each rank process runs every model below, so seven
+# interpreters start once, at once, on two cores
 RANK = "import sys; from tests.helpers.tp_rank import run_rank; run_rank({}, {}, {}, *sys.argv[1:])"
+SIZES = (1, 2, 4)  # 4: more ranks than the models' KV heads (2): each on two
 
 
-def _run_ranks(path: str, sizes: tuple[int, ...], out: Path) -> dict[int, list[str]]:
-    """Every group of ``sizes`` at once (their own ports); each rank's logits file, by group size."""
-    outs: dict[int, list[str]] = {}
+@pytest.fixture(scope="module")
+def rank_logits(demo_model, tmp_path_factory) -> dict[str, dict[int, list[Path]]]:
+    """Each model's logits from every rank of groups of 1, 2 and 4 ranks (their own ports), by
+    model and group size: the demo llama, qwen2 and qwen3, and ``odd``, a llama whose 2,051-row
+    vocabulary divides over neither 2 nor 4 ranks."""
+    out = tmp_path_factory.mktemp("rank-logits")
+    odd = save_random_model(out / "odd", lambda vocab, ids: model_config("llama", "tiny", vocab + 3, ids))
+    assert ModelConfig.from_pretrained(odd).vocab_size == 2051
+    models = {arch: demo_model(arch) for arch in ("llama", "qwen2", "qwen3")} | {"odd": odd}
+    outs = {m: {n: [out / f"{m}-rank{r}-of-{n}.npy" for r in range(n)] for n in SIZES} for m in models}
     procs = []
-    for size in sizes:
+    for size in SIZES:
         port = free_port()
-        outs[size] = [str(out / f"rank{r}-of-{size}.npy") for r in range(size)]
-        procs += [
-            subprocess.Popen(
-                [sys.executable, "-c", RANK.format(r, size, port), path, outs[size][r]], cwd=REPO
-            )
-            for r in range(size)
-        ]
+        for r in range(size):
+            args = [str(a) for m, path in models.items() for a in (path, outs[m][size][r])]
+            cmd = [sys.executable, "-c", RANK.format(r, size, port), *args]
+            procs.append(subprocess.Popen(cmd, cwd=REPO))
     for p in procs:
-        assert p.wait(180) == 0
+        assert p.wait(300) == 0
     return outs
 
 
-def test_sharded_logits_equal_the_whole_models_and_hf(model_dir, tmp_path):
-    outs = _run_ranks(str(model_dir), (1, 2, 4), tmp_path)  # 4: more ranks than KV heads (2): each on two
+def _logits(path: Path) -> torch.Tensor:
+    return torch.from_numpy(np.load(path))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_sharded_logits_equal_the_whole_models_and_hf(demo_model, rank_logits, arch):
+    outs = rank_logits[arch]
     whole = outs[1][0]
-    ref = torch.from_numpy(np.load(whole))
-    ids = json.loads(Path(whole + ".json").read_text())["ids"]
+    ref = _logits(whole)
+    ids = json.loads(Path(f"{whole}.json").read_text())["ids"]
     with torch.no_grad():
-        hf = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()(torch.tensor([ids])).logits[0]
+        hf = AutoModelForCausalLM.from_pretrained(str(demo_model(arch))).eval()(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ref, hf, atol=1e-4, rtol=1e-4)
     for size in (2, 4):
         for out in outs[size]:  # every rank returns the whole vocabulary's logits
-            torch.testing.assert_close(torch.from_numpy(np.load(out)), ref, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(_logits(out), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_a_vocabulary_that_does_not_divide_is_padded_and_cut_off(tmp_path):
+def test_a_vocabulary_that_does_not_divide_is_padded_and_cut_off(rank_logits):
     # 2051 rows over 2 and 4 ranks: the last rank's embedding and (untied) LM head end in zero rows
-    path = save_random_model(
-        tmp_path / "odd", lambda vocab, ids: model_config("llama", "tiny", vocab + 3, ids)
-    )
-    assert ModelConfig.from_pretrained(path).vocab_size == 2051
-    outs = _run_ranks(str(path), (1, 2, 4), tmp_path)
-    ref = torch.from_numpy(np.load(outs[1][0]))
+    outs = rank_logits["odd"]
+    ref = _logits(outs[1][0])
     assert ref.shape[-1] == 2051
     for size in (2, 4):
         for out in outs[size]:
-            torch.testing.assert_close(torch.from_numpy(np.load(out)), ref, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(_logits(out), ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
