@@ -1,7 +1,10 @@
 """KV tiers on multi-turn conversations: the same conversations with the tiers off, a host tier, and
 a host tier over a disk tier, in one run on CPU.
 
-* Model: the demo llama (``--size``, "small" by default; ``--quick``: "tiny").
+* Model: the demo llama (``--size``, "small" by default; ``--quick``: "tiny"); ``--arch qwen3_5``: the
+  demo hybrid (Gated DeltaNet + full attention: a prefix resumes from a state snapshot, which stays on
+  the device while its KV is on the host), with the systems ``off`` and ``host`` (the disk tier does
+  not serve hybrids).
 * Workload: ``--conversations`` conversations of ``--turns`` turns over one ``--system-len``-token
   system prompt. Each turn's prompt is the conversation so far (system prompt, earlier user
   messages and answers) plus a new user message of ``--user-range`` tokens; the answer is
@@ -59,6 +62,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="radixserve bench kv_tiers", description=about)
     common.add_run_args(p, "the tiny model and a short workload (smoke run)")
     p.add_argument("--size", choices=("tiny", "small"))
+    p.add_argument("--arch", choices=("llama", "qwen3_5"), default="llama", help="the demo model")
     p.add_argument("--conversations", type=int)
     p.add_argument("--turns", type=int)
     p.add_argument("--system-len", type=int)
@@ -70,7 +74,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--chunked-prefill-size", type=int, default=512)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, help="default: all the model's")
     args = p.parse_args(argv)
     common.fill_defaults(args, FULL, QUICK)
     common.check_ranges(p, args, ["user_range"])
@@ -78,6 +82,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--conversations, --turns, --system-len, --new-tokens and --concurrency must be >= 1")
     if not (0 < args.device_fraction <= 1 and 0 < args.host_fraction <= 1):
         p.error("--device-fraction and --host-fraction must be in (0, 1]")
+    hybrid = args.arch != "llama"
+    if args.systems is None:
+        args.systems = [s for s in SYSTEMS if not (hybrid and s == "host_disk")]
+    elif hybrid and "host_disk" in args.systems:
+        p.error("--systems host_disk: the disk tier does not serve hybrid models (no recurrent states)")
     args.systems = ["off", *(s for s in args.systems if s != "off")]  # off first: the outputs' reference
     return args
 
@@ -215,7 +224,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)  # as bench offline: one thread on a shared 2-core machine
     t_start, machine = time.perf_counter(), machine_info()
     with tempfile.TemporaryDirectory(prefix="radixserve-bench-kv-tiers-") as tmp:
-        model = make_demo_model(Path(tmp) / "model", arch="llama", size=args.size, seed=0)
+        model = make_demo_model(Path(tmp) / "model", arch=args.arch, size=args.size, seed=0)
         convs = Conversations(args, common.model_vocab_size(model))
         sz = sizes(args, convs)
         results = {"off": serve(model, convs, args, max_total_tokens=sz["device_tokens"])}
@@ -231,7 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report = {
         "benchmark": "KV tiers: multi-turn conversations with the tiers off, a host tier, host + disk",
         "config": {
-            "model": f"demo llama/{args.size} (built in a temp dir)",
+            "model": f"demo {args.arch}/{args.size} (built in a temp dir)",
             **{k: getattr(args, k) for k in ("conversations", "turns", "system_len", "new_tokens")},
             "concurrency": args.concurrency,
             "user_range": list(args.user_range),

@@ -27,6 +27,8 @@ prefix can be resumed only up to the deepest node on its path that has one:
   their path: a node's blocks are reported while its subtree holds a snapshot (``snaps_below``). A
   prompt that runs through a snapshot resumes from it; one that leaves the path between two
   snapshots resumes from the earlier one, so a pod over-reports by at most their distance.
+* With the host KV tier (memory/hybrid_tiered_cache.py) a node keeps its snapshot while its KV is on
+  the host, and ``match_prefix`` may end at a snapshot in the match's host part.
 """
 
 from __future__ import annotations
