@@ -326,9 +326,17 @@ def qwen_dir(demo_model):
     return demo_model("qwen3_5")
 
 
-def test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_and_off(qwen_dir):
-    off, s_off = engine_turns(qwen_dir, host_kv_cache_gb=0.0)
-    on, s_on = engine_turns(qwen_dir, host_kv_cache_gb=0.01)
+@pytest.fixture(scope="module")
+def tiers_off(qwen_dir):
+    return engine_turns(qwen_dir, host_kv_cache_gb=0.0)
+
+
+@pytest.mark.parametrize("defer", [None, True], ids=["cpu-default", "loads-waited-for"])
+def test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_and_off(qwen_dir, tiers_off, defer):
+    """``loads-waited-for``: a request whose prefix is on the host waits a step for its load (as on
+    CUDA), then resumes from the snapshot; CPU's default admits it in the step of its load."""
+    off, s_off = tiers_off
+    on, s_on = engine_turns(qwen_dir, defer_host_loads=defer, host_kv_cache_gb=0.01)
     assert [[o["token_ids"] for o in t] for t in on] == [[o["token_ids"] for o in t] for t in off]
     hits_on = sum(o["meta_info"]["cached_tokens"] for o in on[1])
     hits_off = sum(o["meta_info"]["cached_tokens"] for o in off[1])
