@@ -4,7 +4,8 @@ a host tier over a disk tier, in one run on CPU.
 * Model: the demo llama (``--size``, "small" by default; ``--quick``: "tiny"); ``--arch qwen3_5``: the
   demo hybrid (Gated DeltaNet + full attention: a prefix resumes from a state snapshot, which stays on
   the device while its KV is on the host), with the systems ``off`` and ``host`` (the disk tier does
-  not serve hybrids).
+  not serve hybrids); ``--max-state-snapshots``: its snapshot slots (the engine's default: a tenth
+  of the KV memory, at most four per running request), which bound what the host tier serves.
 * Workload: ``--conversations`` conversations of ``--turns`` turns over one ``--system-len``-token
   system prompt. Each turn's prompt is the conversation so far (system prompt, earlier user
   messages and answers) plus a new user message of ``--user-range`` tokens; the answer is
@@ -63,6 +64,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     common.add_run_args(p, "the tiny model and a short workload (smoke run)")
     p.add_argument("--size", choices=("tiny", "small"))
     p.add_argument("--arch", choices=("llama", "qwen3_5"), default="llama", help="the demo model")
+    p.add_argument("--max-state-snapshots", type=int, help="qwen3_5: the engine's (default: its own)")
     p.add_argument("--conversations", type=int)
     p.add_argument("--turns", type=int)
     p.add_argument("--system-len", type=int)
@@ -87,6 +89,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.systems = [s for s in SYSTEMS if not (hybrid and s == "host_disk")]
     elif hybrid and "host_disk" in args.systems:
         p.error("--systems host_disk: the disk tier does not serve hybrid models (no recurrent states)")
+    if args.max_state_snapshots is not None and not hybrid:
+        p.error("--max-state-snapshots: only with --arch qwen3_5")
     args.systems = ["off", *(s for s in args.systems if s != "off")]  # off first: the outputs' reference
     return args
 
@@ -136,6 +140,8 @@ def serve(model: Path, convs: Conversations, args: argparse.Namespace, **engine_
     from radixserve.scheduler.event_loop import Step
 
     greedy = SamplingParams(max_new_tokens=args.new_tokens, temperature=0, ignore_eos=True)
+    if args.max_state_snapshots is not None:
+        engine_args["max_state_snapshots"] = args.max_state_snapshots
     with Engine(
         model, device="cpu", page_size=args.page_size, chunked_prefill_size=args.chunked_prefill_size,
         max_running_requests=max(8, args.concurrency), **engine_args,
@@ -172,6 +178,7 @@ def serve(model: Path, convs: Conversations, args: argparse.Namespace, **engine_
         kv = s.kv
         pools_free = kv.available() == kv.capacity and kv.req_to_token.num_free == kv.req_to_token.max_running
         per_token = engine.model_config.kv_bytes_per_token()
+        snapshots = getattr(cache, "snapshots", None)  # a hybrid's state snapshot slots
         figures = {
             "computed": s.prefill_tokens - base["computed"],
             "host": cache.loaded_tokens - base["host"],
@@ -193,6 +200,7 @@ def serve(model: Path, convs: Conversations, args: argparse.Namespace, **engine_
         "total_tok_s": (prompt_tokens + output_tokens) / wall,
         "tokens_written_to_host": figures["written_to_host"],
         "pools_free_after": pools_free,
+        "state_snapshots": snapshots.capacity if snapshots is not None else 0,
         "kv_bytes_per_token": per_token,
         "outputs": [o["token_ids"] for o in outs],
     }
@@ -249,6 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "kv_bytes_per_token": per_token,
             **sz,
             "page_size": args.page_size,
+            "max_state_snapshots": args.max_state_snapshots,
             "chunked_prefill_size": args.chunked_prefill_size,
             "seed": args.seed,
             "device": "cpu",
