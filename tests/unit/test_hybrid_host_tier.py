@@ -136,6 +136,7 @@ def test_a_load_the_device_cannot_hold_falls_back_to_the_resumable_part_of_the_d
     m = kv.match(req)
     assert len(m.slots) == 8 and m.host_node is end and m.host_len == 24
     assert not kv.start_load(req, m)  # no room: nothing loaded, nothing left locked
+    assert m.node.lock_ref == top.lock_ref == 0 and cache.loaded_tokens == 0
     kv.admit(req, m)  # (what a pass that does not wait for loads does): it resumes at 4, not 8
     assert req.cached_len == 4 and req.last_node is top and req.state_src == top.snapshot
     kv.unadmit(req)
