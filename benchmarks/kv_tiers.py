@@ -1,7 +1,11 @@
 """KV tiers on multi-turn conversations: the same conversations with the tiers off, a host tier, and
 a host tier over a disk tier, in one run on CPU.
 
-* Model: the demo llama (``--size``, "small" by default; ``--quick``: "tiny").
+* Model: the demo llama (``--size``, "small" by default; ``--quick``: "tiny"); ``--arch qwen3_5``: the
+  demo hybrid (Gated DeltaNet + full attention: a prefix resumes from a state snapshot, which stays on
+  the device while its KV is on the host), with the systems ``off`` and ``host`` (the disk tier does
+  not serve hybrids); ``--max-state-snapshots``: its snapshot slots (the engine's default: a tenth
+  of the KV memory, at most four per running request), which bound what the host tier serves.
 * Workload: ``--conversations`` conversations of ``--turns`` turns over one ``--system-len``-token
   system prompt. Each turn's prompt is the conversation so far (system prompt, earlier user
   messages and answers) plus a new user message of ``--user-range`` tokens; the answer is
@@ -59,6 +63,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="radixserve bench kv_tiers", description=about)
     common.add_run_args(p, "the tiny model and a short workload (smoke run)")
     p.add_argument("--size", choices=("tiny", "small"))
+    p.add_argument("--arch", choices=("llama", "qwen3_5"), default="llama", help="the demo model")
+    p.add_argument("--max-state-snapshots", type=int, help="qwen3_5: the engine's (default: its own)")
     p.add_argument("--conversations", type=int)
     p.add_argument("--turns", type=int)
     p.add_argument("--system-len", type=int)
@@ -70,7 +76,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--chunked-prefill-size", type=int, default=512)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, help="default: all the model's")
     args = p.parse_args(argv)
     common.fill_defaults(args, FULL, QUICK)
     common.check_ranges(p, args, ["user_range"])
@@ -78,6 +84,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--conversations, --turns, --system-len, --new-tokens and --concurrency must be >= 1")
     if not (0 < args.device_fraction <= 1 and 0 < args.host_fraction <= 1):
         p.error("--device-fraction and --host-fraction must be in (0, 1]")
+    hybrid = args.arch != "llama"
+    if args.systems is None:
+        args.systems = [s for s in SYSTEMS if not (hybrid and s == "host_disk")]
+    elif hybrid and "host_disk" in args.systems:
+        p.error("--systems host_disk: the disk tier does not serve hybrid models (no recurrent states)")
+    if args.max_state_snapshots is not None and not hybrid:
+        p.error("--max-state-snapshots: only with --arch qwen3_5")
     args.systems = ["off", *(s for s in args.systems if s != "off")]  # off first: the outputs' reference
     return args
 
@@ -127,6 +140,8 @@ def serve(model: Path, convs: Conversations, args: argparse.Namespace, **engine_
     from radixserve.scheduler.event_loop import Step
 
     greedy = SamplingParams(max_new_tokens=args.new_tokens, temperature=0, ignore_eos=True)
+    if args.max_state_snapshots is not None:
+        engine_args["max_state_snapshots"] = args.max_state_snapshots
     with Engine(
         model, device="cpu", page_size=args.page_size, chunked_prefill_size=args.chunked_prefill_size,
         max_running_requests=max(8, args.concurrency), **engine_args,
@@ -163,6 +178,7 @@ def serve(model: Path, convs: Conversations, args: argparse.Namespace, **engine_
         kv = s.kv
         pools_free = kv.available() == kv.capacity and kv.req_to_token.num_free == kv.req_to_token.max_running
         per_token = engine.model_config.kv_bytes_per_token()
+        snapshots = getattr(cache, "snapshots", None)  # a hybrid's state snapshot slots
         figures = {
             "computed": s.prefill_tokens - base["computed"],
             "host": cache.loaded_tokens - base["host"],
@@ -184,6 +200,7 @@ def serve(model: Path, convs: Conversations, args: argparse.Namespace, **engine_
         "total_tok_s": (prompt_tokens + output_tokens) / wall,
         "tokens_written_to_host": figures["written_to_host"],
         "pools_free_after": pools_free,
+        "state_snapshots": snapshots.capacity if snapshots is not None else 0,
         "kv_bytes_per_token": per_token,
         "outputs": [o["token_ids"] for o in outs],
     }
@@ -215,7 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)  # as bench offline: one thread on a shared 2-core machine
     t_start, machine = time.perf_counter(), machine_info()
     with tempfile.TemporaryDirectory(prefix="radixserve-bench-kv-tiers-") as tmp:
-        model = make_demo_model(Path(tmp) / "model", arch="llama", size=args.size, seed=0)
+        model = make_demo_model(Path(tmp) / "model", arch=args.arch, size=args.size, seed=0)
         convs = Conversations(args, common.model_vocab_size(model))
         sz = sizes(args, convs)
         results = {"off": serve(model, convs, args, max_total_tokens=sz["device_tokens"])}
@@ -231,7 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report = {
         "benchmark": "KV tiers: multi-turn conversations with the tiers off, a host tier, host + disk",
         "config": {
-            "model": f"demo llama/{args.size} (built in a temp dir)",
+            "model": f"demo {args.arch}/{args.size} (built in a temp dir)",
             **{k: getattr(args, k) for k in ("conversations", "turns", "system_len", "new_tokens")},
             "concurrency": args.concurrency,
             "user_range": list(args.user_range),
@@ -240,6 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "kv_bytes_per_token": per_token,
             **sz,
             "page_size": args.page_size,
+            "max_state_snapshots": args.max_state_snapshots,
             "chunked_prefill_size": args.chunked_prefill_size,
             "seed": args.seed,
             "device": "cpu",

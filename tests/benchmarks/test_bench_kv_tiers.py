@@ -1,12 +1,15 @@
 """The KV tiers benchmark runs (a few tiny conversations, through the CLI) and reports what it
 claims: the same conversations with the tiers off, a host tier and host + disk, equal outputs,
-fewer prompt tokens computed with the tiers, hits by tier, pools free after.
+fewer prompt tokens computed with the tiers, hits by tier, pools free after; with the hybrid demo
+model, the tiers off and the host tier.
 
 No timing is asserted: the figures live in benchmarks/results/kv_tiers.json.
 """
 
 import json
 from pathlib import Path
+
+import pytest
 
 from radixserve.cli import main
 
@@ -30,3 +33,17 @@ def test_a_tiny_run_reports_prefill_tokens_hits_by_tier_and_ttft(tmp_path):
         assert r["prefill_tokens_computed"] + sum(r["hit_tokens"].values()) == r["prompt_tokens"]
         assert r["pools_free_after"] and r["ttft_ms_p50"] > 0 and r["total_tok_s"] > 0
     assert set(report) == set(json.loads(COMMITTED.read_text()))  # the committed full run's layout
+
+
+def test_a_tiny_hybrid_run_serves_host_hits_and_refuses_the_disk_tier(tmp_path, capsys):
+    """``--arch qwen3_5``: the demo hybrid with the tiers off and the host tier (no disk tier)."""
+    assert main(["bench", "kv_tiers", *TINY, "--arch", "qwen3_5", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "kv_tiers.json").read_text())
+    res = report["results"]
+    assert set(res) == {"off", "host"} and report["summary"]["outputs_equal"]
+    assert res["host"]["hit_tokens"]["host"] > 0 and res["host"]["pools_free_after"]
+    assert res["host"]["prefill_tokens_computed"] < res["off"]["prefill_tokens_computed"]
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "kv_tiers", "--quick", "--arch", "qwen3_5", "--systems", "host_disk"])
+    assert refused.value.code == 2
+    assert "the disk tier does not serve hybrid models" in capsys.readouterr().err

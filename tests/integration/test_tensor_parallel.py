@@ -260,9 +260,11 @@ def test_tp2_block_fp8_serves_hf_greedy_tokens_with_half_the_weights_per_rank(tm
     assert len(per_rank) == 2 and all(0.49 < b / whole < 0.52 for b in per_rank), per_rank
 
 
-def test_tp2_greedy_with_the_host_kv_tier_equals_tp1_without(demo_model):
-    """Each rank holds its own heads' host pool; rank 0 plans the copies, every rank runs them."""
-    path = demo_model("llama")
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_tp2_greedy_with_the_host_kv_tier_equals_tp1_without(demo_model, arch):
+    """Each rank holds its own heads' host pool; rank 0 plans the copies, every rank runs them. The
+    hybrid: each rank's snapshots (its share of every state) stay on its device, the KV goes to host."""
+    path = demo_model(arch)
     off, _ = engine_turns(path, host_kv_cache_gb=0.0, disable_overlap=True)
     on, s = engine_turns(path, host_kv_cache_gb=0.01, disable_overlap=False, tp_size=2)
     assert [[o["token_ids"] for o in t] for t in on] == [[o["token_ids"] for o in t] for t in off]

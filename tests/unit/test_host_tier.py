@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.host_pool import HostKVPool
+from radixserve.scheduler.memory.hybrid_tiered_cache import HybridTieredCache
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
 from radixserve.scheduler.memory.tiered_cache import KVTransfers
@@ -180,8 +181,10 @@ def test_settings_the_host_tier_cannot_serve_are_refused_by_name(llama_dir):
 
     with pytest.raises(ValueError, match="host_kv_cache_gb 1e-09 holds no KV page"):
         Engine(llama_dir, max_total_tokens=160, host_kv_cache_gb=1e-9, warmup=False)
-    with pytest.raises(ValueError, match="host KV tier does not serve hybrid models"):
-        KVCacheManager(MemoryConfig(max_total_tokens=64, hybrid=True, state_snapshots=2, host_kv_tokens=64))
+    # a hybrid model gets the host tier (tests/unit/test_hybrid_host_tier.py), not the disk tier
+    config = MemoryConfig(max_total_tokens=64, hybrid=True, state_snapshots=2, host_kv_tokens=64)
+    hybrid = KVCacheManager(config)
+    assert isinstance(hybrid.cache, HybridTieredCache)
 
 
 STEMS = [list(range(1, 33)), list(range(40, 56)), [3, 1, 4, 1, 5, 9, 2, 6] * 3]

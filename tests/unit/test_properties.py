@@ -39,7 +39,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def setup(self, page, pages, policy, chunk, no_cache, fairness, ratio, overlap, snapshots, host_pages):
         """``snapshots``: a hybrid model's scheduler (recurrent states, that many prefix snapshots);
-        ``host_pages``: a host KV tier of that many pages (dense models)."""
+        ``host_pages``: a host KV tier of that many pages."""
         chunk = None if chunk is None else max(chunk, page)
         mem = MemoryConfig(
             max_total_tokens=pages * page,
@@ -50,7 +50,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             hybrid=snapshots is not None,
             state_snapshots=snapshots or 0,
             snapshot_interval=16,
-            host_kv_tokens=host_pages * page if snapshots is None else 0,
+            host_kv_tokens=host_pages * page,
         )
         self.t = 0.0
         cfg = SchedulerConfig(

@@ -27,6 +27,8 @@ prefix can be resumed only up to the deepest node on its path that has one:
   their path: a node's blocks are reported while its subtree holds a snapshot (``snaps_below``). A
   prompt that runs through a snapshot resumes from it; one that leaves the path between two
   snapshots resumes from the earlier one, so a pod over-reports by at most their distance.
+* With the host KV tier (memory/hybrid_tiered_cache.py) a node keeps its snapshot while its KV is on
+  the host, and ``match_prefix`` may end at a snapshot in the match's host part.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from radixserve.scheduler.memory.allocator import PagedAllocator
-from radixserve.scheduler.memory.radix_cache import _EMPTY_SLOTS, MatchResult, RadixCache, TreeNode
+from radixserve.scheduler.memory.radix_cache import _EMPTY_SLOTS, MatchResult, RadixCache, TreeNode, _parent
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.req import Req
 
@@ -80,13 +82,21 @@ class HybridRadixCache(RadixCache):
 
     # ------------------------------------------------------------------ match
     def match_prefix(self, tokens: npt.NDArray[np.integer]) -> MatchResult:
-        """The longest prefix of ``tokens`` a request can resume from: KV and a snapshot at its end."""
+        """The longest prefix of ``tokens`` a request can resume from: KV (on any tier) and a snapshot
+        at its end."""
         kv = super().match_prefix(tokens)
-        node = kv.node
+        return self._resumable(kv, kv.length)
+
+    def _resumable(self, kv: MatchResult, branch: int) -> MatchResult:
+        """The KV match ``kv`` cut at the deepest snapshot on its path, which may lie in its host part
+        (memory/hybrid_tiered_cache.py): then that part up to the snapshot is ``host_node``/``host_len``."""
+        node = kv.host_node or kv.node
         while node is not self.root and node.snapshot < 0:
-            node = node.parent  # type: ignore[assignment]  # every node but the root has a parent
+            node = _parent(node)
         end = 0 if node is self.root else node.depth + len(node)
-        return MatchResult(kv.slots[:end] if end else _EMPTY_SLOTS, node, len(kv.slots))
+        if end > len(kv.slots):
+            return MatchResult(kv.slots, kv.node, branch, node, end - len(kv.slots))
+        return MatchResult(kv.slots[:end] if end else _EMPTY_SLOTS, node, branch)
 
     def match_kv(self, tokens: npt.NDArray[np.integer]) -> MatchResult:
         return super().match_prefix(tokens)
@@ -136,7 +146,7 @@ class HybridRadixCache(RadixCache):
             before = node.snaps_below
             node.snaps_below += delta
             if node.blocks and (before == 0) != (node.snaps_below == 0):
-                self.block_events.append(("stored" if before == 0 else "removed", node.blocks))
+                self.block_events.append((self._tier_event(node) if before == 0 else "removed", node.blocks))
             node = node.parent
 
     def take_copies(self) -> npt.NDArray[np.int64]:
@@ -157,14 +167,18 @@ class HybridRadixCache(RadixCache):
         return leaf.snapshot >= 0
 
     def _evicting(self, leaf: TreeNode) -> None:
-        if leaf.snapshot >= 0:
+        if leaf.snapshot >= 0:  # it leaves the tree: a snapshot never outlives the KV before it
             self.drop_snapshot(leaf)
+        super()._evicting(leaf)
 
     def all_block_hashes(self) -> list[int]:
         return [h for node in self.nodes() if node.snaps_below > 0 for h in node.blocks]
 
     def block_snapshot(self) -> list[tuple[str, list[int]]]:
-        return [("stored", self.all_block_hashes())]  # no lower tiers (refused with a hybrid model)
+        """The base's, by tier, less the blocks no snapshot lies at or after."""
+        keep = set(self.all_block_hashes())
+        by_tier = [(kind, [h for h in hashes if h in keep]) for kind, hashes in super().block_snapshot()]
+        return [(kind, hashes) for kind, hashes in by_tier if hashes]
 
     def cache_finished_req(self, req: Req) -> None:
         """As the base's, plus a snapshot of the request's state where its cached KV ends, when

@@ -23,6 +23,7 @@ from radixserve.scheduler.memory.allocator import OutOfPagesError, PagedAllocato
 from radixserve.scheduler.memory.disk_cache import DiskTieredCache
 from radixserve.scheduler.memory.disk_tier import DiskTier
 from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache, SnapshotSlots
+from radixserve.scheduler.memory.hybrid_tiered_cache import HybridTieredCache
 from radixserve.scheduler.memory.no_cache import NoCache
 from radixserve.scheduler.memory.radix_cache import MatchResult, RadixCache, TreeNode
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
@@ -53,6 +54,10 @@ class MemoryConfig:
 
 
 _NONE = np.zeros(0, dtype=np.int64)
+HYBRID_DISK_REFUSED = (
+    "kv_disk_cache_dir: the disk KV tier does not serve hybrid models (its files hold KV blocks, not the "
+    "linear-attention layers' recurrent states); use the host tier (host_kv_cache_gb) alone"
+)
 
 
 class KVCacheManager:
@@ -68,16 +73,21 @@ class KVCacheManager:
         no_host = config.host_kv_tokens < config.page_size or config.disable_radix_cache
         if config.disk is not None and no_host:
             raise ValueError("kv_disk_cache_dir: the disk KV tier needs the host tier (host_kv_cache_gb > 0)")
+        if config.disk is not None and config.hybrid:
+            raise ValueError(HYBRID_DISK_REFUSED)
         if config.host_kv_tokens >= config.page_size and not config.disable_radix_cache:
-            if config.hybrid:
-                raise ValueError("host_kv_cache_gb: the host KV tier does not serve hybrid models yet")
             self.host = PagedAllocator(config.host_kv_tokens // config.page_size, config.page_size)
         self.cache: RadixCache
         if config.disable_radix_cache:
             self.cache = NoCache(self.allocator, self.req_to_token)
         elif config.hybrid:
             snapshots = SnapshotSlots(first_snapshot_slot(rows), config.state_snapshots)
-            self.cache = HybridRadixCache(self.allocator, self.req_to_token, snapshots)
+            if self.host is None:
+                self.cache = HybridRadixCache(self.allocator, self.req_to_token, snapshots)
+            else:  # snapshots stay on the device's StatePool when their nodes' KV goes to the host
+                self.cache = HybridTieredCache(
+                    self.allocator, self.req_to_token, self.host, snapshots, config.kv_write_through
+                )
         elif self.host is not None and config.disk is not None:
             args = (self.allocator, self.req_to_token, self.host, config.disk, config.kv_write_through)
             self.cache = DiskTieredCache(*args)
@@ -190,7 +200,7 @@ class KVCacheManager:
         self.cache.lock(m.node)
         loaded = self._load(req, m)
         req.last_match = None
-        if len(loaded.slots) == len(m.slots):
+        if len(loaded.slots) <= len(m.slots):  # (shorter: a hybrid's resumable part of the device part)
             self.cache.unlock(loaded.node)
             return False
         self._load_locks.append(loaded.node)

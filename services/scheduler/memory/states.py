@@ -64,7 +64,9 @@ class StateTracker:
         self.in_flight: set[int] = set()  # snapshot slots a step writes, not settled yet
 
     def admitted(self, req: Req, m: MatchResult) -> None:
-        """``req`` got a row and the match ``m``: its state starts from ``m``'s snapshot, or zeros."""
+        """``req`` got a row and the match ``m`` (on the device: a host part is loaded back by now, and
+        ``m.node`` is the node it ended at): its state starts from ``m``'s snapshot, or zeros."""
+        assert m.host_node is None and (not len(m.slots) or m.node.snapshot >= 0), "resumed, no snapshot"
         req.state_src = m.node.snapshot if len(m.slots) else self.zero_slot
         req.branch_len = m.branch
 

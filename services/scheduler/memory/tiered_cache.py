@@ -165,8 +165,9 @@ class TieredRadixCache(RadixCache):
 
     def evict_host(self, num_tokens: int, keep: TreeNode | None = None) -> int:
         """Free at least ``num_tokens`` host tokens: drop the host copy of nodes also on the device,
-        remove host-only leaves; unlocked and unwanted first, each least recently used first. Never
-        ``keep``'s path, nor a page a queued load reads. Returns the tokens freed."""
+        remove host-only leaves; unlocked and unwanted first, then (hybrids) those without a state
+        snapshot, each least recently used first. Never ``keep``'s path, nor a page a queued load
+        reads. Returns the tokens freed."""
         if num_tokens <= 0:
             return 0
         keep_path: set[TreeNode] = set()
@@ -178,8 +179,8 @@ class TieredRadixCache(RadixCache):
             free_to_go = n not in keep_path and n not in self.loading
             return n.on_host and free_to_go and (n.on_device or not n.children)
 
-        def entry(n: TreeNode) -> tuple[bool, bool, int, int, TreeNode]:
-            return (n.lock_ref > 0, n in self.wanted, n.last_access, n.id, n)
+        def entry(n: TreeNode) -> tuple[bool, bool, bool, int, int, TreeNode]:
+            return (n.lock_ref > 0, n in self.wanted, self._evict_last(n), n.last_access, n.id, n)
 
         heap = [entry(n) for n in self.nodes() if can_go(n)]
         heapq.heapify(heap)
@@ -221,7 +222,7 @@ class TieredRadixCache(RadixCache):
             dev = self.allocator.pages_to_slots(self.allocator.alloc_pages(pages))
         except OutOfPagesError:
             self.loading.difference_update(nodes)
-            return MatchResult(m.slots, m.node)
+            return MatchResult(m.slots, m.node, m.branch)
         start = 0
         for n in nodes:
             n.value = dev[start : start + len(n)]
@@ -231,7 +232,7 @@ class TieredRadixCache(RadixCache):
             self.loaded_tokens += len(n)
             start += len(n)
         self.version += 1
-        return MatchResult(np.concatenate([m.slots, dev]), nodes[-1])
+        return MatchResult(np.concatenate([m.slots, dev]), nodes[-1], m.branch)
 
     def queued_copies(self) -> tuple[_Copies, _Copies]:
         """The write-backs and loads queued since the last ``take_transfers`` (for checks)."""
