@@ -168,6 +168,9 @@ class DiskTieredCache(TieredRadixCache):
         end = (k + len(hashes)) * bs
         return end - start, ReadJob(ids[:end].copy(), start, hashes)
 
+    def await_disk_read(self, timeout_s: float) -> None:
+        self.disk.await_read(timeout_s)
+
     def poll(self) -> None:
         """Take the finished reads into the tree (host-only nodes, their fills queued)."""
         done = self.disk.take_done()

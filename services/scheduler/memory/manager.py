@@ -216,12 +216,7 @@ class KVCacheManager:
     def reads_loading(self, node: TreeNode | None) -> bool:
         """Whether the path to ``node`` holds pages a queued load writes (a request admitted on it
         reads them: it waits for the copies, or its step's forward must)."""
-        loading = self.cache.loading if isinstance(self.cache, TieredRadixCache) else ()
-        while loading and node is not None:
-            if node in loading:
-                return True
-            node = node.parent
-        return False
+        return self.cache.path_loading(node)
 
     def unadmit(self, req: Req) -> None:
         """Undo ``admit`` for a request that got no pages after all."""
@@ -299,21 +294,17 @@ class KVCacheManager:
     def read_disk(self, req: Req, m: MatchResult) -> bool:
         """Whether ``req`` waits for the part of its prefix past its match ``m`` that is on disk
         (its read started now, or in flight)."""
-        if not isinstance(self.cache, DiskTieredCache):
-            return False
         return self.cache.read_disk(_match_ids(req), m)
 
     def poll(self) -> None:
         """Take what the disk tier's reader finished into the cache (each step, before matching)."""
-        if isinstance(self.cache, DiskTieredCache):
-            self.cache.poll()
+        self.cache.poll()
 
     def await_disk_read(self, timeout_s: float) -> None:
         """Sleep until a disk read in flight lands (at most ``timeout_s``; at once when none is): for
         a step that found nothing to run, so an engine whose waiting requests all wait on reads
         does not spin."""
-        if isinstance(self.cache, DiskTieredCache):
-            self.cache.disk.await_read(timeout_s)
+        self.cache.await_disk_read(timeout_s)
 
     def take_transfers(self, readers: Sequence[Req] = ()) -> tuple[KVTransfers | None, list[tuple[Req, int]]]:
         """The host-tier copies the next step runs (None: none), with ``load_sync`` when one of

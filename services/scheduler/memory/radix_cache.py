@@ -396,6 +396,21 @@ class RadixCache(BlockEvents):
         """Copies between tiers for the next step to run first (memory/tiered_cache.py)."""
         return None
 
+    def path_loading(self, node: TreeNode | None) -> bool:
+        """Whether the path to ``node`` holds pages a queued load writes (memory/tiered_cache.py)."""
+        return False
+
+    # ---------------------------------------------------- the disk tier's hooks
+    def read_disk(self, tokens: npt.NDArray[np.integer], m: MatchResult | None = None) -> bool:
+        """Whether the blocks past ``m`` are on disk, their read started (memory/disk_cache.py)."""
+        return False
+
+    def poll(self) -> None:
+        """Take finished disk reads into the tree (memory/disk_cache.py)."""
+
+    def await_disk_read(self, timeout_s: float) -> None:
+        """Sleep until a disk read in flight lands, ``timeout_s`` at most (memory/disk_cache.py)."""
+
     # ------------------------------------------------------- the hybrids' hooks
     def _evict_last(self, leaf: TreeNode) -> bool:
         """Among equally wanted leaves, whether ``leaf`` goes after those that return False."""

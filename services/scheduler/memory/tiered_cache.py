@@ -234,6 +234,13 @@ class TieredRadixCache(RadixCache):
         self.version += 1
         return MatchResult(np.concatenate([m.slots, dev]), nodes[-1], m.branch)
 
+    def path_loading(self, node: TreeNode | None) -> bool:
+        while self.loading and node is not None:
+            if node in self.loading:
+                return True
+            node = node.parent
+        return False
+
     def queued_copies(self) -> tuple[_Copies, _Copies]:
         """The write-backs and loads queued since the last ``take_transfers`` (for checks)."""
         return self._stores, self._loads
