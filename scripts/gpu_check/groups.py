@@ -104,6 +104,7 @@ GROUPS = (
             GPU + "test_gpu_hybrid.py": ("test_cuda_engine_with_decode_graphs_equals_the_cpu_engine",),
             GPU + "test_gpu_host_tier.py": (
                 "test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_cuda",
+                "test_a_hybrid_engine_resumes_host_prefixes_from_their_snapshots_on_cuda",
                 "test_engine_greedy_tokens_are_the_same_with_the_disk_tier_on_cuda_and_a_restart_starts_warm",
             ),
         },

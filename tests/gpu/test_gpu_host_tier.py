@@ -107,6 +107,17 @@ def test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_cuda(demo_model
     assert s.kv.cache.loaded_tokens >= 3 * PREFIX
 
 
+def test_a_hybrid_engine_resumes_host_prefixes_from_their_snapshots_on_cuda(demo_model):
+    """Qwen3.5 (linear-attention layers): a prefix loaded back from the host resumes from its node's
+    state snapshot (memory/hybrid_tiered_cache.py); the loads waited for a step, as on CUDA always."""
+    path = demo_model("qwen3_5")
+    opts = dict(device="cuda", dtype="float32", attention_backend="torch")
+    off, _ = engine_turns(path, host_kv_cache_gb=0.0, disable_overlap=True, **opts)
+    on, s = engine_turns(path, host_kv_cache_gb=0.01, disable_overlap=False, **opts)
+    assert [[o["token_ids"] for o in t] for t in on] == [[o["token_ids"] for o in t] for t in off]
+    assert s.kv.cache.loaded_tokens >= 3 * PREFIX and s.kv.hit_tokens["host"] >= 3 * PREFIX
+
+
 def test_engine_greedy_tokens_are_the_same_with_the_disk_tier_on_cuda_and_a_restart_starts_warm(
     demo_model, tmp_path
 ):
