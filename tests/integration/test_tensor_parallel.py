@@ -211,8 +211,13 @@ def rank_logits(demo_model, tmp_path_factory) -> dict[str, dict[int, list[Path]]
             args = [str(a) for m, path in models.items() for a in (path, outs[m][size][r])]
             cmd = [sys.executable, "-c", RANK.format(r, size, port), *args]
             procs.append(subprocess.Popen(cmd, cwd=REPO))
-    for p in procs:
-        assert p.wait(300) == 0
+    try:
+        for p in procs:
+            assert p.wait(300) == 0
+    finally:  # a failed rank leaves the others waiting in a collective: none outlives the test
+        for p in procs:
+            p.kill()
+            p.wait()
     return outs
 
 

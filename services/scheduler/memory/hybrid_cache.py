@@ -69,10 +69,14 @@ class HybridRadixCache(RadixCache):
     def __init__(
         self, allocator: PagedAllocator, req_to_token: ReqToTokenPool, snapshots: SnapshotSlots
     ) -> None:
+        self._init_snapshots(snapshots)
+        super().__init__(allocator, req_to_token)
+
+    def _init_snapshots(self, snapshots: SnapshotSlots) -> None:
+        """This class's own state (memory/hybrid_tiered_cache.py sets it up before the tiered base's)."""
         self.snapshots = snapshots
         self.held: dict[int, TreeNode] = {}  # snapshot slot -> the node it belongs to
         self.copies: dict[int, int] = {}  # snapshot slot -> the row whose state it takes before the next step
-        super().__init__(allocator, req_to_token)
 
     def reset(self) -> None:
         for slot in self.held:
@@ -145,7 +149,7 @@ class HybridRadixCache(RadixCache):
         while node is not None and node is not self.root:
             before = node.snaps_below
             node.snaps_below += delta
-            if node.blocks and (before == 0) != (node.snaps_below == 0):
+            if self.record_events and node.blocks and (before == 0) != (node.snaps_below == 0):
                 self.block_events.append((self._tier_event(node) if before == 0 else "removed", node.blocks))
             node = node.parent
 

@@ -41,10 +41,8 @@ class HybridTieredCache(HybridRadixCache, TieredRadixCache):
         snapshots: SnapshotSlots,
         write_through: bool = False,
     ) -> None:
-        # HybridRadixCache's state (its __init__ would call the next one without a host)
-        self.snapshots = snapshots
-        self.held = {}
-        self.copies = {}
+        # HybridRadixCache's state (its __init__ would call the next one's without a host)
+        self._init_snapshots(snapshots)
         TieredRadixCache.__init__(self, allocator, req_to_token, host, write_through)
 
     def _leaving_device(self, leaf: TreeNode) -> None:
@@ -52,8 +50,10 @@ class HybridTieredCache(HybridRadixCache, TieredRadixCache):
             super()._leaving_device(leaf)
 
     def load_back(self, m: MatchResult) -> MatchResult:
-        """The base's; when the device cannot hold the host part, the resumable part of the device
-        part (a match ends at a snapshot: the request's state starts from it)."""
+        """The base's; when the device cannot hold the host part, the device part cut at its deepest
+        snapshot: the callers then do not run the request at this shorter match (it waits, or is
+        matched again), but the node returned, which they lock and unlock, ends at a snapshot as
+        every match does."""
         loaded = super().load_back(m)
         if m.host_node is not None and len(loaded.slots) == len(m.slots):
             return self._resumable(loaded, m.branch)

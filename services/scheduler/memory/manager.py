@@ -71,10 +71,10 @@ class KVCacheManager:
         self.req_to_token = ReqToTokenPool(rows, config.max_context_len)
         self.host: PagedAllocator | None = None
         no_host = config.host_kv_tokens < config.page_size or config.disable_radix_cache
-        if config.disk is not None and no_host:
-            raise ValueError("kv_disk_cache_dir: the disk KV tier needs the host tier (host_kv_cache_gb > 0)")
         if config.disk is not None and config.hybrid:
             raise ValueError(HYBRID_DISK_REFUSED)
+        if config.disk is not None and no_host:
+            raise ValueError("kv_disk_cache_dir: the disk KV tier needs the host tier (host_kv_cache_gb > 0)")
         if config.host_kv_tokens >= config.page_size and not config.disable_radix_cache:
             self.host = PagedAllocator(config.host_kv_tokens // config.page_size, config.page_size)
         self.cache: RadixCache

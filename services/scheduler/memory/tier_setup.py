@@ -40,10 +40,10 @@ def disk_tier(cfg: EngineConfig, model_path: str | Path, local: ModelConfig) -> 
     ``local``: rank 0's shard (tensor parallelism: each rank's files hold its own KV heads)."""
     if cfg.kv_disk_cache_dir is None:
         return None
-    if cfg.host_kv_cache_gb <= 0:
-        raise ValueError("kv_disk_cache_dir: the disk KV tier needs the host tier (host_kv_cache_gb > 0)")
     if local.hybrid is not None:
         raise ValueError(HYBRID_DISK_REFUSED)
+    if cfg.host_kv_cache_gb <= 0:
+        raise ValueError("kv_disk_cache_dir: the disk KV tier needs the host tier (host_kv_cache_gb > 0)")
     bs = disk_block_size(cfg.page_size)
     layout = BlockLayout((2 * local.num_kv_layers, bs, local.num_kv_heads, local.head_dim), local.dtype)
     capacity = int(cfg.kv_disk_cache_gb * 2**30)
