@@ -9,11 +9,13 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
+TEMP_PREFIX = ".tmp-"  # a crashed writer's leftovers start with it (the disk tier sweeps its own)
+
 
 def write_atomic(path: Path, parts: Iterable[bytes | memoryview], fsync: bool = False) -> None:
     """``path`` holds ``parts`` (written one after the other) whole, or is as it was. ``fsync``: the
     data is on disk before the rename (a crash then never leaves ``path`` empty or short)."""
-    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+    tmp = path.parent / f"{TEMP_PREFIX}{uuid.uuid4().hex}"
     try:
         with open(tmp, "wb") as f:
             for part in parts:

@@ -4,12 +4,21 @@ its id and its blocks across stores (a restart, or another scheduler sharing it)
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 import torch
 
 from radixserve.common.atomic_file import write_atomic
-from radixserve.scheduler.memory.disk_store import BlockLayout, DiskFullError, DiskStore, encode_block
+from radixserve.scheduler.memory.disk_store import (
+    STALE_TEMP_S,
+    BlockLayout,
+    DiskFullError,
+    DiskStore,
+    encode_block,
+)
 
 LAYOUT = BlockLayout((6, 4, 2, 8), torch.bfloat16)  # 3 layers' K and V, 4 tokens, 2 heads of 8
 
@@ -77,6 +86,20 @@ def test_a_directory_keeps_its_id_and_blocks_for_the_next_store_and_a_sharing_on
     assert isinstance(got, torch.Tensor) and torch.equal(got.view(torch.uint8), _kv(11).view(torch.uint8))
     assert not list(tmp_path.glob(".tmp-*"))  # the atomic writes left no temp file
     restarted.check()
+
+
+def test_a_crashed_writers_old_temp_file_is_swept_at_start_and_a_fresh_one_kept(tmp_path):
+    """A writer killed between its temp file and the rename leaves the temp file: the next store
+    deletes it once it is old (a fresh one may be a sharing scheduler's write in progress)."""
+    DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7).write(11, _tokens(11), _kv(11))
+    old, fresh = tmp_path / ".tmp-crashed", tmp_path / ".tmp-writing"
+    old.write_bytes(b"x" * 100)
+    fresh.write_bytes(b"y")
+    long_ago = time.time() - STALE_TEMP_S - 60
+    os.utime(old, (long_ago, long_ago))
+    restarted = DiskStore(tmp_path, 1 << 20, LAYOUT, root_hash=7)
+    assert not old.exists() and fresh.exists()
+    assert restarted.hashes() == [11] and restarted.used_bytes == LAYOUT.file_bytes
 
 
 # ----------------------------------------------------------- tensor parallelism: a part per rank

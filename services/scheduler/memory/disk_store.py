@@ -44,12 +44,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from radixserve.common.atomic_file import write_atomic
+from radixserve.common.atomic_file import TEMP_PREFIX, write_atomic
 
 FORMAT_VERSION = 2  # 2: the rank and tp size
 MAGIC = b"RSKV"
 _HEADER = struct.Struct("<4sHQQIQIHH")
 MISS_CAUSES = ("corrupt", "foreign", "truncated", "missing")
+# A temp file this old at start is a crashed writer's (a block's write takes milliseconds; a younger
+# one may be another scheduler's, writing now into the shared directory): deleted.
+STALE_TEMP_S = 3600.0
 _STAT_EVERY_S = 1.0  # a block absent from the index is looked for on disk at most this often
 # A follower's part may land after rank 0's (each rank's writer runs on its own): a read waits this
 # long for it before the block is a miss (a part that never lands costs one read this, once).
@@ -136,8 +139,12 @@ class DiskStore:
 
     def _scan(self) -> None:
         found: dict[int, tuple[float, int]] = {}  # hash -> newest part's mtime, bytes of its parts
+        now = time.time()
         for entry in os.scandir(self.path):
-            if self._name.match(entry.name):
+            if entry.name.startswith(TEMP_PREFIX) and now - entry.stat().st_mtime > STALE_TEMP_S:
+                with contextlib.suppress(OSError):  # a crashed writer's; another scheduler may race us
+                    os.unlink(entry.path)
+            elif self._name.match(entry.name):
                 st, h = entry.stat(), int(entry.name[:16], 16)
                 mtime, size = found.get(h, (0.0, 0))
                 found[h] = (max(mtime, st.st_mtime), size + st.st_size)
