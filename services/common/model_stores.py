@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,7 +185,16 @@ class S3Store:
 
 # ----------------------------------------------------------------------------------------- GCS
 class GcsStore:
-    """Through gcsfs (fsspec). Not exercised by the tests: there is no GCS emulator among them."""
+    """Through gcsfs (fsspec), on the JSON API. An object's generation is its ``etag``: before its
+    first ranged read the object's metadata is asked for (a size or generation other than the
+    listing's is a ModelSourceError naming both), and every ranged read carries ``ifGenerationMatch``
+    (an object replaced mid-stream: GCS answers 412, the same error). The tests run it against
+    gcp-storage-emulator (tests/helpers/gcs.py), which ignores preconditions: they exercise the
+    metadata check, not the 412.
+
+    ``STORAGE_EMULATOR_HOST`` (an emulator's address; gcsfs then talks to it) means anonymous access,
+    as Google's own libraries take it, through gcsfs's core class: the default one first asks for the
+    bucket's layout over gRPC, which an emulator does not serve (a minute's timeout for each call)."""
 
     def __init__(self, source: ModelSource) -> None:
         try:
@@ -192,6 +202,13 @@ class GcsStore:
         except ImportError as e:
             raise ModelSourceError(f"{source.uri}: gs:// needs gcsfs (pip install 'radixserve[gcs]')") from e
         self.source = source
+        self._checked: set[str] = set()  # keys whose metadata matched the listing
+        self._lock = threading.Lock()
+        # No cached instance or listing: a listing is what the bucket holds now.
+        options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            self.fs: Any = gcsfs.core.GCSFileSystem(token="anon", **options)
+            return
         key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         if key_file and not Path(key_file).is_file():
             raise ModelSourceError(
@@ -199,42 +216,91 @@ class GcsStore:
                 "(the credentials Secret needs the key service-account.json)"
             )
         # Without a key file gcsfs finds the node's or workload identity's credentials.
-        self.fs: Any = gcsfs.GCSFileSystem(token=key_file or None)
+        self.fs = gcsfs.GCSFileSystem(token=key_file or None, **options)
 
     def list(self) -> list[RemoteFile]:
-        root = f"{self.source.location}/{self.source.path}".rstrip("/")
+        bucket = self.source.location
         with self._errors():
-            found = self.fs.find(root, detail=True)
-            if not found and not self.fs.exists(self.source.location):
-                raise ModelSourceError(f"{self.source.uri}: bucket {self.source.location!r} does not exist")
+            try:
+                found = self.fs.find(f"{bucket}/{self.source.path}".rstrip("/"), detail=True)
+            except FileNotFoundError:  # the bucket's listing answered 404
+                found = {}
+            if not found:
+                self.fs.call("GET", "b/{}", bucket, json_out=True)  # 404 for a missing bucket
         out = []
         for full, info in sorted(found.items()):
             key = str(full).split("/", 1)[1] if "/" in str(full) else ""
             rel = _under(self.source, key)
             if rel is not None and info.get("type") == "file":
-                etag = str(info.get("generation") or info.get("etag") or info.get("md5Hash") or "")
-                out.append(RemoteFile(key, rel, int(info.get("size") or 0), etag))
+                generation = str(info.get("generation") or "")
+                out.append(RemoteFile(key, rel, int(info.get("size") or 0), generation))
         return out
 
     def download(self, file: RemoteFile, dest: Path) -> None:
-        with self._errors():
+        with self._errors(file.key):
             self.fs.get_file(f"{self.source.location}/{file.key}", str(dest))
 
     def read(self, file: RemoteFile, start: int, stop: int) -> Iterator[bytes]:
-        # One ranged GET; gcsfs returns what the object holds of the range (short when truncated).
-        with self._errors():
-            yield bytes(self.fs.cat_file(f"{self.source.location}/{file.key}", start=start, end=stop))
+        # One ranged GET (the whole part in one answer: gcsfs reads the body before it returns).
+        with self._errors(file.key):
+            if file.key not in self._checked:
+                self._check(file)
+            pin = {"ifGenerationMatch": file.etag} if file.etag.isdigit() else {}
+            url = self.fs.url(f"{self.source.location}/{file.key}")
+            try:
+                headers, body = self.fs.call(
+                    "GET", url, headers={"Range": f"bytes={start}-{stop - 1}"}, **pin
+                )
+            except FileExistsError:  # gcsfs's 412: the generation is no longer the listed one
+                self._check(file)
+                raise
+        total = str(headers.get("Content-Range", "")).rpartition("/")[2]
+        generation = str(headers.get("x-goog-generation") or file.etag)  # GCS sends it, emulators may not
+        if (file.etag and generation != file.etag) or (total.isdigit() and int(total) != file.size):
+            with self._errors(file.key):
+                self._check(file)  # names the object's size and generation now
+            raise self._changed(file, total or "?", generation)
+        yield bytes(body)
+
+    def _check(self, file: RemoteFile) -> None:
+        """The object's metadata now against the listing's size and generation."""
+        meta = self.fs.call("GET", "b/{}/o/{}", self.source.location, file.key, json_out=True)
+        size, generation = str(meta.get("size", "")), str(meta.get("generation", ""))
+        if size != str(file.size) or (file.etag and generation != file.etag):
+            raise self._changed(file, size, generation)
+        with self._lock:
+            self._checked.add(file.key)
+
+    def _changed(self, file: RemoteFile, size: str, generation: str) -> ModelSourceError:
+        return ModelSourceError(
+            f"{self.source.uri}/{file.rel} changed since the model was fetched: {size} bytes, "
+            f"generation {generation}; the listing said {file.size} bytes, generation {file.etag} "
+            "(fetch the model again)"
+        )
 
     @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
+    def _errors(self, key: str = "") -> Iterator[None]:
+        """gcsfs's errors as ours; ``key``: the object read, named when it is missing."""
+        from gcsfs.retry import HttpError
+
+        uri, bucket = self.source.uri, self.source.location
+        denied = f"{uri}: access denied: check the service-account key (GOOGLE_APPLICATION_CREDENTIALS)"
         try:
             yield
-        except FileNotFoundError as e:
-            raise ModelSourceError(f"{self.source.uri}: not found ({e})") from e
+        except FileNotFoundError as e:  # gcsfs's 404: of the bucket's listing, or of the object
+            if not key:
+                raise ModelSourceError(f"{uri}: bucket {bucket!r} does not exist") from e
+            raise ModelSourceError(f"{uri}: no object {key!r} in bucket {bucket!r}") from e
         except PermissionError as e:
-            raise ModelSourceError(f"{self.source.uri}: access denied: check the service-account key") from e
-        except OSError as e:
-            raise StoreReadError(f"{self.source.uri}: {e}") from e
+            raise ModelSourceError(denied) from e
+        except HttpError as e:  # 401, or what is left after gcsfs's own retries (5xx, 429)
+            if e.code in (401, 403):
+                raise ModelSourceError(denied) from e
+            raise StoreReadError(f"{uri}: GCS answered {e.code}: {e.message}") from e
+        except OSError as e:  # gcsfs's 403 ("Forbidden: ..."), a connection that failed or broke
+            if str(e).startswith("Forbidden"):
+                raise ModelSourceError(denied) from e
+            raise StoreReadError(f"gs://{bucket}/{key}: {e}" if key else f"{uri}: {e}") from e
 
 
 # ----------------------------------------------------------------------------------------- Hub
