@@ -8,7 +8,8 @@ was missing: the bucket, objects under the prefix, the repository or revision, t
 Credentials come from the environment, which the operator fills from ``spec.model.credentialsSecretRef``:
 AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN / AWS_REGION / AWS_ENDPOINT_URL (an
 S3-compatible store: MinIO, Ceph, R2...), GOOGLE_APPLICATION_CREDENTIALS (a service-account key
-file), HF_TOKEN.
+file), HF_TOKEN; STORAGE_EMULATOR_HOST points gs:// at a GCS emulator (used anonymously: the tests'
+gcp-storage-emulator).
 """
 
 from __future__ import annotations

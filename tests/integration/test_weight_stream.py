@@ -3,7 +3,7 @@ fetched with ``fetch-model --skip-weights`` (the real command) serves the same g
 folder, with no ``*.safetensors`` on the cache; a sharded model streams shard by shard in many
 ranged parts; an object replaced or truncated since the fetch, a shard missing from the store or
 from the listing, a connection cut mid-part: one clear line naming the object. gs:// goes through
-the same code (weight_stream.py) with gcsfs's ranged reads; no test runs it against a real store.
+the same code (weight_stream.py) with gcsfs's ranged reads: test_model_source_gcs.py.
 """
 
 from __future__ import annotations
