@@ -37,7 +37,7 @@ class RemoteFile:
     key: str  # the object's full name in the bucket
     rel: str  # its path under the prefix: where it lands in the model folder
     size: int
-    etag: str  # what the store says identifies this content (recorded, not checked)
+    etag: str  # what identifies this content: S3's ETag, GCS's generation (a stream checks it)
 
 
 class ObjectStore(Protocol):

@@ -5,14 +5,13 @@ test through ``STORAGE_EMULATOR_HOST`` and used anonymously. A model is fetched 
 its weights streamed (``--skip-weights`` and ``--load-format stream``); an object replaced or
 truncated since the fetch, deleted from the store, a missing bucket or prefix: one line naming it.
 
-The emulator ignores ``ifGenerationMatch``: what refuses a replaced object here is GcsStore's
-metadata check before an object's first read and its check of each answer's Content-Range, not
-GCS's 412 (model_stores.GcsStore).
+The emulator serves an object's live generation whatever generation a read asks for: what refuses
+a replaced object here is GcsStore's metadata check before an object's first read, and after a read
+that ends early; GCS's 404 for a generation that is gone is not exercised (model_stores.GcsStore).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,17 +21,13 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
-from radixserve.common.model_source import ModelSourceError, parse_model_uri, tree_digest, tree_files
+from radixserve.common.model_source import ModelSourceError, parse_model_uri, tree_digest
 from radixserve.common.model_stores import open_store
 from radixserve.common.ports import free_port
-from radixserve.common.weight_manifest import MANIFEST, StreamManifest
-from radixserve.scheduler.model.config import ModelConfig
-from radixserve.scheduler.model.loader import load_model
-from radixserve.scheduler.model.weight_files import shard_names
-from radixserve.scheduler.model.weight_stream import StreamedWeights
+from radixserve.common.weight_manifest import MANIFEST
 from tests.helpers.gcs import BUCKET, gcs_client, gcs_emulator, upload
+from tests.helpers.streamed import memory_files, sharded_copy, weights_of
 
 pytest.importorskip("gcsfs", reason="pip install -e '.[test]' (gcsfs, gcp-storage-emulator)")
 
@@ -61,20 +56,7 @@ def model_dir(demo_model: Callable[..., Path]) -> Path:
 
 @pytest.fixture(scope="module")
 def sharded_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same model in three shards and an index, as large checkpoints come."""
-    out = tmp_path_factory.mktemp("sharded") / "tiny-sharded"
-    out.mkdir()
-    for rel in tree_files(model_dir):
-        if not rel.endswith(".safetensors"):
-            (out / rel).write_bytes((model_dir / rel).read_bytes())
-    tensors = load_file(model_dir / "model.safetensors")
-    names = sorted(tensors)
-    thirds = {f"model-0000{i + 1}-of-00003.safetensors": names[i::3] for i in range(3)}
-    for shard, part in thirds.items():
-        save_file({n: tensors[n].contiguous() for n in part}, out / shard, metadata={"format": "pt"})
-    index = {"metadata": {}, "weight_map": {n: shard for shard, part in thirds.items() for n in part}}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index))
-    return out
+    return sharded_copy(model_dir, tmp_path_factory.mktemp("sharded") / "tiny-sharded")
 
 
 @pytest.fixture(scope="module")
@@ -113,24 +95,6 @@ def fetched(uri: str, cache: Path, *args: str) -> Path:
     done = fetch_cli(uri, "--cache", str(cache), *args)
     assert done.returncode == 0, done.stderr
     return Path(done.stdout.strip().splitlines()[-1])
-
-
-def weights_of(folder: Path, **stream: Any) -> dict[str, torch.Tensor]:
-    """The loaded model's weights: read from the folder, or streamed as its manifest says."""
-    weights = None
-    if stream:
-        manifest = StreamManifest.read(folder)
-        assert manifest is not None
-        weights = StreamedWeights(manifest, shard_names(folder, [f.rel for f in manifest.files]), **stream)
-    return load_model(folder, ModelConfig.from_pretrained(folder), "cpu", weights=weights).state_dict()
-
-
-def memory_files() -> list[str]:
-    """This process's open memory files (memfd_create's): the shards a stream holds."""
-    fds = Path("/proc/self/fd")
-    return [
-        link for fd in fds.iterdir() if (link := os.readlink(fd) if fd.exists() else "").startswith("/memfd:")
-    ]
 
 
 # ------------------------------------------------------------------------------------ serving
