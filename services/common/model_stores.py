@@ -227,7 +227,11 @@ class GcsStore:
             except FileNotFoundError:  # the bucket's listing answered 404
                 found = {}
             if not found:
-                self.fs.call("GET", "b/{}", bucket, json_out=True)  # 404 for a missing bucket
+                try:
+                    self.fs.call("GET", "b/{}", bucket, json_out=True)  # 404 for a missing bucket
+                except OSError as e:  # a key that may read objects but not the bucket's metadata
+                    if not str(e).startswith("Forbidden"):  # (storage.buckets.get): the prefix is empty
+                        raise
         out = []
         for full, info in sorted(found.items()):
             key = str(full).split("/", 1)[1] if "/" in str(full) else ""

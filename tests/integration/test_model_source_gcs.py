@@ -205,10 +205,8 @@ def test_the_emulator_means_anonymous_access_and_only_the_emulator_does(
 ) -> None:
     # A key file named but absent: no matter with the emulator (no credentials are used) ...
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "service-account.json"))
-    assert [f.rel for f in open_store(parse_model_uri(f"gs://{BUCKET}/llama")).list()][:2] == [
-        "chat_template.jinja",
-        "config.json",
-    ]
+    listed = open_store(parse_model_uri(f"gs://{BUCKET}/llama")).list()
+    assert "config.json" in {f.rel for f in listed}
     # ... and the clear error it always was against GCS itself.
     monkeypatch.delenv("STORAGE_EMULATOR_HOST")
     with pytest.raises(
