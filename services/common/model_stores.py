@@ -8,7 +8,8 @@ was missing: the bucket, objects under the prefix, the repository or revision, t
 Credentials come from the environment, which the operator fills from ``spec.model.credentialsSecretRef``:
 AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN / AWS_REGION / AWS_ENDPOINT_URL (an
 S3-compatible store: MinIO, Ceph, R2...), GOOGLE_APPLICATION_CREDENTIALS (a service-account key
-file), HF_TOKEN.
+file), HF_TOKEN; STORAGE_EMULATOR_HOST points gs:// at a GCS emulator (used anonymously: the tests'
+gcp-storage-emulator).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,7 @@ class RemoteFile:
     key: str  # the object's full name in the bucket
     rel: str  # its path under the prefix: where it lands in the model folder
     size: int
-    etag: str  # what the store says identifies this content (recorded, not checked)
+    etag: str  # what identifies this content: S3's ETag, GCS's generation (a stream checks it)
 
 
 class ObjectStore(Protocol):
@@ -184,7 +186,16 @@ class S3Store:
 
 # ----------------------------------------------------------------------------------------- GCS
 class GcsStore:
-    """Through gcsfs (fsspec). Not exercised by the tests: there is no GCS emulator among them."""
+    """Through gcsfs (fsspec). An object's generation is its ``etag``: before an object's first ranged
+    read its metadata is asked for (a size or generation other than the listing's is a
+    ModelSourceError naming both), and every ranged read asks for the listed generation (GCS answers
+    404 once it is replaced or deleted: the metadata then tells which); a read that ends early is
+    checked the same way. The tests run it against gcp-storage-emulator (tests/helpers/gcs.py),
+    which serves the live generation whatever is asked: they exercise the metadata checks.
+
+    ``STORAGE_EMULATOR_HOST`` (an emulator's address; gcsfs then talks to it) means anonymous access,
+    as Google's own libraries take it, through gcsfs's core class: the default one first asks for the
+    bucket's layout over gRPC, which an emulator does not serve (a minute's timeout for each call)."""
 
     def __init__(self, source: ModelSource) -> None:
         try:
@@ -192,6 +203,13 @@ class GcsStore:
         except ImportError as e:
             raise ModelSourceError(f"{source.uri}: gs:// needs gcsfs (pip install 'radixserve[gcs]')") from e
         self.source = source
+        self._checked: set[str] = set()  # keys whose metadata matched the listing
+        self._lock = threading.Lock()
+        # No cached instance or listing: a listing is what the bucket holds now.
+        options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            self.fs: Any = gcsfs.core.GCSFileSystem(token="anon", **options)
+            return
         key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         if key_file and not Path(key_file).is_file():
             raise ModelSourceError(
@@ -199,42 +217,86 @@ class GcsStore:
                 "(the credentials Secret needs the key service-account.json)"
             )
         # Without a key file gcsfs finds the node's or workload identity's credentials.
-        self.fs: Any = gcsfs.GCSFileSystem(token=key_file or None)
+        self.fs = gcsfs.GCSFileSystem(token=key_file or None, **options)
 
     def list(self) -> list[RemoteFile]:
-        root = f"{self.source.location}/{self.source.path}".rstrip("/")
+        bucket = self.source.location
         with self._errors():
-            found = self.fs.find(root, detail=True)
-            if not found and not self.fs.exists(self.source.location):
-                raise ModelSourceError(f"{self.source.uri}: bucket {self.source.location!r} does not exist")
+            try:
+                found = self.fs.find(f"{bucket}/{self.source.path}".rstrip("/"), detail=True)
+            except FileNotFoundError:  # the bucket's listing answered 404
+                found = {}
+            if not found:
+                try:
+                    self.fs.call("GET", "b/{}", bucket, json_out=True)  # 404 for a missing bucket
+                except OSError as e:  # a key that may read objects but not the bucket's metadata
+                    if not str(e).startswith("Forbidden"):  # (storage.buckets.get): the prefix is empty
+                        raise
         out = []
         for full, info in sorted(found.items()):
             key = str(full).split("/", 1)[1] if "/" in str(full) else ""
             rel = _under(self.source, key)
             if rel is not None and info.get("type") == "file":
-                etag = str(info.get("generation") or info.get("etag") or info.get("md5Hash") or "")
-                out.append(RemoteFile(key, rel, int(info.get("size") or 0), etag))
+                generation = str(info.get("generation") or "")
+                out.append(RemoteFile(key, rel, int(info.get("size") or 0), generation))
         return out
 
     def download(self, file: RemoteFile, dest: Path) -> None:
-        with self._errors():
+        with self._errors(file.key):
             self.fs.get_file(f"{self.source.location}/{file.key}", str(dest))
 
     def read(self, file: RemoteFile, start: int, stop: int) -> Iterator[bytes]:
-        # One ranged GET; gcsfs returns what the object holds of the range (short when truncated).
-        with self._errors():
-            yield bytes(self.fs.cat_file(f"{self.source.location}/{file.key}", start=start, end=stop))
+        # One ranged GET of the listed generation (the whole part in one answer), through cat_file:
+        # gcsfs's default class reads a zonal (Rapid) bucket's objects over gRPC there.
+        with self._errors(file.key):
+            if file.key not in self._checked:
+                self._check(file)
+            pin = {"generation": file.etag} if file.etag.isdigit() else {}
+            try:
+                body = self.fs.cat_file(f"{self.source.location}/{file.key}", start=start, end=stop, **pin)
+            except FileNotFoundError:  # the listed generation is gone: replaced, or deleted
+                self._check(file)
+                raise
+            if len(body) < stop - start:  # the object ends early: say what it is now
+                self._check(file)
+        yield bytes(body)
+
+    def _check(self, file: RemoteFile) -> None:
+        """The object's metadata now against the listing's size and generation."""
+        meta = self.fs.call("GET", "b/{}/o/{}", self.source.location, file.key, json_out=True)
+        size, generation = str(meta.get("size", "")), str(meta.get("generation", ""))
+        if size != str(file.size) or (file.etag and generation != file.etag):
+            raise ModelSourceError(
+                f"{self.source.uri}/{file.rel} changed since the model was fetched: {size} bytes, "
+                f"generation {generation}; the listing said {file.size} bytes, generation {file.etag} "
+                "(fetch the model again)"
+            )
+        with self._lock:
+            self._checked.add(file.key)
 
     @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
+    def _errors(self, key: str = "") -> Iterator[None]:
+        """gcsfs's errors as ours; ``key``: the object read, named when it is missing."""
+        from gcsfs.retry import HttpError
+
+        uri, bucket = self.source.uri, self.source.location
+        denied = f"{uri}: access denied: check the service-account key (GOOGLE_APPLICATION_CREDENTIALS)"
         try:
             yield
-        except FileNotFoundError as e:
-            raise ModelSourceError(f"{self.source.uri}: not found ({e})") from e
+        except FileNotFoundError as e:  # gcsfs's 404: of the bucket's listing, or of the object
+            if not key:
+                raise ModelSourceError(f"{uri}: bucket {bucket!r} does not exist") from e
+            raise ModelSourceError(f"{uri}: no object {key!r} in bucket {bucket!r}") from e
         except PermissionError as e:
-            raise ModelSourceError(f"{self.source.uri}: access denied: check the service-account key") from e
-        except OSError as e:
-            raise StoreReadError(f"{self.source.uri}: {e}") from e
+            raise ModelSourceError(denied) from e
+        except HttpError as e:  # 401, or what is left after gcsfs's own retries (5xx, 429)
+            if e.code in (401, 403):
+                raise ModelSourceError(denied) from e
+            raise StoreReadError(f"{uri}: GCS answered {e.code}: {e.message}") from e
+        except OSError as e:  # gcsfs's 403 ("Forbidden: ..."), a connection that failed or broke
+            if str(e).startswith("Forbidden"):
+                raise ModelSourceError(denied) from e
+            raise StoreReadError(f"gs://{bucket}/{key}: {e}" if key else f"{uri}: {e}") from e
 
 
 # ----------------------------------------------------------------------------------------- Hub

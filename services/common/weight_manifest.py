@@ -2,8 +2,8 @@
 gs:// model's small files (config.json, the tokenizer's, the safetensors index) and writes, in
 their place, this manifest of the ``*.safetensors`` objects, which the scheduler streams at load
 (``--load-format stream``: scheduler/model/weight_stream.py) instead of reading them from the cache
-volume. The manifest records each object's size and ETag as listed, so the stream reads the very
-objects the fetch saw (a replaced object is an error, not half of each version).
+volume. The manifest records each object's size and ETag (GCS: generation) as listed, so the stream
+reads the very objects the fetch saw (a replaced object is an error, not half of each version).
 
 Weights in formats radixserve does not load (``*.bin``, ``*.pth``, ``*.gguf``...: a Hub folder's
 ``original/`` copy, say) are not fetched at all by --skip-weights.

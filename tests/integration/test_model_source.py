@@ -1,8 +1,8 @@
 """Model sources and the model cache against real parts: a moto S3 server (server mode, a child process
 on a free loopback port) holding a tiny random-weight model, fetched by the real command
 (``python -m radixserve.common.model_fetch``) and loaded with transformers; a Hugging Face hub cache
-folder on disk, read offline; concurrent fetchers as separate processes. gs:// is not exercised:
-there is no GCS emulator here.
+folder on disk, read offline; concurrent fetchers as separate processes. gs:// against a GCS
+emulator: test_model_source_gcs.py.
 """
 
 from __future__ import annotations

@@ -3,12 +3,11 @@ fetched with ``fetch-model --skip-weights`` (the real command) serves the same g
 folder, with no ``*.safetensors`` on the cache; a sharded model streams shard by shard in many
 ranged parts; an object replaced or truncated since the fetch, a shard missing from the store or
 from the listing, a connection cut mid-part: one clear line naming the object. gs:// goes through
-the same code (weight_stream.py) with gcsfs's ranged reads; no test runs it against a real store.
+the same code (weight_stream.py) with gcsfs's ranged reads: test_model_source_gcs.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,18 +17,14 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from radixserve.common.demo_model import make_demo_model
-from radixserve.common.model_source import ModelSourceError, tree_files
+from radixserve.common.model_source import ModelSourceError
 from radixserve.common.ports import free_port
 from radixserve.common.weight_manifest import MANIFEST, StreamManifest
 from radixserve.scheduler.model import weight_stream
-from radixserve.scheduler.model.config import ModelConfig
-from radixserve.scheduler.model.loader import load_model
-from radixserve.scheduler.model.weight_files import shard_names
-from radixserve.scheduler.model.weight_stream import StreamedWeights
 from tests.helpers.s3 import BUCKET, CREDENTIALS, CuttingProxy, moto_server, s3_client, upload
+from tests.helpers.streamed import memory_files, sharded_copy, streamed, weights_of
 
 pytest.importorskip("boto3", reason="pip install -e '.[test]' (boto3, moto[server])")
 
@@ -56,20 +51,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sharded_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same model in three shards and an index, as large checkpoints come."""
-    out = tmp_path_factory.mktemp("sharded") / "tiny-sharded"
-    out.mkdir()
-    for rel in tree_files(model_dir):
-        if not rel.endswith(".safetensors"):
-            (out / rel).write_bytes((model_dir / rel).read_bytes())
-    tensors = load_file(model_dir / "model.safetensors")
-    names = sorted(tensors)
-    thirds = {f"model-0000{i + 1}-of-00003.safetensors": names[i::3] for i in range(3)}
-    for shard, part in thirds.items():
-        save_file({n: tensors[n].contiguous() for n in part}, out / shard, metadata={"format": "pt"})
-    index = {"metadata": {}, "weight_map": {n: shard for shard, part in thirds.items() for n in part}}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index))
-    return out
+    return sharded_copy(model_dir, tmp_path_factory.mktemp("sharded") / "tiny-sharded")
 
 
 @pytest.fixture(scope="module")
@@ -95,25 +77,6 @@ def fetch_without_weights(uri: str, cache: Path) -> Path:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     return Path(done.stdout.strip().splitlines()[-1])
-
-
-def streamed(folder: Path, **kw: Any) -> StreamedWeights:
-    manifest = StreamManifest.read(folder)
-    assert manifest is not None
-    return StreamedWeights(manifest, shard_names(folder, [f.rel for f in manifest.files]), **kw)
-
-
-def memory_files() -> list[str]:
-    """This process's open memory files (memfd_create's): the shards the stream holds."""
-    fds = Path("/proc/self/fd")
-    return [
-        link for fd in fds.iterdir() if (link := os.readlink(fd) if fd.exists() else "").startswith("/memfd:")
-    ]
-
-
-def weights_of(folder: Path, **kw: Any) -> dict[str, torch.Tensor]:
-    cfg = ModelConfig.from_pretrained(folder)
-    return load_model(folder, cfg, "cpu", weights=streamed(folder, **kw) if kw else None).state_dict()
 
 
 # ------------------------------------------------------------------------------------- serving

@@ -9,12 +9,12 @@ headers come first, alone (a memory file of the shard's size holding only the he
 a hole, no memory), for the FP8 plan, which reads every header before anything loads.
 
 A missing object, a store that cannot be reached or refuses the credentials, an object that changed
-since the fetch (S3: If-Match on the listed ETag) or that ends early: ModelSourceError, one line
-naming the object's URI; no partial model is served. A connection that breaks mid-part is retried
-from where it broke, ``PART_ATTEMPTS`` times.
+since the fetch (S3: If-Match on the listed ETag; GCS: the listed generation) or that ends early:
+ModelSourceError, one line naming the object's URI; no partial model is served. A connection that
+breaks mid-part is retried from where it broke, ``PART_ATTEMPTS`` times.
 
-Linux only (memfd). gs:// goes through the same code with gcsfs's ranged reads, but no test runs it
-against a real store (there is no GCS emulator in the tests).
+Linux only (memfd). gs:// goes through the same code with gcsfs's ranged reads
+(tests/integration/test_model_source_gcs.py runs it against gcp-storage-emulator).
 """
 
 from __future__ import annotations
