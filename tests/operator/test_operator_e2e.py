@@ -345,7 +345,12 @@ async def test_scale_to_zero_and_back_on_the_gateways_held_requests(harness: Har
     sched = {**CPU, "replicas": 1, "drainTimeoutSeconds": 20, "autoscaling": auto}
     tokenizer = {"holdTimeoutSeconds": 300}
     await harness.call(harness.kube.apply, isvc("zero", scheduler=sched, tokenizer=tokenizer, redis=redis))
-    await harness.until(lambda: harness.obj(STS, "default", "zero-scheduler") is not None, what="schedulers")
+
+    def both() -> object:  # the operator applies the gateway's Deployment after the StatefulSet
+        gateway = harness.obj(DEPLOY, "default", "zero-gateway")
+        return harness.obj(STS, "default", "zero-scheduler") and gateway
+
+    await harness.until(both, what="the schedulers and the gateway")
     sts = harness.obj(STS, "default", "zero-scheduler")
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 35  # the drain fits
     assert env(harness.obj(DEPLOY, "default", "zero-gateway"))["RADIXSERVE_HOLD_TIMEOUT"] == "300"
