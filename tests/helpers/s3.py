@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from radixserve.common.model_source import tree_files
 from tests.helpers.local_server import local_server
 
@@ -105,3 +107,21 @@ class CuttingProxy:
                 carried += len(data)
         client.close()
         upstream.close()
+
+
+# Fixtures the S3 tests share, named apart so modules can import them (as tests/helpers/prefix_index.py's)
+@pytest.fixture(scope="module", name="s3_endpoint")
+def s3_endpoint_fixture() -> Iterator[str]:
+    """A moto S3 server in server mode: real HTTP, a child process we stop by pid."""
+    pytest.importorskip("moto.server", reason="pip install 'moto[server]'")
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture(name="s3_env")
+def s3_env_fixture(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The credentials Secret's variables, for this process and the fetchers it starts."""
+    env = {**CREDENTIALS, "AWS_ENDPOINT_URL": s3_endpoint}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from radixserve.common.model_source import (
 )
 from radixserve.common.model_stores import _materialize
 from radixserve.common.ports import free_port
-from tests.helpers.s3 import BUCKET, CREDENTIALS, moto_server, s3_client, upload
+from tests.helpers.s3 import BUCKET, s3_client, s3_endpoint_fixture, s3_env_fixture, upload  # noqa: F401
 
 boto3 = pytest.importorskip("boto3", reason="pip install -e '.[test]' (boto3, moto[server])")
 
@@ -41,23 +40,6 @@ boto3 = pytest.importorskip("boto3", reason="pip install -e '.[test]' (boto3, mo
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_demo_model(tmp_path_factory.mktemp("tiny") / "tiny-llama", arch="llama", size="tiny")
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """A moto S3 server in server mode: real HTTP, a child process we stop by pid."""
-    pytest.importorskip("moto.server", reason="pip install 'moto[server]'")
-    with moto_server() as url:
-        yield url
-
-
-@pytest.fixture
-def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """The credentials Secret's variables, for this process and the fetchers it starts."""
-    env = {**CREDENTIALS, "AWS_ENDPOINT_URL": s3_endpoint}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return env
 
 
 @pytest.fixture(scope="module")

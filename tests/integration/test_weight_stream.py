@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +22,15 @@ from radixserve.common.model_source import ModelSourceError
 from radixserve.common.ports import free_port
 from radixserve.common.weight_manifest import MANIFEST, StreamManifest
 from radixserve.scheduler.model import weight_stream
-from tests.helpers.s3 import BUCKET, CREDENTIALS, CuttingProxy, moto_server, s3_client, upload
+from tests.helpers.s3 import BUCKET, CuttingProxy, s3_client, s3_endpoint_fixture, s3_env_fixture, upload  # noqa: F401
 from tests.helpers.streamed import memory_files, sharded_copy, streamed, weights_of
 
 pytest.importorskip("boto3", reason="pip install -e '.[test]' (boto3, moto[server])")
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    pytest.importorskip("moto.server", reason="pip install 'moto[server]'")
-    with moto_server() as url:
-        yield url
-
-
 @pytest.fixture(autouse=True)
-def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = {**CREDENTIALS, "AWS_ENDPOINT_URL": s3_endpoint}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return env
+def _credentials(s3_env: dict[str, str]) -> None:
+    """Every test here streams from the moto server (tests/helpers/s3.py's fixtures)."""
 
 
 @pytest.fixture(scope="module")
