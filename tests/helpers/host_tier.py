@@ -1,4 +1,5 @@
-"""The host KV tier's engine workload, shared by the unit test and the tensor-parallel one."""
+"""The host KV tier's engine workload, shared by the unit test and the tensor-parallel one, and the
+scheduler settings the host and disk tier tests share."""
 
 from __future__ import annotations
 
@@ -6,12 +7,25 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+import pytest
 
 from radixserve import Engine, SamplingParams
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.engine import GenerateOutput
 
 PREFIX = 48  # tokens of each conversation's own prefix
+
+# The scheduler settings the tier tests run under (``kw``: the scheduler's): whole prompts; chunked
+# prefill with retractions; and write-through instead of write-back.
+SCHEDULER_CASES = pytest.mark.parametrize(
+    "kw",
+    [
+        dict(chunked_prefill_size=None, init_new_token_ratio=0.7),
+        dict(chunked_prefill_size=8, init_new_token_ratio=0.0),  # chunks, and retractions
+        dict(chunked_prefill_size=8, init_new_token_ratio=0.0, write_through=True),
+    ],
+    ids=["whole", "chunked-retracting", "write-through"],
+)
 
 
 def engine_turns(

@@ -18,10 +18,10 @@ import torch
 
 from radixserve.scheduler.memory.disk_store import BlockLayout, DiskStore
 from radixserve.scheduler.memory.disk_tier import DiskTier
+from tests.helpers.host_tier import PREFIX, SCHEDULER_CASES
 from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
 
 BLOCK = 8  # two pages of 4
-PREFIX = 48
 
 
 def _tier(path: Path, capacity: int = 1 << 20) -> DiskTier:
@@ -51,15 +51,7 @@ def _done(s) -> None:
     assert s.kv.host.free_tokens + s.kv.cache.host_size == s.kv.host.capacity_tokens
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        dict(chunked_prefill_size=None, init_new_token_ratio=0.7),
-        dict(chunked_prefill_size=8, init_new_token_ratio=0.0),  # chunks, and retractions
-        dict(chunked_prefill_size=8, init_new_token_ratio=0.0, write_through=True),
-    ],
-    ids=["whole", "chunked-retracting", "write-through"],
-)
+@SCHEDULER_CASES
 def test_disk_tier_serves_what_the_host_tier_dropped_with_the_same_outputs(tmp_path, kw):
     host_only = _scheduler(None, **kw)
     for turn in range(2):

@@ -23,7 +23,7 @@ from radixserve.scheduler.memory.hybrid_tiered_cache import HybridTieredCache
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
 from radixserve.scheduler.memory.tiered_cache import KVTransfers
-from tests.helpers.host_tier import PREFIX, engine_turns
+from tests.helpers.host_tier import PREFIX, SCHEDULER_CASES, engine_turns
 from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
 
 
@@ -49,15 +49,7 @@ def _two_rounds(host: int, **kw):
     return s, outputs
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        dict(chunked_prefill_size=None, init_new_token_ratio=0.7),
-        dict(chunked_prefill_size=8, init_new_token_ratio=0.0),  # chunks, and retractions
-        dict(chunked_prefill_size=8, init_new_token_ratio=0.0, write_through=True),
-    ],
-    ids=["whole", "chunked-retracting", "write-through"],
-)
+@SCHEDULER_CASES
 def test_host_tier_serves_evicted_prefixes_with_the_same_outputs_and_fewer_prefill_tokens(kw):
     off, out_off = _two_rounds(0, **{k: v for k, v in kw.items() if k != "write_through"})
     on, out_on = _two_rounds(2048, **kw)
