@@ -61,13 +61,9 @@ def _load(folder: Path) -> float:
 
 
 def _store_only(folder: Path) -> float:
-    from radixserve.common.weight_manifest import StreamManifest
-    from radixserve.scheduler.model.weight_files import shard_names
     from radixserve.scheduler.model.weight_stream import StreamedWeights
 
-    manifest = StreamManifest.read(folder)
-    assert manifest is not None
-    weights = StreamedWeights(manifest, shard_names(folder, [f.rel for f in manifest.files]))
+    weights = StreamedWeights.of(folder)
     t0 = time.perf_counter()
     try:
         for _ in weights.shards():

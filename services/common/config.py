@@ -420,10 +420,11 @@ def load_format_problem(folder: Path, load_format: str) -> str | None:
     the weights must be in an s3:// or gs:// store (fetch-model --skip-weights wrote the manifest)."""
     if load_format != "stream" or (folder / MANIFEST).is_file():
         return None
-    record = folder.parent / ".complete"  # a cache entry's (model_cache.MARKER): the URI fetched
-    try:
-        origin = str(json.loads(record.read_text())["uri"])
-    except (OSError, ValueError, KeyError, TypeError):
+    from radixserve.common.model_cache import MARKER, EntryRecord  # (at need: services start light)
+
+    try:  # a cache entry's record: the URI fetched
+        origin = EntryRecord.from_json((folder.parent / MARKER).read_text()).uri
+    except (OSError, ValueError, TypeError, AttributeError):
         origin = f"the local folder {folder}"
     return (
         f"--load-format stream: the model is {origin}, whose weights are files here; only s3:// and gs://"

@@ -110,7 +110,7 @@ class S3Store:
         return out
 
     def download(self, file: RemoteFile, dest: Path) -> None:
-        with self._errors():
+        with self._errors(file.key):
             self.client.download_file(self.source.location, file.key, str(dest))
 
     def read(self, file: RemoteFile, start: int, stop: int) -> Iterator[bytes]:

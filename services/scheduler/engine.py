@@ -159,7 +159,7 @@ class Engine:
         scheduler, runner and loop, capture graphs and warm up; with followers, in step with them."""
         cfg, dev, followers = self.config, self.profile.device, self.followers
         t_start = time.perf_counter()
-        files = open_weights(Path(model_path), cfg.load_format)  # streamed: the time is weight_load's
+        files = open_weights(Path(model_path))  # streamed: the time is weight_load's
         model = load_model(model_path, self.model_config, dev, max_positions, tp=tp, weights=files)
         t_loaded = time.perf_counter()
         per_token = model.local_config.kv_bytes_per_token()

@@ -13,10 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from radixserve.common.model_source import tree_files
-from radixserve.common.weight_manifest import StreamManifest
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.loader import load_model
-from radixserve.scheduler.model.weight_files import shard_names
 from radixserve.scheduler.model.weight_stream import StreamedWeights
 
 
@@ -39,9 +37,7 @@ def sharded_copy(model_dir: Path, out: Path) -> Path:
 
 def streamed(folder: Path, **kw: Any) -> StreamedWeights:
     """The stream of the shards ``folder``'s manifest lists (``kw``: StreamedWeights' options)."""
-    manifest = StreamManifest.read(folder)
-    assert manifest is not None
-    return StreamedWeights(manifest, shard_names(folder, [f.rel for f in manifest.files]), **kw)
+    return StreamedWeights.of(folder, **kw)
 
 
 def weights_of(folder: Path, **kw: Any) -> dict[str, torch.Tensor]:

@@ -114,7 +114,7 @@ def load_model(
     model's max_position_embeddings. ``tp``: load this rank's shard only. ``weights``: where the
     checkpoint's files come from (model/weight_files.py; default: ``--load-format auto``'s: the
     folder's own, or streamed where the folder was fetched without them)."""
-    files = weights if weights is not None else open_weights(Path(path), "auto")
+    files = weights if weights is not None else open_weights(Path(path))
     try:
         return _load(files, cfg, device, max_positions, tp)
     finally:

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from radixserve.common.config import load_format_problem
-from radixserve.common.weight_manifest import StreamManifest
+from radixserve.common.weight_manifest import MANIFEST
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +74,12 @@ class LocalWeights:
         pass
 
 
-def open_weights(folder: Path, load_format: str) -> WeightFiles:
-    """The weights of the model in ``folder`` for ``--load-format``: streamed where the folder was
-    fetched without them (a manifest), else its files; ValueError, one line, when the format cannot
-    serve this folder (``stream`` for a model whose weights are local)."""
-    problem = load_format_problem(folder, load_format)
-    if problem is not None:
-        raise ValueError(problem)
-    manifest = StreamManifest.read(folder)
-    if manifest is None:
+def open_weights(folder: Path) -> WeightFiles:
+    """The weights of the model in ``folder``: streamed where the folder was fetched without them (a
+    manifest), else its files. (Whether ``--load-format`` allows this folder the engine checks first:
+    config.load_format_problem.)"""
+    if not (folder / MANIFEST).is_file():
         return LocalWeights(folder)
     from radixserve.scheduler.model.weight_stream import StreamedWeights
 
-    return StreamedWeights(manifest, shard_names(folder, [f.rel for f in manifest.files]))
+    return StreamedWeights.of(folder)

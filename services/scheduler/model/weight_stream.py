@@ -32,7 +32,7 @@ from pathlib import Path
 from radixserve.common.model_source import ModelSourceError, format_bytes, parse_model_uri
 from radixserve.common.model_stores import ObjectStore, RemoteFile, StoreReadError, open_store
 from radixserve.common.weight_manifest import StreamManifest
-from radixserve.scheduler.model.weight_files import Shard
+from radixserve.scheduler.model.weight_files import Shard, shard_names
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,17 @@ class StreamedWeights:
     manifest must list; ``store``: where they are (default: the manifest URI's store)."""
 
     mappable = False
+
+    @classmethod
+    def of(
+        cls, folder: Path, parts_in_flight: int = PARTS_IN_FLIGHT, part_bytes: int = PART_BYTES
+    ) -> StreamedWeights:
+        """The stream of the shards ``folder``'s manifest lists (fetch-model --skip-weights wrote it)."""
+        manifest = StreamManifest.read(folder)
+        if manifest is None:
+            raise ValueError(f"{folder}: no weight manifest (the model was not fetched with --skip-weights)")
+        names = shard_names(folder, [f.rel for f in manifest.files])
+        return cls(manifest, names, parts_in_flight=parts_in_flight, part_bytes=part_bytes)
 
     def __init__(
         self,
