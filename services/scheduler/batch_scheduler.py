@@ -178,8 +178,10 @@ class BatchScheduler:
                 if self.kv.states is not None:  # a hybrid model: its state copies and snapshots
                     batch.states = self.kv.states.plan(batch)
                 # Copies the host tier queued while this batch took its pages: write-backs first (a
-                # page written back may be one this batch writes), loads beside it unless it reads them.
-                batch.kv_transfers, batch.kv_loads_for = self.kv.take_transfers(batch.reqs)
+                # page written back may be one this batch writes), loads beside it unless it reads them
+                # (only a prefill can: a decode's requests run on device paths no load writes).
+                readers = batch.reqs if prefill else ()
+                batch.kv_transfers, batch.kv_loads_for = self.kv.take_transfers(readers)
                 self._commit(batch)
                 return batch
         return None

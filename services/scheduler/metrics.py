@@ -78,6 +78,10 @@ class _EngineCollector(Collector):
         f.gauge("radixserve_kv_disk_used_bytes", "Disk KV tier bytes in block files", store.used_bytes)
         f.counter("radixserve_kv_disk_written_tokens", "KV tokens written to disk", disk.written_tokens)
         f.counter("radixserve_kv_disk_read_tokens", "KV tokens read back from disk", disk.read_tokens)
+        f.counter(
+            "radixserve_kv_disk_dropped_writes", "Blocks not written: the disk writer was too far behind",
+            disk.dropped_writes,
+        )  # fmt: skip
         f.gauge(
             "radixserve_kv_disk_off", "1: the disk tier turned itself off (full or read-only; one warning)",
             int(disk.off),

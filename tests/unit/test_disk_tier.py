@@ -11,8 +11,10 @@ or a file served for the wrong tokens, fails there.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -182,6 +184,7 @@ def test_the_metrics_report_the_disk_tier(tmp_path):
     assert values["radixserve_kv_disk_used_bytes"][None] == tier.store.used_bytes > 0
     assert values["radixserve_kv_disk_written_tokens"][None] == tier.written_tokens > 0
     assert values["radixserve_kv_disk_off"][None] == 0
+    assert values["radixserve_kv_disk_dropped_writes"][None] == tier.dropped_writes
     misses = values["radixserve_kv_disk_misses"]
     assert misses["truncated"] == tier.misses["truncated"] >= 1
     assert misses["corrupt"] == misses["foreign"] == misses["missing"] == 0
@@ -356,3 +359,31 @@ def test_two_ranks_host_pools_round_trip_through_their_parts_byte_exact(tmp_path
     assert not tier.misses
     tier.close()
     follower.close()
+
+
+def test_a_capture_over_the_writers_backlog_is_dropped_before_it_is_copied(monkeypatch):
+    """A disk slower than eviction: the capture is refused by its size, no copy of its pages made."""
+    from radixserve.scheduler.memory import disk_tier
+
+    tensors = [torch.arange(64.0).reshape(16, 2, 2) for _ in range(4)]  # 4 x 16 slots of 4 floats
+    one = 4 * 4 * 4 * 4  # 4 slots of every tensor, in bytes
+    monkeypatch.setattr(disk_tier, "MAX_PENDING_WRITE_BYTES", one)
+    release, written = threading.Event(), []
+
+    def write(blocks, kv):
+        release.wait(10)
+        written.append(kv.clone())
+
+    copies = []
+    real = disk_tier.gather_slots
+    monkeypatch.setattr(disk_tier, "gather_slots", lambda *a: copies.append(1) or real(*a))
+    writer = disk_tier.CaptureWriter(write)
+    slots = np.arange(4, dtype=np.int64)
+    assert writer.submit(slots, [(1, np.zeros(4, dtype=np.int32))], tensors)
+    assert not writer.submit(slots + 4, [(2, np.zeros(4, dtype=np.int32))], tensors)  # over the backlog
+    assert len(copies) == 1  # the dropped capture was never gathered
+    release.set()
+    writer.flush()
+    assert len(written) == 1 and torch.equal(written[0][0], tensors[0][:4])
+    assert writer.submit(slots + 4, [(2, np.zeros(4, dtype=np.int32))], tensors)  # room again
+    writer.close()

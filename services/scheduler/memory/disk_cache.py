@@ -107,9 +107,8 @@ class DiskTieredCache(TieredRadixCache):
         slots: list[npt.NDArray[np.int64]] = []
         for i, h in enumerate(leaf.blocks):
             start = (first + i - 1) * bs - leaf.depth  # in the leaf
-            if start < 0 or leaf in self.filling or self.disk.store.indexed(h):
-                # began in the parent (not written); or on disk already
-                on_disk = start >= 0 and self.disk.store.indexed(h)
+            on_disk = start >= 0 and self.disk.store.indexed(h)
+            if start < 0 or leaf in self.filling or on_disk:  # began in the parent (not written)
                 (written_already if on_disk else rest).append(h)
                 continue
             written.append((h, leaf.key[start : start + bs]))

@@ -28,7 +28,6 @@ class DiskFollower:
     def __init__(self, path: str | Path, rank: int, tp: int) -> None:
         self.path, self.rank, self.tp = Path(path), rank, tp
         self.off = False
-        self.written_tokens = 0
         self._staged: dict[int, RankDiskOps] = {}  # by sequence number: received, not run yet
         self._root_hash = 0  # the model root of the blocks (rank 0 fixes it before any block; ops carry it)
         self._writer = CaptureWriter(self._write)
@@ -57,7 +56,6 @@ class DiskFollower:
                     self._root_hash, h, tokens, kv[:, i * bs : (i + 1) * bs], self.rank, self.tp
                 )
                 write_atomic(self.path / part_name(h, self.rank, self.tp), data)
-                self.written_tokens += bs
         except OSError as e:
             if not self.off:
                 self.off = True

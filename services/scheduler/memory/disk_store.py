@@ -207,6 +207,9 @@ class DiskStore:
                 self._index.move_to_end(block_hash)
                 return None
             evicted = self._evict_to(self.capacity_bytes - size)
+        for h in evicted:  # off the index already: deleted outside the lock (the scheduler's lookups take it)
+            for f in self.files(h):
+                f.unlink(missing_ok=True)
         write_atomic(self.file(block_hash), data)
         with self._lock:
             if block_hash not in self._index:
@@ -215,13 +218,12 @@ class DiskStore:
         return evicted
 
     def _evict_to(self, limit: int) -> list[int]:
-        """Delete least recently used files until at most ``limit`` bytes are used (under the lock)."""
+        """Take least recently used blocks off the index until at most ``limit`` bytes are used (under
+        the lock); the caller deletes their files."""
         evicted = []
         while self.used_bytes > limit and self._index:
             h, size = self._index.popitem(last=False)
             self.used_bytes -= size
-            for f in self.files(h):
-                f.unlink(missing_ok=True)
             evicted.append(h)
         return evicted
 

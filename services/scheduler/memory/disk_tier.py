@@ -61,13 +61,14 @@ class CaptureWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-write")
 
     def submit(self, slots: npt.NDArray[np.int64], blocks: Blocks, tensors: list[torch.Tensor]) -> bool:
-        """Queue the capture of host ``slots``; False: dropped (the backlog is full)."""
-        kv = torch.stack([*gather_slots(tensors, torch.from_numpy(slots))])  # [2L, n, heads, dim]
-        nbytes = kv.numel() * kv.element_size()
+        """Queue the capture of host ``slots``; False: dropped (the backlog is full: sized before the
+        copy, so a dropped capture costs the step nothing)."""
+        nbytes = len(slots) * sum(t[0].numel() * t.element_size() for t in tensors)
         with self._lock:
             if self._pending_bytes + nbytes > MAX_PENDING_WRITE_BYTES:
                 return False
             self._pending_bytes += nbytes
+        kv = torch.stack([*gather_slots(tensors, torch.from_numpy(slots))])  # [2L, n, heads, dim]
         self._pool.submit(self._run, blocks, kv, nbytes)
         return True
 
@@ -123,7 +124,6 @@ class DiskTier:
         self.store = store
         self.block_size = block_size
         self.off = False  # a disk that refused a write: no more disk (one warning)
-        self.off_reason = ""
         self.written_tokens = 0
         self.read_tokens = 0
         self.dropped_writes = 0  # captures dropped: the writer was too far behind
@@ -243,7 +243,7 @@ class DiskTier:
 
     def turn_off(self, reason: str) -> None:
         if not self.off:
-            self.off, self.off_reason = True, reason
+            self.off = True
             log.warning("disk KV tier off, serving from the host tier alone: %s", reason)
 
     # ------------------------------------------------------------ checks, end
