@@ -182,8 +182,10 @@ class BatchScheduler:
                 # (only a prefill can: a decode's requests run on device paths no load writes).
                 readers = batch.reqs if prefill else ()
                 batch.kv_transfers, batch.kv_loads_for = self.kv.take_transfers(readers)
+                self.kv.settle_hits()
                 self._commit(batch)
                 return batch
+        self.kv.settle_hits()  # (admissions all undone: nothing)
         return None
 
     def _commit(self, batch: ScheduleBatch) -> None:

@@ -24,6 +24,7 @@ from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
 from radixserve.scheduler.memory.tiered_cache import KVTransfers
 from tests.helpers.host_tier import PREFIX, SCHEDULER_CASES, engine_turns
+from tests.helpers.radix import put
 from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
 
 
@@ -290,3 +291,20 @@ TestTieredCache = TieredCacheMachine.TestCase
 TestTieredCache.settings = settings(
     max_examples=80, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
 )
+
+
+def test_hit_counts_only_grow_an_admission_undone_is_never_counted():
+    """``hit_tokens`` feeds a Prometheus counter read from another thread: an admission the prefill
+    adder undoes (no pages after all) must not show in it for a moment and then go."""
+    kv = _manager(64, 64)
+    prefix = np.arange(100, 116, dtype=np.int32)
+    put(kv.cache, prefix)
+    req = make_req("r", [*prefix.tolist(), 7])
+    kv.admit(req, kv.match(req))
+    assert req.cached_len == 16 and kv.hit_tokens["device"] == 0  # not counted until it stands
+    kv.unadmit(req)
+    kv.settle_hits()
+    assert kv.hit_tokens["device"] == 0
+    kv.admit(req, kv.match(req))
+    kv.settle_hits()  # the step is scheduled: it stands
+    assert kv.hit_tokens["device"] == 16

@@ -103,7 +103,11 @@ class KVCacheManager:
         )
         # Prefix tokens admitted requests got from each tier instead of computing them (every
         # admission: a retracted request's readmission counts again); metrics read it.
+        # Prompt tokens served from each tier, of admissions that stood (a Prometheus counter reads it
+        # from another thread: it never goes down); this step's, which an admission undone takes back
+        # from, are settled when the step is scheduled (``settle_hits``).
         self.hit_tokens = {"device": 0, **({"host": 0} if self.host is not None else {})}
+        self._unsettled_hits = dict.fromkeys(self.hit_tokens, 0)
         self._load_locks: list[TreeNode] = []  # paths locked by ``start_load`` until ``release_loads``
         self._queued_loads: list[tuple[Req, npt.NDArray[np.int64]]] = []  # since ``take_transfers``
 
@@ -169,9 +173,9 @@ class KVCacheManager:
         # or an admission undone for want of room queued them): those are the host's hits.
         loaded = m.slots[np.isin(m.slots, req.loaded_slots)] if len(req.loaded_slots) else _NONE
         req.loaded_len, req.loaded_slots = len(loaded), loaded
-        self.hit_tokens["device"] += len(m.slots) - len(loaded)
+        self._unsettled_hits["device"] += len(m.slots) - len(loaded)
         if len(loaded):
-            self.hit_tokens["host"] += len(loaded)
+            self._unsettled_hits["host"] += len(loaded)
         if len(m.slots):
             self.req_to_token.write(row, 0, m.slots)
         req.last_node = m.node
@@ -218,12 +222,18 @@ class KVCacheManager:
         reads them: it waits for the copies, or its step's forward must)."""
         return self.cache.path_loading(node)
 
+    def settle_hits(self) -> None:
+        """This step's admissions stand (its batch is scheduled): their hits count."""
+        for tier, n in self._unsettled_hits.items():
+            self.hit_tokens[tier] += n
+            self._unsettled_hits[tier] = 0
+
     def unadmit(self, req: Req) -> None:
         """Undo ``admit`` for a request that got no pages after all."""
         assert req.req_pool_idx is not None and req.last_node is not None and req.alloc_len == req.cached_len
-        self.hit_tokens["device"] -= req.cached_len - req.loaded_len  # its next admission counts them
+        self._unsettled_hits["device"] -= req.cached_len - req.loaded_len  # its next admission counts them
         if req.loaded_len:
-            self.hit_tokens["host"] -= req.loaded_len
+            self._unsettled_hits["host"] -= req.loaded_len
         req.loaded_len = 0  # its queued loads run all the same: ``loaded_slots`` keeps them
         self.cache.unlock(req.last_node)
         self.req_to_token.free(req.req_pool_idx)
