@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from radixserve.common.config import env_name, env_var
+from radixserve.common.config import env_var
 from radixserve.common.model_source import parse_quantity
 from radixserve.common.service_config import KV_WRITE_POLICIES, SchedulerPodConfig
 from radixserve.operator.objects import Obj
@@ -34,10 +34,6 @@ KV_DISK_DIR = "/kv-cache"  # where the disk tier's volume is mounted in the sche
 KV_DISK_VOLUME = "kv-disk"
 _GIB = 2**30
 _DISK_KINDS = ("emptyDir", "hostPath", "persistentVolumeClaim")
-# The disk tier's settings (the scheduler's --kv-disk-cache-dir / --kv-disk-cache-gb): named by the
-# same rule as every setting (env_name), whichever config class carries them.
-DISK_DIR_ENV = env_name("kv_disk_cache_dir")
-DISK_GB_ENV = env_name("kv_disk_cache_gb")
 
 ONE_DISK_MESSAGE = "kvCache.disk needs exactly one of emptyDir, hostPath or persistentVolumeClaim"
 DISK_NEEDS_HOST_MESSAGE = (
@@ -145,8 +141,8 @@ def settings(spec: Obj) -> dict[str, str]:
     if kv.get("writePolicy"):
         out[env_var(SchedulerPodConfig, "kv_write_policy")] = kv["writePolicy"]
     if kv.get("disk"):
-        out[DISK_DIR_ENV] = KV_DISK_DIR
-        out[DISK_GB_ENV] = _gb(float(kv["disk"]["sizeGiB"]))
+        out[env_var(SchedulerPodConfig, "kv_disk_cache_dir")] = KV_DISK_DIR
+        out[env_var(SchedulerPodConfig, "kv_disk_cache_gb")] = _gb(float(kv["disk"]["sizeGiB"]))
     return out
 
 

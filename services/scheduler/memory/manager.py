@@ -54,6 +54,7 @@ class MemoryConfig:
 
 
 _NONE = np.zeros(0, dtype=np.int64)
+DISK_NEEDS_HOST = "kv_disk_cache_dir: the disk KV tier needs the host tier (host_kv_cache_gb > 0)"
 HYBRID_DISK_REFUSED = (
     "kv_disk_cache_dir: the disk KV tier does not serve hybrid models (its files hold KV blocks, not the "
     "linear-attention layers' recurrent states); use the host tier (host_kv_cache_gb) alone"
@@ -74,7 +75,7 @@ class KVCacheManager:
         if config.disk is not None and config.hybrid:
             raise ValueError(HYBRID_DISK_REFUSED)
         if config.disk is not None and no_host:
-            raise ValueError("kv_disk_cache_dir: the disk KV tier needs the host tier (host_kv_cache_gb > 0)")
+            raise ValueError(DISK_NEEDS_HOST)
         if config.host_kv_tokens >= config.page_size and not config.disable_radix_cache:
             self.host = PagedAllocator(config.host_kv_tokens // config.page_size, config.page_size)
         self.cache: RadixCache

@@ -11,7 +11,7 @@ from radixserve.common.service_config import EngineConfig
 from radixserve.scheduler.memory.allocator import host_kv_tokens
 from radixserve.scheduler.memory.disk_store import BlockLayout, DiskStore
 from radixserve.scheduler.memory.disk_tier import DiskTier
-from radixserve.scheduler.memory.manager import HYBRID_DISK_REFUSED
+from radixserve.scheduler.memory.manager import DISK_NEEDS_HOST, HYBRID_DISK_REFUSED
 from radixserve.scheduler.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def disk_tier(cfg: EngineConfig, model_path: str | Path, local: ModelConfig) -> 
     if local.hybrid is not None:
         raise ValueError(HYBRID_DISK_REFUSED)
     if cfg.host_kv_cache_gb <= 0:
-        raise ValueError("kv_disk_cache_dir: the disk KV tier needs the host tier (host_kv_cache_gb > 0)")
+        raise ValueError(DISK_NEEDS_HOST)
     bs = disk_block_size(cfg.page_size)
     layout = BlockLayout((2 * local.num_kv_layers, bs, local.num_kv_heads, local.head_dim), local.dtype)
     capacity = int(cfg.kv_disk_cache_gb * 2**30)
