@@ -61,6 +61,15 @@ def open_store(source: ModelSource) -> ObjectStore:
     raise ModelSourceError(f"{source.uri}: not an object store")
 
 
+def _changed(source: ModelSource, file: RemoteFile, size: object, tag: str, now: str) -> ModelSourceError:
+    """An object replaced since the fetch listed it: what it is now (``tag``: the store's name for
+    its version, S3's ETag or GCS's generation) against the listing."""
+    return ModelSourceError(
+        f"{source.uri}/{file.rel} changed since the model was fetched: {size} bytes, {tag} {now}; the "
+        f"listing said {file.size} bytes, {tag} {file.etag} (fetch the model again)"
+    )
+
+
 def _prefix(source: ModelSource) -> str:
     """The key prefix, ending in "/" so that ``models/a`` does not take ``models/ab``'s objects."""
     return f"{source.path}/" if source.path else ""
@@ -128,11 +137,7 @@ class S3Store:
                 if str(e.response.get("Error", {}).get("Code", "")) not in ("PreconditionFailed", "412"):
                     raise
                 now = self.client.head_object(Bucket=self.source.location, Key=file.key)
-                raise ModelSourceError(
-                    f"{self.source.uri}/{file.rel} changed since the model was fetched: "
-                    f"{now['ContentLength']} bytes, ETag {now.get('ETag', '')}; the listing said "
-                    f"{file.size} bytes, ETag {file.etag} (fetch the model again)"
-                ) from e
+                raise _changed(self.source, file, now["ContentLength"], "ETag", now.get("ETag", "")) from e
             total = str(answer.get("ContentRange", "")).rpartition("/")[2]
             if total.isdigit() and int(total) != file.size:
                 raise ModelSourceError(
@@ -266,11 +271,7 @@ class GcsStore:
         meta = self.fs.call("GET", "b/{}/o/{}", self.source.location, file.key, json_out=True)
         size, generation = str(meta.get("size", "")), str(meta.get("generation", ""))
         if size != str(file.size) or (file.etag and generation != file.etag):
-            raise ModelSourceError(
-                f"{self.source.uri}/{file.rel} changed since the model was fetched: {size} bytes, "
-                f"generation {generation}; the listing said {file.size} bytes, generation {file.etag} "
-                "(fetch the model again)"
-            )
+            raise _changed(self.source, file, size, "generation", generation)
         with self._lock:
             self._checked.add(file.key)
 
