@@ -322,22 +322,18 @@ def _fetch_container(spec: Obj, image: str, source: ModelSource, volumes: list[O
     }
     secret = (model.get("credentialsSecretRef") or {}).get("name")
     if secret:
-        init["envFrom"] = [{"secretRef": {"name": secret}}]
-        if source.scheme == "gs":
+        if source.scheme == "gs":  # the key file's volume, which a streaming scheduler mounts too
             volumes.append(
                 {
                     "name": "model-credentials",
                     "secret": {"secretName": secret, "defaultMode": SECRET_FILE_MODE},
                 }
             )
-            mounts.append({"name": "model-credentials", "mountPath": MODEL_CREDENTIALS_DIR, "readOnly": True})
-            env.append(
-                {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{MODEL_CREDENTIALS_DIR}/{GCS_KEY_FILE}"}
-            )
+        _add_store_credentials(init, secret, source.scheme == "gs")
     token = ((model.get("source") or {}).get("hub") or {}).get("tokenSecretRef")
     if token:
         ref = {"name": token["name"], "key": token.get("key") or "token"}
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+        init["env"].append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
     # huggingface_hub ships with transformers, so the service image fetches its own Hub models (over
     # HTTPS: with NetworkPolicies on, the pods may reach port 443 anywhere; see netpol.py); s3:// and
     # gs:// need the image's [s3] / [gcs] extras.
@@ -350,9 +346,15 @@ def add_stream_credentials(spec: Obj, container: Obj) -> None:
     secret = (spec["model"].get("credentialsSecretRef") or {}).get("name")
     if not streamed(spec) or not secret:
         return
-    container["envFrom"] = [*container.get("envFrom", []), {"secretRef": {"name": secret}}]
     source = _uri(spec)
-    if source is not None and source.scheme == "gs":
+    _add_store_credentials(container, secret, source is not None and source.scheme == "gs")
+
+
+def _add_store_credentials(container: Obj, secret: str, gcs_key: bool) -> None:
+    """The credentials Secret as ``container``'s environment; ``gcs_key``: also its service-account
+    key file (the pod's ``model-credentials`` volume) and GOOGLE_APPLICATION_CREDENTIALS naming it."""
+    container["envFrom"] = [*container.get("envFrom", []), {"secretRef": {"name": secret}}]
+    if gcs_key:
         mount = {"name": "model-credentials", "mountPath": MODEL_CREDENTIALS_DIR, "readOnly": True}
         container["volumeMounts"] = [*container.get("volumeMounts", []), mount]
         key = {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{MODEL_CREDENTIALS_DIR}/{GCS_KEY_FILE}"}
