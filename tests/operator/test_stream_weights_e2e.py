@@ -25,7 +25,9 @@ STREAM = {"uri": "s3://weights/llama-8b", "loadFormat": "stream", "credentialsSe
 
 async def test_stream_fetches_without_the_weights_and_the_schedulers_read_the_store(harness: Harness) -> None:
     await harness.call(harness.kube.apply, isvc("llm", model=STREAM, scheduler=CPU))
-    sts = await harness.until(lambda: harness.obj(STS, "default", "llm-scheduler"), what="the schedulers")
+    # the gateway's Deployment last: the operator applies it after the StatefulSet
+    await harness.until(lambda: harness.obj(DEPLOY, "default", "llm-gateway"), what="the gateway")
+    sts = harness.obj(STS, "default", "llm-scheduler")
     pod = sts["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     assert init["command"][3:] == [
