@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from radixserve import Engine, SamplingParams
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.engine import GenerateOutput
+from radixserve.scheduler.memory.kv_pool import KVPool
 
 PREFIX = 48  # tokens of each conversation's own prefix
 
@@ -54,3 +56,12 @@ def engine_turns(
         kv.check(())
         assert kv.available() == kv.capacity  # every device page free or evictable after the load
         return turns, engine.scheduler
+
+
+def random_kv_pool(slots: int, layers: int, heads: int, dim: int, dtype: torch.dtype, device: str) -> KVPool:
+    """A device KV pool filled with seeded random values (the tier round-trip tests' source)."""
+    pool = KVPool(slots, layers, heads, dim, dtype, device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for t in (*pool.k, *pool.v):
+        t.copy_(torch.randn(t.shape, generator=gen).to(dtype))
+    return pool

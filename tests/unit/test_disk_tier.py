@@ -20,7 +20,7 @@ import torch
 
 from radixserve.scheduler.memory.disk_store import BlockLayout, DiskStore
 from radixserve.scheduler.memory.disk_tier import DiskTier
-from tests.helpers.host_tier import PREFIX, SCHEDULER_CASES
+from tests.helpers.host_tier import PREFIX, SCHEDULER_CASES, random_kv_pool
 from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
 
 BLOCK = 8  # two pages of 4
@@ -198,15 +198,11 @@ def test_pages_round_trip_device_to_host_to_disk_to_host_to_device_byte_exact(tm
     from radixserve.scheduler.memory.allocator import PagedAllocator
     from radixserve.scheduler.memory.disk_tier import ReadJob, StepOps
     from radixserve.scheduler.memory.host_pool import HostKVPool
-    from radixserve.scheduler.memory.kv_pool import KVPool
     from radixserve.scheduler.memory.tiered_cache import KVTransfers
 
     page, layers, heads, dim = 4, 3, 2, 8
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    pool = KVPool(17 * page, layers, heads, dim, dtype, device)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    for t in (*pool.k, *pool.v):
-        t.copy_(torch.randn(t.shape, generator=gen).to(dtype))
+    pool = random_kv_pool(17 * page, layers, heads, dim, dtype, device)
     before = [t.clone() for t in (*pool.k, *pool.v)]
     layout = BlockLayout((2 * layers, BLOCK, heads, dim), dtype)
     tier = DiskTier(DiskStore(tmp_path, 1 << 20, layout, root_hash=5), BLOCK)

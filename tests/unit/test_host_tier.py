@@ -20,10 +20,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.host_pool import HostKVPool
 from radixserve.scheduler.memory.hybrid_tiered_cache import HybridTieredCache
-from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
 from radixserve.scheduler.memory.tiered_cache import KVTransfers
-from tests.helpers.host_tier import PREFIX, SCHEDULER_CASES, engine_turns
+from tests.helpers.host_tier import PREFIX, SCHEDULER_CASES, engine_turns, random_kv_pool
 from tests.helpers.radix import put
 from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
 
@@ -133,10 +132,7 @@ def test_host_eviction_frees_a_node_once_when_its_host_only_child_goes_first():
 def test_pages_round_trip_device_to_host_to_device_byte_exact(dtype):
     page, layers, heads, dim = 4, 3, 2, 8
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    pool = KVPool(17 * page, layers, heads, dim, dtype, device)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    for t in (*pool.k, *pool.v):
-        t.copy_(torch.randn(t.shape, generator=gen).to(dtype))
+    pool = random_kv_pool(17 * page, layers, heads, dim, dtype, device)
     before = [t.clone() for t in (*pool.k, *pool.v)]
     host = HostKVPool(9 * page, layers, heads, dim, dtype, torch.device(device))
     src = PagedAllocator(16, page).pages_to_slots(np.array([3, 7, 8, 15], dtype=np.int64))
