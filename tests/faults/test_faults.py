@@ -363,7 +363,16 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
                     )
                     for i in range(4)
                 ]
-                await asyncio.sleep(0.5)  # submitted: two wait on each pod behind its running one
+                # Two wait on the victim behind its running one. (A fixed sleep was too short on a
+                # loaded machine: they met the dead pod at Submit, a "submit" retry. The survivor's
+                # shorter one may be done by then, and its queue with it.)
+                for _ in range(300):
+                    load = await asyncio.to_thread(_load, victim)
+                    if load.waiting >= 2:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise AssertionError(f"the queued requests did not reach the victim: {load}")
                 victim.proc.send_signal(signal.SIGKILL)
                 right_after = [
                     asyncio.create_task(h.post("/v1/completions", json={**body, "prompt": f"next {i}"}))
