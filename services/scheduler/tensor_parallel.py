@@ -143,17 +143,24 @@ def rank_device(profile: DeviceProfile, rank: int, size: int) -> torch.device:
     return torch.device("cuda", first + rank)
 
 
+# How long the ranks may take to join the group: a follower is a fresh interpreter that imports torch
+# first (seconds on a loaded node), so a short ``tp_timeout`` meant for collectives must not apply.
+JOIN_TIMEOUT_S = 120.0
+
+
 def init_group(layout: ShardLayout, port: int, device: torch.device, timeout_s: float) -> TPGroup:
-    """Join the process group (every rank calls this; it returns once all have)."""
+    """Join the process group (every rank calls this; it returns once all have). Its collectives
+    fail after ``timeout_s``; joining may take up to ``JOIN_TIMEOUT_S`` (or ``timeout_s`` if longer)."""
     dist.init_process_group(
         backend="nccl" if device.type == "cuda" else "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=layout.rank,
         world_size=layout.size,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S)),
         device_id=device if device.type == "cuda" else None,
     )
-    return TPGroup(layout, dist.group.WORLD)
+    group = dist.new_group(list(range(layout.size)), timeout=timedelta(seconds=timeout_s))
+    return TPGroup(layout, group)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -16,7 +16,7 @@ import time
 import httpx
 
 from radixserve.launcher import Cluster, Service, counter_by
-from tests.helpers.cluster import MODEL_NAME, start_cluster, stream_completion
+from tests.helpers.cluster import MODEL_NAME, start_cluster, stream_completion, wait_not_admitting
 from tests.redis_server import RedisServer
 
 STREAMS = 32
@@ -42,9 +42,8 @@ async def _stream(
     return await stream_completion(h, prompt, first, max_tokens)
 
 
-async def _newcomers(url: str, start_at: float) -> list[httpx.Response]:
-    """NEWCOMERS short requests, one every 50 ms from ``start_at`` on (during the drain)."""
-    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+async def _newcomers(url: str) -> list[httpx.Response]:
+    """NEWCOMERS short requests, one every 50 ms (during the drain)."""
     body = {"model": MODEL_NAME, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     async with httpx.AsyncClient(base_url=url, timeout=120) as h:
         tasks = []
@@ -78,9 +77,10 @@ def test_a_scheduler_stopped_during_32_streams_finishes_them_and_new_requests_go
                     at = time.monotonic()
                     victim.proc.send_signal(signal.SIGTERM)
                     exited = asyncio.create_task(asyncio.to_thread(victim.proc.wait, 90))
-                    # From 0.3 s on: the pod has stopped admitting (its signal handler ran), the
-                    # gateway may not know yet (its next Watch report) and must still route around it.
-                    newcomers = asyncio.create_task(_newcomers(cluster.url, at + 0.3))
+                    # Once the pod has stopped admitting (its signal handler ran): the gateway may not
+                    # know yet (its next Watch report) and must still route around it.
+                    await asyncio.to_thread(wait_not_admitting, victim)
+                    newcomers = asyncio.create_task(_newcomers(cluster.url))
                     results = await asyncio.gather(*tasks)
                     code = await exited
                     return at, time.monotonic(), results, await newcomers, code

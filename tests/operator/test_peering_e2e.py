@@ -81,10 +81,20 @@ async def test_one_replica_serves_and_the_other_takes_over_when_it_stops(
                 return None
             return None if obj.deleted else dict(obj.raw)
 
+        def peers() -> dict[str, Any]:
+            try:
+                obj = emulator.objects[PEERING, None, "radixserve"]
+            except KeyError:
+                return {}
+            return dict(obj.raw.get("status") or {})
+
         standby = replica("radixserve-operator-standby", priority=100)
         async with standby:
             async with replica("radixserve-operator-active", priority=200):
-                await asyncio.sleep(1.0)  # both have seen each other's heartbeat
+                # both have written their heartbeat; a second more for the standby to read the
+                # active one's and pause (a fixed second alone was short on a loaded machine)
+                await until(lambda: len(peers()) == 2, "both replicas' heartbeats")
+                await asyncio.sleep(1.0)
                 await asyncio.to_thread(kube.apply, isvc("one", scheduler=CPU, redis={"mode": "none"}))
                 await until(lambda: (stored("one") or {}).get("status", {}).get("endpoint"), "one's status")
                 await asyncio.sleep(2.0)  # a few resync rounds: all of them the active replica's
