@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Sequence
 
 from radixserve.common.config import (
@@ -23,6 +22,7 @@ from radixserve.common.config import (
     service_parser,
 )
 from radixserve.common.ports import check_listen
+from radixserve.common.process_exit import exit_now
 from radixserve.common.service_config import DetokenizerConfig
 from radixserve.common.stop_signal import StopSignal
 
@@ -75,4 +75,4 @@ def _failed(reason: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

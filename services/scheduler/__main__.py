@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -40,6 +39,7 @@ from radixserve.common.config import (
     service_parser,
 )
 from radixserve.common.ports import check_listen
+from radixserve.common.process_exit import exit_now
 from radixserve.common.service_config import SchedulerPodConfig
 from radixserve.common.stop_signal import StopSignal
 
@@ -167,4 +167,4 @@ def _failed(reason: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
