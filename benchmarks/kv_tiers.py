@@ -3,9 +3,12 @@ a host tier over a disk tier, in one run on CPU.
 
 * Model: the demo llama (``--size``, "small" by default; ``--quick``: "tiny"); ``--arch qwen3_5``: the
   demo hybrid (Gated DeltaNet + full attention: a prefix resumes from a state snapshot, which stays on
-  the device while its KV is on the host), with the systems ``off`` and ``host`` (the disk tier does
-  not serve hybrids); ``--max-state-snapshots``: its snapshot slots (the engine's default: a tenth
-  of the KV memory, at most four per running request), which bound what the host tier serves.
+  the device while its KV is on the host, and goes to a host snapshot slot when the device's
+  snapshot pool evicts it), with the systems ``off`` and ``host`` (the disk tier does not serve
+  hybrids); ``--max-state-snapshots``: its device snapshot slots (the engine's default: a tenth of the
+  KV memory, at most four per running request); ``--host-state-snapshots``: the host tier's (the
+  engine's default: a tenth of the host tier's memory, taken from its KV; given here, their memory
+  is added to the host tier's, so its KV tokens stay those of the run without them).
 * Workload: ``--conversations`` conversations of ``--turns`` turns over one ``--system-len``-token
   system prompt. Each turn's prompt is the conversation so far (system prompt, earlier user
   messages and answers) plus a new user message of ``--user-range`` tokens; the answer is
@@ -65,6 +68,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--size", choices=("tiny", "small"))
     p.add_argument("--arch", choices=("llama", "qwen3_5"), default="llama", help="the demo model")
     p.add_argument("--max-state-snapshots", type=int, help="qwen3_5: the engine's (default: its own)")
+    p.add_argument(
+        "--host-state-snapshots",
+        type=int,
+        help="qwen3_5: the host tier's, beside its KV (default: the engine's)",
+    )
     p.add_argument("--conversations", type=int)
     p.add_argument("--turns", type=int)
     p.add_argument("--system-len", type=int)
@@ -89,8 +97,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.systems = [s for s in SYSTEMS if not (hybrid and s == "host_disk")]
     elif hybrid and "host_disk" in args.systems:
         p.error("--systems host_disk: the disk tier does not serve hybrid models (no recurrent states)")
-    if args.max_state_snapshots is not None and not hybrid:
-        p.error("--max-state-snapshots: only with --arch qwen3_5")
+    if (args.max_state_snapshots is not None or args.host_state_snapshots is not None) and not hybrid:
+        p.error("--max-state-snapshots, --host-state-snapshots: only with --arch qwen3_5")
     args.systems = ["off", *(s for s in args.systems if s != "off")]  # off first: the outputs' reference
     return args
 
@@ -178,7 +186,9 @@ def serve(model: Path, convs: Conversations, args: argparse.Namespace, **engine_
         kv = s.kv
         pools_free = kv.available() == kv.capacity and kv.req_to_token.num_free == kv.req_to_token.max_running
         per_token = engine.model_config.kv_bytes_per_token()
+        states = engine.runner.states  # a hybrid's StatePool
         snapshots = getattr(cache, "snapshots", None)  # a hybrid's state snapshot slots
+        host_snapshots = getattr(cache, "host_snapshots", None)  # ... and the host tier's
         figures = {
             "computed": s.prefill_tokens - base["computed"],
             "host": cache.loaded_tokens - base["host"],
@@ -201,7 +211,11 @@ def serve(model: Path, convs: Conversations, args: argparse.Namespace, **engine_
         "tokens_written_to_host": figures["written_to_host"],
         "pools_free_after": pools_free,
         "state_snapshots": snapshots.capacity if snapshots is not None else 0,
+        "host_state_snapshots": host_snapshots.capacity if host_snapshots is not None else 0,
+        "snapshots_to_host": getattr(cache, "stored_snapshots", 0),  # (warm-up's included)
+        "snapshots_from_host": getattr(cache, "loaded_snapshots", 0),
         "kv_bytes_per_token": per_token,
+        "state_slot_bytes": states.nbytes // states.num_slots if states is not None else 0,
         "outputs": [o["token_ids"] for o in outs],
     }
 
@@ -239,9 +253,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         per_token = results["off"]["kv_bytes_per_token"]  # of the KV as served (the CPU's dtype)
         for system in args.systems[1:]:
             disk = Path(tmp) / f"disk-{system}"
-            results[system] = serve(model, convs, args, **engine_args(system, sz, per_token, disk))
+            kw = engine_args(system, sz, per_token, disk)
+            if args.host_state_snapshots is not None and system == "host":  # beside the same KV
+                n = args.host_state_snapshots
+                kw["host_kv_cache_gb"] += (n * results["off"]["state_slot_bytes"] + 1) / 2**30
+                kw["host_state_snapshots"] = n
+            results[system] = serve(model, convs, args, **kw)
     for r in results.values():
-        del r["kv_bytes_per_token"]
+        del r["kv_bytes_per_token"], r["state_slot_bytes"]
     reference = results["off"]["outputs"]
     equal = {name: r.pop("outputs") == reference for name, r in results.items()}
     off = results["off"]
@@ -258,6 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             **sz,
             "page_size": args.page_size,
             "max_state_snapshots": args.max_state_snapshots,
+            "host_state_snapshots": args.host_state_snapshots,
             "chunked_prefill_size": args.chunked_prefill_size,
             "seed": args.seed,
             "device": "cpu",

@@ -120,6 +120,12 @@ class EngineConfig:
     host_kv_cache_gb: float = setting(
         0.0, "GiB of host memory for KV evicted from the device (0: no host tier)", bounds=AT_LEAST_0
     )
+    host_state_snapshots: int | None = setting(
+        None,
+        "hybrid models with the host tier: recurrent-state snapshots the host holds for those the device"
+        " evicts, out of host_kv_cache_gb (default: a tenth of it); 0: none",
+        bounds=AT_LEAST_0,
+    )
     kv_write_policy: str = setting(
         "write_back",
         "host tier: copy KV to the host when the device evicts it (write_back) or when it is cached"

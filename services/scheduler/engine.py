@@ -35,7 +35,7 @@ from radixserve.scheduler.memory.allocator import kv_capacity
 from radixserve.scheduler.memory.disk_cache import DiskTieredCache
 from radixserve.scheduler.memory.manager import MemoryConfig
 from radixserve.scheduler.memory.state_pool import plan_state_memory
-from radixserve.scheduler.memory.tier_setup import disk_tier, host_tokens
+from radixserve.scheduler.memory.tier_setup import disk_tier, host_sizes
 from radixserve.scheduler.memory.write_down import write_down
 from radixserve.scheduler.model.config import ModelConfig
 from radixserve.scheduler.model.device import resolve_profile
@@ -165,7 +165,8 @@ class Engine:
         per_token = model.local_config.kv_bytes_per_token()
         kv_tokens, weights, snapshots, kv_left = self._memory_plan(model, per_token)
         self.disk = disk_tier(cfg, model_path, model.local_config)  # None: no disk KV tier
-        mem = (max_context, str(dev), kv_left, snapshots, host_tokens(cfg, per_token))
+        host = host_sizes(cfg, per_token, model.local_config)  # (KV tokens, state snapshots)
+        mem = (max_context, str(dev), kv_left, snapshots, *host)
         self.scheduler = BatchScheduler(self._scheduler_config(*mem), eos_token_ids=self._eos_token_ids())
         kv = self.scheduler.kv
         host_slots = kv.host.pool_slots if kv.host is not None else 0
@@ -180,6 +181,7 @@ class Engine:
             eos_token_ids=self._eos_token_ids(),
             state_snapshots=snapshots,
             host_kv_slots=host_slots,
+            host_state_snapshots=host[1],
         )
         if self.runner.host_pool is not None:
             self.runner.host_pool.disk = self.disk
@@ -187,7 +189,7 @@ class Engine:
             table = kv.req_to_token
             shape = (kv.allocator.pool_slots, table.max_running, table.max_context, cfg.max_running_requests)
             followers.disk, disk_dir = self.disk, str(self.disk.store.path) if self.disk is not None else ""
-            followers.build(RunnerSpec(*shape, cfg.page_size, snapshots, host_slots, disk_dir))
+            followers.build(RunnerSpec(*shape, cfg.page_size, snapshots, host_slots, disk_dir, host[1]))
         self.placement = self._placement(weights, per_token, snapshots)
         if cfg.tp_size > 1:
             log.info(
@@ -297,11 +299,13 @@ class Engine:
         return sorted(eos)
 
     def _scheduler_config(
-        self, max_context: int, device: str, kv_tokens: int, snapshots: int = 0, host_tokens: int = 0
-    ) -> SchedulerConfig:
+        self, max_context: int, device: str, kv_tokens: int, snapshots: int = 0, host_tokens: int = 0,
+        host_snapshots: int = 0,
+    ) -> SchedulerConfig:  # fmt: skip
         """The batch scheduler's and the KV pool's settings, resolved from the engine arguments;
         ``kv_tokens``: what the memory left after the weights holds (every rank's); ``snapshots``: a
-        hybrid model's prefix state snapshots; ``host_tokens``: the host tier's size (``self.disk``: disk)."""
+        hybrid model's prefix state snapshots; ``host_tokens``: the host tier's size (``self.disk``: disk),
+        ``host_snapshots``: its state snapshots."""
         cfg = self.config
         # No mix of requests can hold more KV than every running request at full context.
         total = cfg.max_total_tokens or min(kv_tokens, cfg.max_running_requests * max_context)
@@ -315,6 +319,7 @@ class Engine:
             state_snapshots=snapshots,
             snapshot_interval=cfg.snapshot_interval,
             host_kv_tokens=host_tokens,
+            host_state_snapshots=host_snapshots,
             kv_write_through=cfg.kv_write_policy == "write_through",
             disk=self.disk,
         )

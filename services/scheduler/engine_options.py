@@ -26,6 +26,7 @@ class EngineOptions(TypedDict, total=False):
     max_state_snapshots: int | None
     snapshot_interval: int
     host_kv_cache_gb: float
+    host_state_snapshots: int | None
     kv_write_policy: str
     kv_disk_cache_dir: str | None
     kv_disk_cache_gb: float

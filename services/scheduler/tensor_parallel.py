@@ -115,6 +115,7 @@ class RunnerSpec:
     state_snapshots: int = 0  # a hybrid model's prefix snapshots (the StatePool's size)
     host_kv_slots: int = 0  # the host KV tier's slots (each rank holds its own heads' HostKVPool)
     disk_dir: str = ""  # the disk KV tier's directory ("": none); each rank writes its own parts
+    host_state_snapshots: int = 0  # a hybrid's host snapshot slots (each rank its own shard's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +360,7 @@ def _serve(spec: FollowerSpec, conn: Connection) -> None:
     runner = ModelRunner(
         model, table, rs.pool_slots, rs.max_batch, spec.profile, page_size=rs.page_size,
         state_snapshots=rs.state_snapshots, host_kv_slots=rs.host_kv_slots,
+        host_state_snapshots=rs.host_state_snapshots,
     )  # fmt: skip
     disk = DiskFollower(rs.disk_dir, spec.rank, spec.size) if rs.disk_dir else None
     if runner.host_pool is not None:

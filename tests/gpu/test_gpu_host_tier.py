@@ -109,13 +109,19 @@ def test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_cuda(demo_model
 
 def test_a_hybrid_engine_resumes_host_prefixes_from_their_snapshots_on_cuda(demo_model):
     """Qwen3.5 (linear-attention layers): a prefix loaded back from the host resumes from its node's
-    state snapshot (memory/hybrid_tiered_cache.py); the loads waited for a step, as on CUDA always."""
+    state snapshot (memory/hybrid_tiered_cache.py), on the device or loaded back from a host snapshot
+    slot; the KV loads waited for a step, as on CUDA always."""
     path = demo_model("qwen3_5")
     opts = dict(device="cuda", dtype="float32", attention_backend="torch")
     off, _ = engine_turns(path, host_kv_cache_gb=0.0, disable_overlap=True, **opts)
     on, s = engine_turns(path, host_kv_cache_gb=0.01, disable_overlap=False, **opts)
     assert [[o["token_ids"] for o in t] for t in on] == [[o["token_ids"] for o in t] for t in off]
     assert s.kv.cache.loaded_tokens >= 3 * PREFIX and s.kv.hit_tokens["host"] >= 3 * PREFIX
+    # Four device snapshot slots: those the device evicts go to the host snapshot slots (pinned) and
+    # come back (memory/host_state_pool.py's CUDA path), before the inits that read them.
+    few, s4 = engine_turns(path, host_kv_cache_gb=0.01, max_state_snapshots=4, disable_overlap=False, **opts)
+    assert [[o["token_ids"] for o in t] for t in few] == [[o["token_ids"] for o in t] for t in off]
+    assert s4.kv.cache.stored_snapshots > 0 and s4.kv.cache.loaded_snapshots > 0
 
 
 def test_engine_greedy_tokens_are_the_same_with_the_disk_tier_on_cuda_and_a_restart_starts_warm(

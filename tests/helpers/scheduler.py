@@ -35,6 +35,8 @@ class KVEchoRunner:
         self.kv = np.full(scheduler.kv.allocator.pool_slots, -1, dtype=np.int64)
         self.futures: dict[int, int] = {}  # FutureMap: placeholder id -> sampled token
         self.states: dict[int, tuple[int, ...]] = {}  # state slot -> the tokens it has seen
+        self.host_states: dict[int, tuple[int, ...]] = {}  # host snapshot slot -> the same
+        self.snapshots_stored = self.snapshots_loaded = 0  # copies to and from the host snapshots
         self.host: np.ndarray | None = None  # the host KV tier's fake pool
         self.stored = self.loaded = 0  # tokens copied to and from it
         self._loading: tuple[np.ndarray, np.ndarray] | None = None  # loads not landed: (device slots, KV)
@@ -43,12 +45,25 @@ class KVEchoRunner:
         plan, cache = batch.states, self.s.kv.cache
         if plan is None:
             return
+        # the host tier's snapshot copies first, stores before loads (model/state_step.py run_copies)
+        for pairs, src_of, dst_of in (
+            (plan.stores, self.states, self.host_states),
+            (plan.loads, self.host_states, self.states),
+        ):
+            src, dst = np.split(pairs, 2)
+            for a, b in zip(src.tolist(), dst.tolist(), strict=True):
+                dst_of[b] = src_of.get(a, ())
+            self.snapshots_stored += len(src) if dst_of is self.host_states else 0
+            self.snapshots_loaded += len(src) if dst_of is self.states else 0
         for pairs in (plan.copies, plan.inits):
             src, dst = np.split(pairs, 2)
             for a, b in zip(src.tolist(), dst.tolist(), strict=True):
                 self.states[b] = self.states.get(a, ())  # a never-written slot is zeros: the empty prefix
         for slot, node in getattr(cache, "held", {}).items():
             assert self.states.get(slot, ()) == tuple(path_tokens(node)), f"snapshot {slot} is not its node's"
+        for slot, node in getattr(cache, "host_held", {}).items():
+            if slot not in getattr(cache, "snap_stores", {}):  # (a store queued for the next step)
+                assert self.host_states.get(slot) == tuple(path_tokens(node)), f"host snapshot {slot}"
         for i, (req, p, n) in enumerate(zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True)):
             seq = tuple(self.resolve(req.fill_ids()[: int(p + n)]).tolist())
             assert self.states.get(req.req_pool_idx, ()) == seq[: int(p)], (
@@ -174,12 +189,13 @@ def sched(
     no_cache=False,
     snapshots=None,
     host=0,
+    host_snapshots=0,
     write_through=False,
     disk=None,
     **kw,
 ) -> BatchScheduler:
     """``snapshots``: a hybrid model's scheduler with that many state snapshots (None: a dense one);
-    ``host``: tokens of host KV tier (0: none)."""
+    ``host``: tokens of host KV tier (0: none); ``host_snapshots``: its state snapshot slots."""
     mem = MemoryConfig(
         max_total_tokens=total,
         page_size=page,
@@ -189,6 +205,7 @@ def sched(
         hybrid=snapshots is not None,
         state_snapshots=snapshots or 0,
         host_kv_tokens=host,
+        host_state_snapshots=host_snapshots,
         kv_write_through=write_through,
         disk=disk,
     )

@@ -17,20 +17,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixserve.common.block_hash import block_hashes, root_hash
+from radixserve.scheduler.memory.hybrid_cache import has_snapshot
 from radixserve.scheduler.memory.hybrid_tiered_cache import HybridTieredCache
 from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
 from radixserve.scheduler.memory.radix_cache import TreeNode
 from tests.helpers.host_tier import PREFIX, engine_turns
 from tests.helpers.radix import put, snapshot_blocks
-from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
+from tests.helpers.scheduler import (
+    make_req,
+    path_tokens,
+    reference_output,
+    run_to_completion,
+    runner_for,
+    sched,
+)
 
 PAGE = 4
 
 
-def _kv(device: int = 64, host: int = 64, snapshots: int = 4, page: int = PAGE) -> KVCacheManager:
+def _kv(
+    device: int = 64, host: int = 64, snapshots: int = 4, page: int = PAGE, host_snaps: int = 0
+) -> KVCacheManager:
     config = MemoryConfig(
         max_total_tokens=device, page_size=page, max_running_requests=4, max_context_len=256,
-        hybrid=True, state_snapshots=snapshots, host_kv_tokens=host,
+        hybrid=True, state_snapshots=snapshots, host_kv_tokens=host, host_state_snapshots=host_snaps,
     )  # fmt: skip
     return KVCacheManager(config)
 
@@ -189,10 +199,13 @@ STEPS = st.lists(
 
 
 class _Tiers:
-    """The cache with fake device and host KV pools that run its copies, and the block events seen."""
+    """The cache with fake device and host KV pools that run its copies, fake state snapshots on both
+    tiers (a slot's "state" is the tokens it was taken after), and the block events seen."""
 
-    def __init__(self, page: int, pages: int, host_pages: int, snapshots: int) -> None:
-        self.kv = _kv(pages * page, host_pages * page, snapshots, page)
+    def __init__(self, page: int, pages: int, host_pages: int, snapshots: int, host_snaps: int = 0) -> None:
+        self.kv = _kv(pages * page, host_pages * page, snapshots, page, host_snaps)
+        self.states: dict[int, tuple[int, ...]] = {}  # device snapshot slot -> tokens
+        self.host_states: dict[int, tuple[int, ...]] = {}  # host snapshot slot -> tokens
         self.cache = _cache(self.kv)
         self.cache.enable_block_events(page, root_hash("m"))
         assert self.kv.host is not None
@@ -209,7 +222,7 @@ class _Tiers:
         m = c.match_prefix(seq)
         kv = c.match_kv(seq)
         end = m.host_node or m.node
-        assert end is c.root or end.snapshot >= 0, "a match that ends without a snapshot"
+        assert end is c.root or has_snapshot(end), "a match that ends without a snapshot"
         assert m.length <= kv.length == m.branch
         c.lock(m.node)
         loaded = c.load_back(m)
@@ -225,6 +238,8 @@ class _Tiers:
             c.evict((need - alloc.num_free_pages) * c.page_size)
         self.run_copies()  # the step's copies, before its forward
         assert np.array_equal(self.dev[loaded.slots], seq[:have]), "loaded the wrong KV"
+        if have:  # the request's state starts from the snapshot where its match ends
+            assert self.states[loaded.node.snapshot] == tuple(seq[:have].tolist()), "resumed the wrong state"
         if not need or alloc.num_free_pages < need:
             return loaded.node
         slots = np.concatenate([loaded.slots, alloc.pages_to_slots(alloc.alloc_pages(need))])
@@ -235,11 +250,28 @@ class _Tiers:
         c.unlock(loaded.node)
         return res.node
 
+    def snapshot(self, tokens: np.ndarray) -> None:
+        """A step's cut after ``tokens`` (page aligned), then handed to the tree (settle)."""
+        slot = self.cache.alloc_snapshot()
+        if slot is None:
+            return
+        self.run_copies()  # the step's stores read the evicted slot before its forward writes it
+        self.states[slot] = tuple(tokens.tolist())
+        self.cache.attach(tokens, slot)  # (not when that prefix is not cached: the slot is freed)
+
     def run_copies(self) -> None:
         t = self.cache.take_transfers()
         if t is not None:
             self.host[t.store_dst] = self.dev[t.store_src]
             self.dev[t.load_dst] = self.host[t.load_src]
+        stores, loads = self.cache.take_state_transfers()  # stores, then loads
+        for pairs, src, dst in (
+            (stores, self.states, self.host_states),
+            (loads, self.host_states, self.states),
+        ):
+            a, b = np.split(pairs, 2)
+            for x, y in zip(a.tolist(), b.tolist(), strict=True):
+                dst[y] = src[x]
 
     def check(self) -> None:
         self.kv.check(())
@@ -256,35 +288,57 @@ class _Tiers:
                 assert np.array_equal(self.dev[node.value], node.key), "device KV is not its tokens"
             if node.on_host:
                 assert np.array_equal(self.host[node.host_value], node.key), "host KV is not its tokens"
+            path = tuple(path_tokens(node))
+            if node.snapshot >= 0:
+                assert self.states[node.snapshot] == path, "a snapshot is not its node's"
+            if node.host_snapshot >= 0:
+                assert self.host_states[node.host_snapshot] == path, "a host snapshot is not its node's"
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.sampled_from([1, 2, 4]), st.integers(8, 24), st.integers(4, 40), st.integers(1, 6), STEPS)
-def test_random_requests_keep_both_tiers_and_the_snapshots_consistent(page, pages, host_pages, snaps, steps):
+@given(
+    st.sampled_from([1, 2, 4]),
+    st.integers(8, 24),
+    st.integers(4, 40),
+    st.integers(1, 6),
+    st.sampled_from([0, 0, 1, 3, 8]),
+    STEPS,
+)
+def test_random_requests_keep_both_tiers_and_the_snapshots_consistent(
+    page, pages, host_pages, snaps, host_snaps, steps
+):
     """Requests on prefixes that share stems, each followed by evictions on either tier and maybe a
-    snapshot taken by the pool's LRU. After each: the accounting over both tiers and the snapshot
-    pool (KVCacheManager.check), the KV each tier holds is its node's tokens, a match ends at a
-    snapshot, a load brings the right KV, and the block events seen are the cache's snapshot."""
-    t = _Tiers(page, pages, host_pages, snaps)
+    snapshot taken by the pool's LRU; with ``host_snaps``, snapshots the device pool evicts go to host
+    slots and come back. After each: the accounting over both tiers and both snapshot pools
+    (KVCacheManager.check), the KV each tier holds and each snapshot on either tier is its node's
+    tokens, a match ends at a snapshot, a load brings the right KV and state, and the block events
+    seen are the cache's snapshot."""
+    t = _Tiers(page, pages, host_pages, snaps, host_snaps)
     c = t.cache
     for stem, tail, cut, evict, evict_host, drop in steps:
         seq = np.array(stem + tail, dtype=np.int32)
         seq = seq[: len(seq) - len(seq) % page]
         node = t.request(seq)
         at = 0 if cut is None else int(len(seq) * cut) // page * page
-        slot = c.alloc_snapshot() if at else None
-        if slot is not None:
-            c.attach(seq[:at], slot)  # (not when that prefix is not cached: the slot is freed)
+        if at:
+            t.snapshot(seq[:at])
         c.unlock(node)
         c.evict(evict)
         c.evict_host(evict_host)
-        if drop and c.held:
+        if drop and host_snaps:  # others' snapshots take every device slot: the pool's LRU evicts
+            taken = []
+            while (slot := c.alloc_snapshot()) is not None:
+                taken.append(slot)
+            t.run_copies()  # (their step's stores, before anything writes the slots)
+            for slot in taken:
+                c.snapshots.free(slot)
+        elif drop and c.held:
             c.drop_snapshot(min(c.held.values(), key=lambda n: (n.last_access, n.id)))
         t.check()
     c.evict(c.evictable_size)
     c.evict_host(c.host_size)
     t.check()
-    assert not c.nodes() and c.snapshots.num_free == snaps
+    assert not c.nodes() and c.snapshots.num_free == snaps and not c.host_held
     assert t.kv.host is not None and t.kv.host.free_tokens == t.kv.host.capacity_tokens
 
 

@@ -28,7 +28,9 @@ prefix can be resumed only up to the deepest node on its path that has one:
   prompt that runs through a snapshot resumes from it; one that leaves the path between two
   snapshots resumes from the earlier one, so a pod over-reports by at most their distance.
 * With the host KV tier (memory/hybrid_tiered_cache.py) a node keeps its snapshot while its KV is on
-  the host, and ``match_prefix`` may end at a snapshot in the match's host part.
+  the host, and ``match_prefix`` may end at a snapshot in the match's host part; a snapshot the pool's
+  LRU takes may be written back to a host snapshot slot (``host_snapshot``): a node with a snapshot on
+  either tier is resumable (``has_snapshot``), and ``snaps_below`` counts such nodes.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class HybridRadixCache(RadixCache):
         """The KV match ``kv`` cut at the deepest snapshot on its path, which may lie in its host part
         (memory/hybrid_tiered_cache.py): then that part up to the snapshot is ``host_node``/``host_len``."""
         node = kv.host_node or kv.node
-        while node is not self.root and node.snapshot < 0:
+        while node is not self.root and not has_snapshot(node):
             node = _parent(node)
         end = 0 if node is self.root else node.depth + len(node)
         if end > len(kv.slots):
@@ -115,8 +117,13 @@ class HybridRadixCache(RadixCache):
         unlocked = [n for n in self.held.values() if n.lock_ref == 0]
         if not unlocked:
             return None
-        self.drop_snapshot(min(unlocked, key=lambda n: (n in self.wanted, n.last_access, n.id)))
+        victim = min(unlocked, key=lambda n: (n in self.wanted, n.last_access, n.id))
+        self._snapshot_leaving_device(victim)
+        self.drop_snapshot(victim)
         return self.snapshots.alloc()
+
+    def _snapshot_leaving_device(self, node: TreeNode) -> None:
+        """The pool's LRU is about to take ``node``'s snapshot (the host tier writes it back)."""
 
     def attach(self, tokens: npt.NDArray[np.integer], slot: int) -> bool:
         """Give the node ending after ``tokens`` (page aligned, cached) the snapshot in ``slot``;
@@ -129,9 +136,10 @@ class HybridRadixCache(RadixCache):
         return True
 
     def _hold(self, node: TreeNode, slot: int) -> None:
+        if not has_snapshot(node):  # (one on the host only: the node is resumable already)
+            self._count(node, +1)
         node.snapshot = slot
         self.held[slot] = node
-        self._count(node, +1)
         self.version += 1  # longer matches than before
 
     def drop_snapshot(self, node: TreeNode) -> None:
@@ -139,7 +147,8 @@ class HybridRadixCache(RadixCache):
         node.snapshot = -1
         del self.held[slot]
         self.copies.pop(slot, None)  # a copy not run yet: its slot is about to be someone else's
-        self._count(node, -1)
+        if not has_snapshot(node):  # (one on the host too: still resumable)
+            self._count(node, -1)
         self.snapshots.free(slot)
         self.version += 1  # shorter matches than before
 
@@ -168,7 +177,7 @@ class HybridRadixCache(RadixCache):
             super()._blocks_event(kind, node)
 
     def _evict_last(self, leaf: TreeNode) -> bool:
-        return leaf.snapshot >= 0
+        return has_snapshot(leaf)
 
     def _evicting(self, leaf: TreeNode) -> None:
         if leaf.snapshot >= 0:  # it leaves the tree: a snapshot never outlives the KV before it
@@ -198,3 +207,8 @@ class HybridRadixCache(RadixCache):
         self._free_private(req)
         self.unlock(node)
         self._drop_row(req)
+
+
+def has_snapshot(node: TreeNode) -> bool:
+    """Whether a request can resume at ``node``'s end: its snapshot is on the device or the host."""
+    return node.snapshot >= 0 or node.host_snapshot >= 0

@@ -49,6 +49,9 @@ class MemoryConfig:
     # device (0: off), in pages of ``page_size``.
     host_kv_tokens: int = 0
     kv_write_through: bool = False  # copy to the host at insert instead of at eviction
+    # Hybrid models with the host tier: host slots for the state snapshots the device pool evicts
+    # (memory/hybrid_tiered_cache.py; 0: none, they are dropped).
+    host_state_snapshots: int = 0
     # The disk KV tier under the host tier (memory/disk_tier.py; None: off). Needs the host tier.
     disk: DiskTier | None = None
 
@@ -85,10 +88,12 @@ class KVCacheManager:
             snapshots = SnapshotSlots(first_snapshot_slot(rows), config.state_snapshots)
             if self.host is None:
                 self.cache = HybridRadixCache(self.allocator, self.req_to_token, snapshots)
-            else:  # snapshots stay on the device's StatePool when their nodes' KV goes to the host
+            else:  # snapshots stay on the device's StatePool when their nodes' KV goes to the host ...
+                n = config.host_state_snapshots  # ... and those its LRU evicts go to host slots
                 self.cache = HybridTieredCache(
-                    self.allocator, self.req_to_token, self.host, snapshots, config.kv_write_through
-                )
+                    self.allocator, self.req_to_token, self.host, snapshots, config.kv_write_through,
+                    SnapshotSlots(0, n) if n > 0 else None,
+                )  # fmt: skip
         elif self.host is not None and config.disk is not None:
             args = (self.allocator, self.req_to_token, self.host, config.disk, config.kv_write_through)
             self.cache = DiskTieredCache(*args)
@@ -168,7 +173,7 @@ class KVCacheManager:
         row = self.req_to_token.alloc()
         req.req_pool_idx = row
         self.cache.lock(m.node)
-        if m.host_node is not None:  # the host part back to the device, before this step's forward
+        if self.cache.needs_load(m):  # the host part back to the device, before this step's forward
             m = self._load(req, m)
         # Its device part may hold pages loaded for it since it last ran (it waited a step for them,
         # or an admission undone for want of room queued them): those are the host's hits.

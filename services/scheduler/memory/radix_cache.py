@@ -58,8 +58,8 @@ _node_ids = itertools.count()
 
 class TreeNode:
     __slots__ = (
-        "blocks", "children", "depth", "host_value", "id", "key", "last_access", "lock_ref", "parent",
-        "snaps_below", "snapshot", "value",
+        "blocks", "children", "depth", "host_snapshot", "host_value", "id", "key", "last_access",
+        "lock_ref", "parent", "snaps_below", "snapshot", "value",
     )  # fmt: skip
 
     def __init__(
@@ -76,8 +76,9 @@ class TreeNode:
         self.depth = 0  # tokens before this node on its path
         self.blocks: list[int] = []  # hashes of the full blocks whose last token is in this node
         # Hybrid models (memory/hybrid_cache.py): the state snapshot slot at this node's end (-1:
-        # none), and how many snapshots this node's subtree holds (itself included).
-        self.snapshot = -1
+        # none), its host snapshot slot (-1: none), and how many nodes of its subtree (itself
+        # included) hold a snapshot on either tier.
+        self.snapshot = self.host_snapshot = -1
         self.snaps_below = 0
 
     def __len__(self) -> int:
@@ -384,6 +385,10 @@ class RadixCache(BlockEvents):
 
     def _leaving_device(self, leaf: TreeNode) -> None:
         """``leaf``'s device pages are about to be freed by an eviction."""
+
+    def needs_load(self, m: MatchResult) -> bool:
+        """Whether ``m`` has a part on a lower tier (KV, or a hybrid's state snapshot) to load back."""
+        return m.host_node is not None
 
     def load_back(self, m: MatchResult) -> MatchResult:
         """``m`` with any part on a lower tier brought to the device (memory/tiered_cache.py)."""

@@ -76,6 +76,23 @@ SNAPSHOT_SHARE = 0.1  # of the pool memory, for prefix snapshots when not given
 SNAPSHOTS_PER_ROW = 4  # ... and at most this many per running request
 
 
+def plan_host_states(
+    shape: StateShape, dtype: torch.dtype, host_bytes: int, snapshots: int | None = None
+) -> tuple[int, int]:
+    """The host tier's state snapshot slots out of its ``host_bytes`` (memory/host_state_pool.py), and
+    the bytes they take. ``snapshots`` None: what ``SNAPSHOT_SHARE`` of the memory holds."""
+    per_slot = shape.nbytes(dtype)
+    if snapshots is None:
+        snapshots = int(host_bytes * SNAPSHOT_SHARE) // per_slot
+    if snapshots * per_slot >= host_bytes:
+        raise ValueError(
+            f"host_state_snapshots: {snapshots} snapshots take {snapshots * per_slot / 2**20:.1f} MiB "
+            f"({per_slot / 2**20:.2f} MiB each), host_kv_cache_gb holds {host_bytes / 2**20:.1f} MiB: "
+            "no room is left for KV; lower host_state_snapshots or raise host_kv_cache_gb"
+        )
+    return snapshots, snapshots * per_slot
+
+
 def plan_state_memory(
     shape: StateShape,
     dtype: torch.dtype,

@@ -4,6 +4,10 @@ step (which state copies run before it, which snapshots it takes).
 A running request's working state is its table row's slot (memory/state_pool.py). On the host,
 per step:
 
+* ``stores`` and ``loads`` (the host tier's snapshot slots, memory/hybrid_tiered_cache.py): snapshots
+  the device pool evicted to the host, and host snapshots brought back to device slots for requests
+  admitted at them. They run before everything else, stores first: a device slot a store reads may
+  be the destination of a load, a copy or a cut of the same step.
 * ``copies``: snapshots of requests that ended (HybridRadixCache.cache_finished_req): a row's state
   into a snapshot slot. They run first: the row may be handed to a new request in this very step.
 * ``inits``: every request admitted since the last step starts from a copy: of the snapshot where
@@ -37,7 +41,8 @@ import numpy as np
 import numpy.typing as npt
 
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
-from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache
+from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache, has_snapshot
+from radixserve.scheduler.memory.hybrid_tiered_cache import HybridTieredCache
 from radixserve.scheduler.memory.radix_cache import MatchResult, RadixCache, common_len
 from radixserve.scheduler.req import Req
 
@@ -46,8 +51,11 @@ _NONE = np.zeros(0, dtype=np.int64)
 
 @dataclass(slots=True)
 class StatePlan:
-    """One step's state work, host side; the runner runs ``copies`` then ``inits`` before the step."""
+    """One step's state work, host side; the runner runs ``stores``, ``loads``, ``copies`` then ``inits``
+    before the step."""
 
+    stores: npt.NDArray[np.int64] = field(default_factory=lambda: _NONE)  # [state slots..., host slots...]
+    loads: npt.NDArray[np.int64] = field(default_factory=lambda: _NONE)  # [host slots..., snapshot slots...]
     copies: npt.NDArray[np.int64] = field(default_factory=lambda: _NONE)  # [sources..., destinations...]
     inits: npt.NDArray[np.int64] = field(default_factory=lambda: _NONE)  # [sources..., destinations...]
     # prefill: per batch row, (offset in its extend, snapshot slot), offsets ascending
@@ -79,9 +87,18 @@ class StateTracker:
             req.branch_len = max(req.branch_len, shared)
 
     def plan(self, batch: ScheduleBatch) -> StatePlan:
-        plan = StatePlan(self.hybrid.take_copies() if self.hybrid is not None else _NONE)
-        if batch.mode is not ForwardMode.EXTEND:
-            return plan
+        plan = StatePlan()
+        if batch.mode is ForwardMode.EXTEND:
+            self._plan_extend(plan, batch)
+        # Last: the cuts' snapshot slots may evict snapshots, whose queued copies then go (or become
+        # stores from their rows, with the host tier).
+        if self.hybrid is not None:
+            plan.copies = self.hybrid.take_copies()
+        if isinstance(self.hybrid, HybridTieredCache):
+            plan.stores, plan.loads = self.hybrid.take_state_transfers()
+        return plan
+
+    def _plan_extend(self, plan: StatePlan, batch: ScheduleBatch) -> None:
         src, dst = [], []
         for i, (req, s, n) in enumerate(
             zip(batch.reqs, batch.prefix_lens.tolist(), batch.extend_lens.tolist(), strict=True)
@@ -94,7 +111,6 @@ class StateTracker:
             plan.cuts.append(self._cuts(plan, i, req, s, s + n))
         if src:
             plan.inits = np.array(src + dst, dtype=np.int64)
-        return plan
 
     def _cuts(self, plan: StatePlan, row: int, req: Req, s: int, e: int) -> list[tuple[int, int]]:
         if self.hybrid is None:
@@ -154,5 +170,7 @@ class StateTracker:
         assert {n.snapshot for n in nodes if n.snapshot >= 0} == held
         for n in nodes:
             assert h.held.get(n.snapshot, n) is n
-            below = (n.snapshot >= 0) + sum(c.snaps_below for c in n.children.values())
+            below = has_snapshot(n) + sum(c.snaps_below for c in n.children.values())
             assert n.snaps_below == below, (n, n.snaps_below, below)
+        if isinstance(h, HybridTieredCache):
+            h.check_host_snapshots()

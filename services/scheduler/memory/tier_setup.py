@@ -12,20 +12,32 @@ from radixserve.scheduler.memory.allocator import host_kv_tokens
 from radixserve.scheduler.memory.disk_store import BlockLayout, DiskStore
 from radixserve.scheduler.memory.disk_tier import DiskTier
 from radixserve.scheduler.memory.manager import DISK_NEEDS_HOST, HYBRID_DISK_REFUSED
+from radixserve.scheduler.memory.state_pool import plan_host_states
 from radixserve.scheduler.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
 
-def host_tokens(cfg: EngineConfig, per_token: int) -> int:
-    """The host KV tier's size in tokens (``host_kv_cache_gb``; 0: none)."""
+def host_sizes(cfg: EngineConfig, per_token: int, local: ModelConfig) -> tuple[int, int]:
+    """The host tier's KV tokens (``host_kv_cache_gb``; 0: none) and, for a hybrid model, its state
+    snapshots (``host_state_snapshots``, taken out of the same memory: memory/state_pool.py
+    ``plan_host_states``). ``local``: this rank's shard."""
     gb, page = cfg.host_kv_cache_gb, cfg.page_size
-    tokens = host_kv_tokens(gb, per_token, page)
+    snapshots = state_bytes = 0
+    if gb > 0 and local.hybrid is not None and not cfg.disable_radix_cache:
+        shape, asked = local.hybrid.state_shape(), cfg.host_state_snapshots
+        snapshots, state_bytes = plan_host_states(shape, local.dtype, int(gb * 2**30), asked)
+    tokens = host_kv_tokens(gb - state_bytes / 2**30, per_token, page)
     if gb > 0 and not tokens:
-        raise ValueError(f"host_kv_cache_gb {gb:g} holds no KV page ({per_token * page} bytes)")
+        raise ValueError(
+            f"host_kv_cache_gb {gb:g} holds no KV page ({per_token * page} bytes)"
+            + (f" beside {snapshots} host_state_snapshots" if snapshots else "")
+        )
     if tokens:
         log.info("host KV tier: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)
-    return tokens
+    if snapshots:
+        log.info("host state snapshots: %d (%.1f MiB)", snapshots, state_bytes / 2**20)
+    return tokens, snapshots
 
 
 def disk_block_size(page_size: int) -> int:

@@ -56,6 +56,10 @@ class LinearStep:
     # ended requests' states into snapshots, then admitted requests' rows from theirs
     copies: torch.Tensor | None = None
     inits: torch.Tensor | None = None
+    # the host tier's snapshot copies, run first (memory/host_state_pool.py), on the host:
+    # ``[state slots..., host slots...]`` and ``[host slots..., device snapshot slots...]``
+    stores: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    loads: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class GatedRMSNorm(nn.Module):

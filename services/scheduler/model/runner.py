@@ -27,6 +27,7 @@ import torch
 
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch, ScoreLayout
 from radixserve.scheduler.memory.host_pool import HostKVPool, KVLoad
+from radixserve.scheduler.memory.host_state_pool import HostStatePool
 from radixserve.scheduler.memory.kv_pool import KVPool
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.memory.state_pool import StatePool
@@ -116,6 +117,7 @@ class ModelRunner:
         eos_token_ids: Sequence[int] = (),
         state_snapshots: int = 0,
         host_kv_slots: int = 0,
+        host_state_snapshots: int = 0,
     ) -> None:
         """``model``: loaded on ``profile.device`` (model/loader.py), the whole model or one rank's
         shard (``model.tp``). ``flashinfer``: the module the fused ops, attention and sampling call
@@ -123,7 +125,8 @@ class ModelRunner:
         path's launches. ``step_sink``: rank 0 of a tensor-parallel group: gets every step's plan.
         ``eos_token_ids``: the model's end tokens (the sampler holds them back before min_new_tokens).
         ``state_snapshots``: a hybrid model's prefix snapshots beside its rows' states (StatePool).
-        ``host_kv_slots``: the host KV tier's slots (HostKVPool; 0: none)."""
+        ``host_kv_slots``: the host KV tier's slots (HostKVPool; 0: none). ``host_state_snapshots``:
+        a hybrid's host snapshot slots (HostStatePool; 0: none)."""
         self.profile = profile
         self.device = profile.device
         self.config = model.config
@@ -148,6 +151,11 @@ class ModelRunner:
             rows = req_to_token.max_running
             self.states = StatePool(mc.hybrid.state_shape(), rows, state_snapshots, mc.dtype, self.device)
             self.delta_rule = make_delta_rule(profile.linear_attention, mc.dtype)
+        self.host_states = (  # the host tier's state snapshots (memory/host_state_pool.py)
+            HostStatePool(mc.hybrid.state_shape(), host_state_snapshots, mc.dtype, self.device)
+            if mc.hybrid is not None and host_state_snapshots
+            else None
+        )
         self.backend = make_backend(
             profile.attention_backend, self.kv_pool, req_to_token, mc.num_heads, mc.head_dim, page_size,
             flashinfer=flashinfer,
@@ -262,9 +270,7 @@ class ModelRunner:
         linear = None
         if self.states is not None:  # rows as state slots, then the copies to run first
             prefill = mode is not ForwardMode.DECODE
-            linear = linear_step(
-                self.states, self.delta_rule, dev[k : k + 3], rows, host["state_cuts"], prefill
-            )
+            linear = linear_step(self.states, self.delta_rule, dev[k : k + 3], rows, host, prefill)
             k += 3
         fb = ForwardBatch(
             mode=mode,
@@ -301,7 +307,7 @@ class ModelRunner:
             self.host_pool.run(self.kv_pool, fb.kv_transfers, fb.kv_load)
         ids = self.futures.resolve(fb.input_ids)
         if fb.linear is not None:  # hybrid: the state copies the scheduler planned, before the step
-            run_copies(fb.linear)
+            run_copies(fb.linear, self.host_states)
         if fb.graph_bucket is not None:
             out = ModelOutput(self.graphs.run(fb, ids))
         else:
