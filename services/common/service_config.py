@@ -123,7 +123,7 @@ class EngineConfig:
     host_state_snapshots: int | None = setting(
         None,
         "hybrid models with the host tier: recurrent-state snapshots the host holds for those the device"
-        " evicts, out of host_kv_cache_gb (default: a tenth of it); 0: none",
+        " evicts, out of host_kv_cache_gb (default: half of it); 0: none",
         bounds=AT_LEAST_0,
     )
     kv_write_policy: str = setting(

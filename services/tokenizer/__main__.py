@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Sequence
 
 from radixserve.common.config import (
@@ -99,7 +100,9 @@ async def run(args: argparse.Namespace) -> None:
     await serving
     # gRPC clients' requests still in flight get GRPC_GRACE_S. Not the stop's own grace: the
     # detokenizers' Deliver streams never end by themselves, so it always ran out, delaying each stop.
-    await gw.requests_done(GRPC_GRACE_S)
+    deadline = time.monotonic() + GRPC_GRACE_S
+    while gw.choices and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     await server.stop(grace=0.2)  # their last responses on the way out
     await gw.close()
 

@@ -103,13 +103,6 @@ class Gateway:
         if self.lost_check_s > 0:
             self._spawn(self._find_lost_responses())
 
-    async def requests_done(self, timeout_s: float) -> bool:
-        """Wait until no request of this gateway is in flight, at most ``timeout_s``; whether none is."""
-        deadline = time.monotonic() + timeout_s
-        while self.choices and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return not self.choices
-
     async def close(self) -> None:
         for t in list(self._background):
             t.cancel()

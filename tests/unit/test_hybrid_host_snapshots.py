@@ -250,7 +250,7 @@ def test_the_runner_runs_stores_then_loads_then_copies_then_inits():
 def test_host_snapshot_sizing_from_the_host_budget_and_its_refusal():
     per_slot = SHAPE.nbytes(torch.float32)
     n, nbytes = plan_host_states(SHAPE, torch.float32, 100 * per_slot)
-    assert n == 10 and nbytes == 10 * per_slot  # a tenth of the host memory by default
+    assert n == 50 and nbytes == 50 * per_slot  # half the host memory by default
     assert plan_host_states(SHAPE, torch.float32, 100 * per_slot, 3) == (3, 3 * per_slot)
     with pytest.raises(ValueError, match=r"^host_state_snapshots: 100 snapshots take"):
         plan_host_states(SHAPE, torch.float32, 100 * per_slot, 100)

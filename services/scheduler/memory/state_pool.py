@@ -74,16 +74,20 @@ class StatePool:
 
 SNAPSHOT_SHARE = 0.1  # of the pool memory, for prefix snapshots when not given
 SNAPSHOTS_PER_ROW = 4  # ... and at most this many per running request
+# Of the host tier's memory, for snapshots when not given: a host prefix of a hybrid model can be
+# resumed only at a snapshot, and a snapshot only with its prefix's KV, so neither half is worth
+# much without the other (a snapshot of a large hybrid weighs as much as thousands of KV tokens).
+HOST_SNAPSHOT_SHARE = 0.5
 
 
 def plan_host_states(
     shape: StateShape, dtype: torch.dtype, host_bytes: int, snapshots: int | None = None
 ) -> tuple[int, int]:
     """The host tier's state snapshot slots out of its ``host_bytes`` (memory/host_state_pool.py), and
-    the bytes they take. ``snapshots`` None: what ``SNAPSHOT_SHARE`` of the memory holds."""
+    the bytes they take. ``snapshots`` None: what ``HOST_SNAPSHOT_SHARE`` of the memory holds."""
     per_slot = shape.nbytes(dtype)
     if snapshots is None:
-        snapshots = int(host_bytes * SNAPSHOT_SHARE) // per_slot
+        snapshots = int(host_bytes * HOST_SNAPSHOT_SHARE) // per_slot
     if snapshots * per_slot >= host_bytes:
         raise ValueError(
             f"host_state_snapshots: {snapshots} snapshots take {snapshots * per_slot / 2**20:.1f} MiB "
