@@ -30,7 +30,7 @@ from radixserve.scheduler.model.linear_kernels import TorchDeltaRule
 from radixserve.scheduler.model.state_step import run_copies
 from tests.helpers.host_tier import PREFIX, engine_turns
 from tests.helpers.radix import put
-from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched
+from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched, step
 
 PAGE = 4
 ROWS = 4
@@ -159,10 +159,10 @@ def test_a_store_into_a_host_slot_dropped_before_the_step_goes():
     put(cache, b)
     node_b = _snap(cache, b)  # a's to the host slot: a store queued into it
     (host_slot,) = cache.snap_stores
+    b_slot = node_b.snapshot
     put(cache, c)
     _snap(cache, c)  # b's to the host: the one host slot is a's, which goes, its store with it
-    assert node_b.host_snapshot == host_slot and len(cache.snap_stores) == 1
-    assert cache.snap_stores[host_slot] == node_b.snapshot if node_b.snapshot >= 0 else True
+    assert node_b.host_snapshot == host_slot and cache.snap_stores == {host_slot: b_slot}
     assert cache.match_prefix(_ids(a, [1])).length == 0  # a is not resumable any more
     kv.check(())
     stores, _ = cache.take_state_transfers()
@@ -197,6 +197,30 @@ def test_a_load_with_every_device_snapshot_locked_is_not_resumed_there():
     assert req2.cached_len == 16 and len(cache.snap_loads) == 1
     kv.release(req2)
     kv.check(())
+
+
+def test_a_request_at_a_host_snapshot_waits_for_a_device_slot_and_the_others_go_on():
+    """The one device snapshot slot is locked by a long request: one whose prefix resumes at a
+    host-only snapshot waits (its admission could only be undone), a request behind it is admitted,
+    and the first resumes from the host once the slot is free."""
+    s = sched(total=512, page=4, host=2048, snapshots=1, host_snapshots=4, min_new_token_ratio=0.0)
+    runner = runner_for(s)
+    a, b = [1000 + i for i in range(PREFIX)], [2000 + i for i in range(PREFIX)]
+    for rid, ids in (("a", a), ("b", b)):  # each ends with a snapshot at its prompt: a's to the host
+        s.add(make_req(rid, ids, max_new=2))
+        run_to_completion(s)
+    assert runner.snapshots_stored >= 1
+    s.add(make_req("long", [*b, 5, 6], max_new=40, t=1.0))  # resumes at b's: locks the only slot
+    step(s, runner)
+    s.add(make_req("a2", [*a, 7, 8], max_new=4, t=2.0))  # a's snapshot is on the host only
+    s.add(make_req("fresh", [3000 + i for i in range(8)], max_new=4, t=3.0))
+    step(s, runner)
+    live = {r.rid for r in s.running}
+    assert "fresh" in live and "a2" not in live, live
+    done = {r.rid: r for r in run_to_completion(s)}
+    assert done["a2"].num_cached_tokens >= PREFIX - 4  # resumed from the host snapshot, not from zero
+    assert done["a2"].output_ids == reference_output(done["a2"].origin_ids.tolist(), 4)
+    _all_free(s)
 
 
 def test_a_host_snapshot_a_queued_load_reads_is_never_reused_in_that_step():

@@ -30,13 +30,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
 from radixserve.scheduler.memory.disk_follower import DiskFollower
 from radixserve.scheduler.memory.disk_tier import DiskTier
-from radixserve.scheduler.memory.kv_pool import KVPool, gather_slots, scatter_slots
+from radixserve.scheduler.memory.kv_pool import (
+    KVPool,
+    gather_slots,
+    scatter_slots,
+    slot_index,
+    slots_to_device,
+)
 from radixserve.scheduler.memory.tiered_cache import KVTransfers
 
 
@@ -112,10 +116,12 @@ class HostKVPool:
         if not self.cuda:
             self._disk_step(t)
             if len(t.store_src):
-                scatter_slots(self.tensors, _index(t.store_dst), gather_slots(dev, _index(t.store_src)))
+                scatter_slots(
+                    self.tensors, slot_index(t.store_dst), gather_slots(dev, slot_index(t.store_src))
+                )
             if len(t.load_src):
                 start = time.perf_counter()
-                scatter_slots(dev, _index(t.load_dst), gather_slots(self.tensors, _index(t.load_src)))
+                scatter_slots(dev, slot_index(t.load_dst), gather_slots(self.tensors, slot_index(t.load_src)))
                 if load is not None:
                     load.timed(start, time.perf_counter() - start)
             return
@@ -126,14 +132,14 @@ class HostKVPool:
         self.stream.wait_stream(main)
         with torch.cuda.stream(self.stream):
             if len(t.store_src):
-                src = self._to_device(t.store_src)
+                src = slots_to_device(t.store_src, self.device)
                 gathered = torch.stack([*gather_slots(dev, src)])  # [2L, n, heads, dim]
                 staging = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
                 staging.copy_(gathered, non_blocking=True)  # one device -> host transfer
                 stored = torch.cuda.Event()
                 stored.record(self.stream)
                 main.wait_event(stored)  # the forward may overwrite the pages it reads
-                self._landing = (stored, staging, _index(t.store_dst))
+                self._landing = (stored, staging, slot_index(t.store_dst))
                 if len(t.load_src):
                     self._land()  # a load may read a page this write-back fills: land it first
             if len(t.load_src):
@@ -149,7 +155,7 @@ class HostKVPool:
         """CUDA, on the side stream: gather the loads' host pages into pinned memory (on this
         thread), one transfer, a scatter into the device pool; timed into ``load``."""
         start = time.perf_counter()
-        src = _index(t.load_src)
+        src = slot_index(t.load_src)
         staging = torch.empty(
             (len(self.tensors), len(src), *self.tensors[0].shape[1:]),
             dtype=self.tensors[0].dtype,
@@ -162,7 +168,7 @@ class HostKVPool:
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record(self.stream)
         loaded = staging.to(self.device, non_blocking=True)  # one host -> device transfer
-        scatter_slots(dev, self._to_device(t.load_dst), loaded)
+        scatter_slots(dev, slots_to_device(t.load_dst, self.device), loaded)
         if load is not None and events is not None:
             events[1].record(self.stream)
             load.timed_on_device(start, host_s, *events)
@@ -183,16 +189,9 @@ class HostKVPool:
         event.synchronize()
         scatter_slots(self.tensors, dst, staging)
 
-    def _to_device(self, slots: npt.NDArray[np.int64]) -> torch.Tensor:
-        return _index(slots).pin_memory().to(self.device, non_blocking=True)
-
     def synchronize(self) -> None:
         """Every queued copy done, write-backs landed (tests, shutdown)."""
         if self.stream is not None:
             self.stream.synchronize()
         self._loaded = None
         self._land()
-
-
-def _index(slots: npt.NDArray[np.int64]) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64))

@@ -147,6 +147,14 @@ class HybridTieredCache(HybridRadixCache, TieredRadixCache):
         return out[0], out[1]
 
     # ------------------------------------------------------------ load back
+    def can_resume(self, m: MatchResult) -> bool:
+        """False when ``m`` ends at a host-only snapshot and every device snapshot slot is locked: the
+        request waits for one (its admission would be undone) while the others go on."""
+        end = m.host_node or m.node
+        if end is self.root or end.snapshot >= 0 or self.snapshots.num_free:
+            return True
+        return any(n.lock_ref == 0 for n in self.held.values())
+
     def needs_load(self, m: MatchResult) -> bool:
         end = m.host_node or m.node
         return m.host_node is not None or (end is not self.root and end.snapshot < 0)

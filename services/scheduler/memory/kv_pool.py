@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 
@@ -40,3 +42,14 @@ def scatter_slots(tensors: Sequence[torch.Tensor], slots: torch.Tensor, rows: It
     first axis) into rows ``slots`` of each of ``tensors``."""
     for t, r in zip(tensors, rows, strict=True):
         t.index_copy_(0, slots, r)
+
+
+def slot_index(slots: npt.NDArray[np.int64]) -> torch.Tensor:
+    """Slot numbers as the int64 tensor the copies index with (on the host, sharing the array)."""
+    return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64))
+
+
+def slots_to_device(slots: npt.NDArray[np.int64], device: torch.device) -> torch.Tensor:
+    """``slot_index`` on ``device``: pinned, then a non-blocking copy (a pageable one would wait for
+    the device's queued work, the previous step's forward included)."""
+    return slot_index(slots).pin_memory().to(device, non_blocking=True)

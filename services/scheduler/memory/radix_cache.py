@@ -386,6 +386,11 @@ class RadixCache(BlockEvents):
     def _leaving_device(self, leaf: TreeNode) -> None:
         """``leaf``'s device pages are about to be freed by an eviction."""
 
+    def can_resume(self, m: MatchResult) -> bool:
+        """Whether ``load_back`` could resume ``m`` at its end now, room for its KV aside (a hybrid's
+        host-only snapshot needs a device snapshot slot: memory/hybrid_tiered_cache.py)."""
+        return True
+
     def needs_load(self, m: MatchResult) -> bool:
         """Whether ``m`` has a part on a lower tier (KV, or a hybrid's state snapshot) to load back."""
         return m.host_node is not None

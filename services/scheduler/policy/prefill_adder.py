@@ -67,7 +67,9 @@ class AddResult(Enum):
     ADDED = "added"
     NO_ROOM = "no_room"  # the KV budget is spent
     BATCH_FULL = "batch_full"  # prefill-token or running-request limit reached
-    WAITING = "waiting"  # its cached prefix is being read from disk or loaded from the host: the others go on
+    # its cached prefix is being read from disk or loaded from the host, or a hybrid's snapshot waits
+    # for a device slot: the others go on
+    WAITING = "waiting"
 
 
 class PrefillAdder:
@@ -190,6 +192,8 @@ class PrefillAdder:
                 pass  # no chunking: a request larger than the prefill budget still runs alone
             else:
                 return AddResult.BATCH_FULL
+        if not self.kv.cache.can_resume(m):  # a hybrid's host snapshot with no device slot to go to
+            return AddResult.WAITING
         if self.defer_loads and m.host_node is not None:
             return self._wait_for_load(req, m, keep_wanted, followers)
         self.kv.admit(req, m)  # locks its own prefix: not counted as wanted room below
