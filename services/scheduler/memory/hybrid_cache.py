@@ -35,6 +35,8 @@ prefix can be resumed only up to the deepest node on its path that has one:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -42,6 +44,16 @@ from radixserve.scheduler.memory.allocator import PagedAllocator
 from radixserve.scheduler.memory.radix_cache import _EMPTY_SLOTS, MatchResult, RadixCache, TreeNode, _parent
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.req import Req
+
+
+def has_snapshot(node: TreeNode) -> bool:
+    """Whether a request can resume at ``node``'s end: its snapshot is on the device or the host."""
+    return node.snapshot >= 0 or node.host_snapshot >= 0
+
+
+def on_device(node: TreeNode) -> bool:
+    """Whether ``node``'s snapshot is on the device (a match there resumes with no load)."""
+    return node.snapshot >= 0
 
 
 class SnapshotSlots:
@@ -93,11 +105,14 @@ class HybridRadixCache(RadixCache):
         kv = super().match_prefix(tokens)
         return self._resumable(kv, kv.length)
 
-    def _resumable(self, kv: MatchResult, branch: int) -> MatchResult:
-        """The KV match ``kv`` cut at the deepest snapshot on its path, which may lie in its host part
-        (memory/hybrid_tiered_cache.py): then that part up to the snapshot is ``host_node``/``host_len``."""
+    def _resumable(
+        self, kv: MatchResult, branch: int, resumable: Callable[[TreeNode], bool] = has_snapshot
+    ) -> MatchResult:
+        """The KV match ``kv`` cut at the deepest node on its path that is ``resumable`` (by default:
+        has a snapshot on either tier), which may lie in its host part (memory/hybrid_tiered_cache.py):
+        then that part up to the snapshot is ``host_node``/``host_len``."""
         node = kv.host_node or kv.node
-        while node is not self.root and not has_snapshot(node):
+        while node is not self.root and not resumable(node):
             node = _parent(node)
         end = 0 if node is self.root else node.depth + len(node)
         if end > len(kv.slots):
@@ -207,8 +222,3 @@ class HybridRadixCache(RadixCache):
         self._free_private(req)
         self.unlock(node)
         self._drop_row(req)
-
-
-def has_snapshot(node: TreeNode) -> bool:
-    """Whether a request can resume at ``node``'s end: its snapshot is on the device or the host."""
-    return node.snapshot >= 0 or node.host_snapshot >= 0

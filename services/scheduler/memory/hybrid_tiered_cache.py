@@ -49,8 +49,8 @@ import numpy as np
 import numpy.typing as npt
 
 from radixserve.scheduler.memory.allocator import PagedAllocator
-from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache, SnapshotSlots, has_snapshot
-from radixserve.scheduler.memory.radix_cache import _EMPTY_SLOTS, MatchResult, TreeNode, _parent
+from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache, SnapshotSlots, has_snapshot, on_device
+from radixserve.scheduler.memory.radix_cache import _EMPTY_SLOTS, MatchResult, TreeNode
 from radixserve.scheduler.memory.req_to_token import ReqToTokenPool
 from radixserve.scheduler.memory.tiered_cache import TieredRadixCache
 
@@ -172,7 +172,7 @@ class HybridTieredCache(HybridRadixCache, TieredRadixCache):
             slot = self.alloc_snapshot()  # before the KV's pages: a failure then loads nothing
             self._loading_snapshot = None
             if slot is None:
-                return self._on_device(MatchResult(m.slots, m.node, m.branch))
+                return self._on_device(m)
         loaded = super().load_back(m)
         if m.host_node is not None and len(loaded.slots) == len(m.slots):
             if slot is not None:
@@ -185,12 +185,8 @@ class HybridTieredCache(HybridRadixCache, TieredRadixCache):
         return loaded
 
     def _on_device(self, m: MatchResult) -> MatchResult:
-        """The device match ``m`` cut at the deepest snapshot on the device on its path."""
-        node = m.node
-        while node is not self.root and node.snapshot < 0:
-            node = _parent(node)
-        end = 0 if node is self.root else node.depth + len(node)
-        return MatchResult(m.slots[:end] if end else _EMPTY_SLOTS, node, m.branch)
+        """The device part of ``m`` cut at the deepest snapshot on the device on its path."""
+        return self._resumable(MatchResult(m.slots, m.node, m.branch), m.branch, on_device)
 
     # --------------------------------------------------------------- checks
     def check_host_snapshots(self) -> None:
