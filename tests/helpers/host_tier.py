@@ -13,7 +13,9 @@ import torch
 from radixserve import Engine, SamplingParams
 from radixserve.scheduler.batch_scheduler import BatchScheduler
 from radixserve.scheduler.engine import GenerateOutput
+from radixserve.scheduler.memory.hybrid_tiered_cache import HybridTieredCache
 from radixserve.scheduler.memory.kv_pool import KVPool
+from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
 
 PREFIX = 48  # tokens of each conversation's own prefix
 
@@ -65,3 +67,19 @@ def random_kv_pool(slots: int, layers: int, heads: int, dim: int, dtype: torch.d
     for t in (*pool.k, *pool.v):
         t.copy_(torch.randn(t.shape, generator=gen).to(dtype))
     return pool
+
+
+def hybrid_kv(
+    device: int = 64, host: int = 64, snapshots: int = 4, page: int = 4, host_snapshots: int = 0
+) -> KVCacheManager:
+    """A hybrid model's KV manager with the host tier (four rows, contexts of 256 tokens)."""
+    config = MemoryConfig(
+        max_total_tokens=device, page_size=page, max_running_requests=4, max_context_len=256,
+        hybrid=True, state_snapshots=snapshots, host_kv_tokens=host, host_state_snapshots=host_snapshots,
+    )  # fmt: skip
+    return KVCacheManager(config)
+
+
+def hybrid_cache(kv: KVCacheManager) -> HybridTieredCache:
+    assert isinstance(kv.cache, HybridTieredCache)
+    return kv.cache

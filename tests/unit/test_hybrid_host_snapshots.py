@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 
 from radixserve.scheduler.memory.host_state_pool import HostStatePool
 from radixserve.scheduler.memory.hybrid_tiered_cache import HybridTieredCache
-from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
+from radixserve.scheduler.memory.manager import KVCacheManager
 from radixserve.scheduler.memory.radix_cache import TreeNode
 from radixserve.scheduler.memory.state_pool import StatePool, StateShape, plan_host_states
 from radixserve.scheduler.model.linear_attention import LinearStep
 from radixserve.scheduler.model.linear_kernels import TorchDeltaRule
 from radixserve.scheduler.model.state_step import run_copies
-from tests.helpers.host_tier import PREFIX, engine_turns
+from tests.helpers.host_tier import PREFIX, engine_turns, hybrid_cache, hybrid_kv
 from tests.helpers.radix import put
 from tests.helpers.scheduler import make_req, reference_output, run_to_completion, runner_for, sched, step
 
@@ -37,17 +37,8 @@ ROWS = 4
 SHAPE = StateShape(layers=2, conv_dim=3, conv_width=2, heads=2, k_dim=2, v_dim=2)
 
 
-def _kv(snapshots: int = 1, host_snapshots: int = 2, device: int = 64, host: int = 64) -> KVCacheManager:
-    config = MemoryConfig(
-        max_total_tokens=device, page_size=PAGE, max_running_requests=ROWS, max_context_len=256,
-        hybrid=True, state_snapshots=snapshots, host_kv_tokens=host, host_state_snapshots=host_snapshots,
-    )  # fmt: skip
-    return KVCacheManager(config)
-
-
-def _cache(kv: KVCacheManager) -> HybridTieredCache:
-    assert isinstance(kv.cache, HybridTieredCache)
-    return kv.cache
+def _kv(snapshots: int = 1, host_snapshots: int = 2) -> KVCacheManager:
+    return hybrid_kv(snapshots=snapshots, host_snapshots=host_snapshots, page=PAGE)
 
 
 def _snap(cache: HybridTieredCache, tokens: np.ndarray) -> TreeNode:
@@ -65,7 +56,7 @@ class _Pools:
     values; ``run`` runs a StatePlan's arrays in the runner's order (model/state_step.py)."""
 
     def __init__(self, kv: KVCacheManager) -> None:
-        cache = _cache(kv)
+        cache = hybrid_cache(kv)
         assert cache.host_snapshots is not None
         self.dev = StatePool(SHAPE, ROWS, cache.snapshots.capacity, torch.float32, torch.device("cpu"))
         self.host = HostStatePool(SHAPE, cache.host_snapshots.capacity, torch.float32, torch.device("cpu"))
@@ -81,7 +72,7 @@ class _Pools:
         return [t[slot].clone() for t in (*self.host.conv, *self.host.delta)]
 
     def run(self, kv: KVCacheManager, inits: np.ndarray | None = None) -> None:
-        cache = _cache(kv)
+        cache = hybrid_cache(kv)
         stores, loads = cache.take_state_transfers()
         step = LinearStep(
             self.dev, TorchDeltaRule(), torch.zeros(0, dtype=torch.int64),
@@ -97,7 +88,7 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 def test_an_evicted_snapshot_goes_to_the_host_and_a_hit_resumes_from_what_the_device_held():
     kv = _kv(snapshots=1, host_snapshots=2)
-    cache, pools = _cache(kv), _Pools(kv)
+    cache, pools = hybrid_cache(kv), _Pools(kv)
     a, b = np.arange(100, 116, dtype=np.int32), np.arange(200, 216, dtype=np.int32)
     put(cache, a)
     node_a = _snap(cache, a)
@@ -135,7 +126,7 @@ def test_an_evicted_snapshot_goes_to_the_host_and_a_hit_resumes_from_what_the_de
 
 def test_a_store_reads_the_row_whose_copy_into_the_evicted_slot_has_not_run():
     kv = _kv(snapshots=1, host_snapshots=1)
-    cache, pools = _cache(kv), _Pools(kv)
+    cache, pools = hybrid_cache(kv), _Pools(kv)
     a, b = np.arange(100, 116, dtype=np.int32), np.arange(200, 216, dtype=np.int32)
     put(cache, a)
     row = 2
@@ -152,7 +143,7 @@ def test_a_store_reads_the_row_whose_copy_into_the_evicted_slot_has_not_run():
 
 def test_a_store_into_a_host_slot_dropped_before_the_step_goes():
     kv = _kv(snapshots=1, host_snapshots=1)
-    cache = _cache(kv)
+    cache = hybrid_cache(kv)
     a, b, c = (np.arange(s, s + 16, dtype=np.int32) for s in (100, 200, 300))
     put(cache, a)
     _snap(cache, a)
@@ -175,7 +166,7 @@ def test_a_store_into_a_host_slot_dropped_before_the_step_goes():
 
 def test_a_load_with_every_device_snapshot_locked_is_not_resumed_there():
     kv = _kv(snapshots=1, host_snapshots=2)
-    cache = _cache(kv)
+    cache = hybrid_cache(kv)
     a, b = np.arange(100, 116, dtype=np.int32), np.arange(200, 216, dtype=np.int32)
     put(cache, a)
     node_a = _snap(cache, a)
@@ -225,7 +216,7 @@ def test_a_request_at_a_host_snapshot_waits_for_a_device_slot_and_the_others_go_
 
 def test_a_host_snapshot_a_queued_load_reads_is_never_reused_in_that_step():
     kv = _kv(snapshots=2, host_snapshots=1)
-    cache = _cache(kv)
+    cache = hybrid_cache(kv)
     a, b, c = (np.arange(s, s + 16, dtype=np.int32) for s in (100, 200, 300))
     put(cache, a)
     node_a = _snap(cache, a)
@@ -301,7 +292,7 @@ def _conversations(host_snapshots: int, snapshots: int, convs: int, turns: int, 
 
 
 def _all_free(s) -> None:
-    kv, cache = s.kv, _cache(s.kv)
+    kv, cache = s.kv, hybrid_cache(s.kv)
     kv.check(())
     cache.evict(kv.capacity)
     cache.evict_host(cache.host_size)
@@ -352,10 +343,10 @@ def test_engine_greedy_tokens_equal_tiers_off_and_host_snapshots_serve_more(qwen
     tokens = [[o["token_ids"] for o in t] for t in off]
     assert [[o["token_ids"] for o in t] for t in on] == tokens
     assert [[o["token_ids"] for o in t] for t in no_snaps] == tokens
-    cache = _cache(s_on.kv)
+    cache = hybrid_cache(s_on.kv)
     assert cache.host_snapshots is not None and cache.stored_snapshots > 0 and cache.loaded_snapshots > 0
     assert s_on.kv.hit_tokens["host"] >= s_no.kv.hit_tokens["host"] + 2 * PREFIX
     assert s_on.prefill_tokens <= s_no.prefill_tokens - 2 * PREFIX
-    assert _cache(s_no.kv).host_snapshots is None
+    assert hybrid_cache(s_no.kv).host_snapshots is None
     assert s_on.kv.req_to_token.num_free == s_on.kv.req_to_token.max_running
     _all_free(s_on)

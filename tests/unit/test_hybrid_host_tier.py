@@ -19,9 +19,8 @@ from hypothesis import strategies as st
 from radixserve.common.block_hash import block_hashes, root_hash
 from radixserve.scheduler.memory.hybrid_cache import has_snapshot
 from radixserve.scheduler.memory.hybrid_tiered_cache import HybridTieredCache
-from radixserve.scheduler.memory.manager import KVCacheManager, MemoryConfig
 from radixserve.scheduler.memory.radix_cache import TreeNode
-from tests.helpers.host_tier import PREFIX, engine_turns
+from tests.helpers.host_tier import PREFIX, engine_turns, hybrid_cache, hybrid_kv
 from tests.helpers.radix import put, snapshot_blocks
 from tests.helpers.scheduler import (
     make_req,
@@ -33,21 +32,6 @@ from tests.helpers.scheduler import (
 )
 
 PAGE = 4
-
-
-def _kv(
-    device: int = 64, host: int = 64, snapshots: int = 4, page: int = PAGE, host_snaps: int = 0
-) -> KVCacheManager:
-    config = MemoryConfig(
-        max_total_tokens=device, page_size=page, max_running_requests=4, max_context_len=256,
-        hybrid=True, state_snapshots=snapshots, host_kv_tokens=host, host_state_snapshots=host_snaps,
-    )  # fmt: skip
-    return KVCacheManager(config)
-
-
-def _cache(kv: KVCacheManager) -> HybridTieredCache:
-    assert isinstance(kv.cache, HybridTieredCache)
-    return kv.cache
 
 
 def _snap(cache: HybridTieredCache, tokens) -> TreeNode:
@@ -62,8 +46,8 @@ def _ids(*parts) -> np.ndarray:
 
 
 def test_a_snapshot_stays_with_its_node_on_the_host_and_a_hit_resumes_from_it():
-    kv = _kv(snapshots=2)
-    cache = _cache(kv)
+    kv = hybrid_kv(snapshots=2)
+    cache = hybrid_cache(kv)
     a = np.arange(100, 132, dtype=np.int32)
     put(cache, a)
     first, second = _snap(cache, a[:16]), _snap(cache, a)
@@ -94,8 +78,8 @@ def test_a_snapshot_stays_with_its_node_on_the_host_and_a_hit_resumes_from_it():
 
 
 def test_device_eviction_writes_back_only_what_can_be_resumed_and_a_node_leaving_drops_its_snapshot():
-    kv = _kv(device=64, host=32)
-    cache = _cache(kv)
+    kv = hybrid_kv(device=64, host=32)
+    cache = hybrid_cache(kv)
     plain, b, a = (np.arange(s, s + n, dtype=np.int32) for s, n in ((10, 16), (40, 16), (70, 32)))
     put(cache, plain)
     cache.evict(16)  # no snapshot at or below it: no request could resume from it on the host
@@ -117,8 +101,8 @@ def test_device_eviction_writes_back_only_what_can_be_resumed_and_a_node_leaving
 
 
 def test_host_eviction_takes_nodes_without_a_snapshot_first():
-    kv = _kv(device=64, host=64)
-    cache = _cache(kv)
+    kv = hybrid_kv(device=64, host=64)
+    cache = hybrid_cache(kv)
     x, y = np.arange(10, 26, dtype=np.int32), np.arange(40, 56, dtype=np.int32)
     for seq in (x, y):  # x is the least recently used
         put(cache, seq)
@@ -133,8 +117,8 @@ def test_host_eviction_takes_nodes_without_a_snapshot_first():
 
 
 def test_a_load_the_device_cannot_hold_falls_back_to_the_resumable_part_of_the_device_part():
-    kv = _kv(device=32, host=64)
-    cache = _cache(kv)
+    kv = hybrid_kv(device=32, host=64)
+    cache = hybrid_cache(kv)
     a = np.arange(100, 132, dtype=np.int32)
     put(cache, a)
     top, end = _snap(cache, a[:4]), _snap(cache, a)
@@ -155,8 +139,8 @@ def test_a_load_the_device_cannot_hold_falls_back_to_the_resumable_part_of_the_d
 
 
 def test_block_events_follow_the_resumable_blocks_across_tiers():
-    kv = _kv(device=64, host=64)
-    cache = _cache(kv)
+    kv = hybrid_kv(device=64, host=64)
+    cache = hybrid_cache(kv)
     cache.enable_block_events(PAGE, root_hash("m"))
     a = np.arange(300, 316, dtype=np.int32)
     blocks = list(block_hashes(a, "m", PAGE))
@@ -203,10 +187,10 @@ class _Tiers:
     tiers (a slot's "state" is the tokens it was taken after), and the block events seen."""
 
     def __init__(self, page: int, pages: int, host_pages: int, snapshots: int, host_snaps: int = 0) -> None:
-        self.kv = _kv(pages * page, host_pages * page, snapshots, page, host_snaps)
+        self.kv = hybrid_kv(pages * page, host_pages * page, snapshots, page, host_snaps)
         self.states: dict[int, tuple[int, ...]] = {}  # device snapshot slot -> tokens
         self.host_states: dict[int, tuple[int, ...]] = {}  # host snapshot slot -> tokens
-        self.cache = _cache(self.kv)
+        self.cache = hybrid_cache(self.kv)
         self.cache.enable_block_events(page, root_hash("m"))
         assert self.kv.host is not None
         self.dev = np.full(self.kv.allocator.pool_slots, -1, dtype=np.int64)
@@ -366,7 +350,7 @@ def test_scheduler_resumes_prefixes_loaded_from_the_host_from_their_snapshots():
     assert out_on == out_off
     assert runner_for(on).loaded > 0 and on.kv.hit_tokens["host"] > 0
     assert on.prefill_tokens <= off.prefill_tokens - 3 * PREFIX
-    kv, cache = on.kv, _cache(on.kv)
+    kv, cache = on.kv, hybrid_cache(on.kv)
     kv.check(())
     assert kv.available() == kv.capacity and kv.req_to_token.num_free == kv.req_to_token.max_running
     cache.evict(kv.capacity)
@@ -398,7 +382,7 @@ def test_engine_greedy_tokens_are_the_same_with_the_host_tier_on_and_off(qwen_di
     assert hits_on >= hits_off + 3 * PREFIX  # the second turns' prefixes came back from the host
     assert s_on.kv.cache.loaded_tokens >= 3 * PREFIX and s_on.kv.hit_tokens["host"] >= 3 * PREFIX
     assert s_on.prefill_tokens < s_off.prefill_tokens
-    kv, cache = s_on.kv, _cache(s_on.kv)
+    kv, cache = s_on.kv, hybrid_cache(s_on.kv)
     assert kv.req_to_token.num_free == kv.req_to_token.max_running and not cache.copies
     cache.evict(kv.capacity)
     cache.evict_host(cache.host_size)
