@@ -141,6 +141,29 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 TestScheduler = SchedulerMachine.TestCase
+
+
+def test_a_load_queued_by_an_undone_admission_in_a_step_that_ran_nothing_still_runs():
+    """An example this machine found (the suite, 2026-11-27): a request retracted with part of its
+    KV written back to the host is re-admitted while two others finish (overlap: their last tokens
+    in flight), its host part's load queued, the admission undone for want of room, and the step
+    runs nothing; the next steps saw its prefix "loading" and waited for a load that no batch would
+    ever carry. Now the second pass admits it and its step runs the load."""
+    m = SchedulerMachine()
+    m.setup(
+        page=1, pages=44, policy="lpm", chunk=8, no_cache=False, fairness=None, ratio=0.0,
+        overlap=True, snapshots=None, host_pages=8,
+    )  # fmt: skip
+    m.add(max_new=7, prefix=[], tail=[0, 0, 0])
+    m.add(max_new=7, prefix=[], tail=[1, 0, 0, 0, 0])
+    m.add(max_new=5, prefix=PREFIXES[1], tail=[0])
+    for k in (1, 1, 1, 1, 3, 4):
+        m.steps(k=k)
+        m.accounting_holds()
+    assert m.s.kv.hit_tokens["host"] > 0  # the retracted request's prefix came back from the host
+    m.teardown()
+
+
 TestScheduler.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
 )

@@ -181,7 +181,11 @@ class PrefillAdder:
         if self.kv.read_disk(req, m):  # its prefix is on disk: read (it is admitted once here)
             return AddResult.WAITING
         if self.defer_loads and self.kv.reads_loading(m.node):
-            return AddResult.WAITING  # a load this step brings its prefix: it joins the next step
+            # A load this step brings its prefix: it joins the next step. Counted as loading: when
+            # nothing else runs, the second pass admits it now (else no batch would ever carry
+            # the load: one queued by an admission undone in a step that ran nothing waited forever).
+            self.loading += 1
+            return AddResult.WAITING
         extend = req.seq_len - m.length  # a host-tier part is loaded back, not computed
         n = extend
         limit = self._chunk_limit()
