@@ -177,6 +177,14 @@ class HybridRadixCache(RadixCache):
                 self.block_events.append((self._tier_event(node) if before == 0 else "removed", node.blocks))
             node = node.parent
 
+    def take_state_transfers(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Copies between device and host snapshot slots for the next step (stores, loads): none
+        without a host tier (memory/hybrid_tiered_cache.py)."""
+        return _EMPTY_SLOTS, _EMPTY_SLOTS
+
+    def check_host_snapshots(self) -> None:
+        """The host snapshot slots' accounting (none without a host tier)."""
+
     def take_copies(self) -> npt.NDArray[np.int64]:
         """The state copies to run before the next step, ``[sources..., destinations...]``."""
         if not self.copies:

@@ -42,7 +42,6 @@ import numpy.typing as npt
 
 from radixserve.scheduler.batch import ForwardMode, ScheduleBatch
 from radixserve.scheduler.memory.hybrid_cache import HybridRadixCache, has_snapshot
-from radixserve.scheduler.memory.hybrid_tiered_cache import HybridTieredCache
 from radixserve.scheduler.memory.radix_cache import MatchResult, RadixCache, common_len
 from radixserve.scheduler.req import Req
 
@@ -94,7 +93,6 @@ class StateTracker:
         # stores from their rows, with the host tier).
         if self.hybrid is not None:
             plan.copies = self.hybrid.take_copies()
-        if isinstance(self.hybrid, HybridTieredCache):
             plan.stores, plan.loads = self.hybrid.take_state_transfers()
         return plan
 
@@ -172,5 +170,4 @@ class StateTracker:
             assert h.held.get(n.snapshot, n) is n
             below = has_snapshot(n) + sum(c.snaps_below for c in n.children.values())
             assert n.snaps_below == below, (n, n.snaps_below, below)
-        if isinstance(h, HybridTieredCache):
-            h.check_host_snapshots()
+        h.check_host_snapshots()
