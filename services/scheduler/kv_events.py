@@ -178,10 +178,10 @@ class RedisPublisher:
         while not self._stop.is_set():
             got = self.sub.take(timeout=min(0.05, self.heartbeat_s))
             try:
-                if got is not None:
-                    self.index.apply(self.pod, got.stored, got.removed, got.cleared, got.tiers, self.location)
-                    self.published += len(got.stored) + len(got.removed)
                 now = time.monotonic()
+                # The beat goes before the blocks: a gateway sweeps every pod without a live
+                # heartbeat, and a sweep between a pod's first write and its first beat would drop
+                # blocks that beat (the first: nothing to compare with) could not tell were lost.
                 if now >= next_beat:
                     was_live = self.index.heartbeat(self.pod, self._load(), self.ttl_s)
                     next_beat = now + self.heartbeat_s
@@ -191,6 +191,9 @@ class RedisPublisher:
                         # stalled past the TTL and a gateway swept our blocks. Republish them.
                         log.warning("prefix index lost this pod's entries; republishing them")
                         self.sub.request_snapshot()
+                if got is not None:
+                    self.index.apply(self.pod, got.stored, got.removed, got.cleared, got.tiers, self.location)
+                    self.published += len(got.stored) + len(got.removed)
                 if not self.connected:
                     log.info("prefix index %s: publishing", getattr(self.index, "url", self.index))
                     self.connected = True
@@ -208,6 +211,7 @@ class RedisPublisher:
                     log.warning("prefix index unreachable (%s); will resync when it is back", e)
                 self.connected = False
                 self.sub.request_snapshot()  # what it had may be stale or gone (a restarted Redis)
+                next_beat = 0.0  # back, it beats before it writes again
                 self._stop.wait(0.5)
 
     def _load(self) -> dict[str, object]:

@@ -184,6 +184,40 @@ def test_publisher_republishes_after_a_gateway_swept_the_pod(publishing: Any) ->
     assert index.live_pods() == {"pod-a": LOAD}
 
 
+class SweptAfterItsFirstWrite(RedisPrefixIndex):
+    """A pod's index whose first block write is followed at once by a gateway's sweep (a gateway
+    sweeps every pod without a live heartbeat, at any moment)."""
+
+    swept: list[str] | None = None
+
+    def apply(self, pod: str, *args: Any, **kwargs: Any) -> None:
+        super().apply(pod, *args, **kwargs)
+        if self.swept is None:
+            self.swept = self.sweep()
+
+
+def test_a_sweep_right_after_a_new_pods_first_write_never_leaves_its_blocks_out(
+    redis_server: RedisServer,
+) -> None:
+    """The race CI met: a pod wrote its blocks, then a sweep ran before its first heartbeat, which
+    (being its first) could not tell that anything was lost. A pod beats before it writes."""
+    hub = EventHub()
+    index = SweptAfterItsFirstWrite(redis_server.url)
+    with FakeEngine(hub) as engine:
+        engine.store(hashes_of(prompt(1, 4)))
+        pub = RedisPublisher(
+            index, "pod-a", hub.subscribe(EventSubscriber()), lambda: LOAD, heartbeat_s=0.05, ttl_s=1.0
+        )
+        pub.start()
+        try:
+            reader = RedisPrefixIndex(redis_server.url)
+            wait_until(lambda: reader.match(hashes_of(prompt(1, 4))) == {"pod-a": 4}, what="the pod's blocks")
+            assert index.swept == []  # the pod was live when the sweep ran
+            assert reader.live_pods() == {"pod-a": LOAD}
+        finally:
+            pub.close()
+
+
 def test_over_tls_a_pods_publisher_feeds_a_gateways_router_and_heals_after_a_restart(
     tls_server: RedisServer,
 ) -> None:
