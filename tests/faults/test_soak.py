@@ -49,7 +49,7 @@ def test_a_chaos_soak_fails_no_request_and_leaves_nothing_behind(model_dir) -> N
     rng = random.Random(44)
     killed: list[str] = []
     live, in_flight = [0], []  # streams open now; at each kill
-    running_at_kill: list[int] = []  # on the scheduler killed
+    held_at_kill: list[int] = []  # requests waiting or running on the scheduler killed
     try:
 
         def remember() -> None:
@@ -70,10 +70,9 @@ def test_a_chaos_soak_fails_no_request_and_leaves_nothing_behind(model_dir) -> N
                 in_flight.append(live[0])
                 if kind == "detokenizer":
                     _kill(cluster.detokenizers[1], killed)
-                else:  # the busier one: the test must see its requests move
-                    loads = await asyncio.to_thread(_loads, cluster)
-                    busiest = max(range(len(loads)), key=lambda i: loads[i].running)
-                    running_at_kill.append(loads[busiest].running)
+                else:  # the busier one, once it holds requests: the test must see them move
+                    busiest, held = await asyncio.to_thread(_busier, cluster, until)
+                    held_at_kill.append(held)
                     _kill(cluster.schedulers[busiest], killed)
 
         async def go() -> list[dict]:
@@ -103,6 +102,7 @@ def test_a_chaos_soak_fails_no_request_and_leaves_nothing_behind(model_dir) -> N
             "failed": len(failed),
             "killed": killed,
             "streams_open_at_kills": in_flight,
+            "held_by_the_killed_scheduler": held_at_kill,
             "failovers": moved,
         }
         print("SOAK", json.dumps(figures))
@@ -111,7 +111,7 @@ def test_a_chaos_soak_fails_no_request_and_leaves_nothing_behind(model_dir) -> N
         # when the gateway sees its stream break first: when the scheduler reopens to the other
         # replica first, that one rebuilds them and nothing counts.)
         retries = counter_by(f"{cluster.url}/metrics", "radixserve_request_retries", "reason")
-        assert running_at_kill[0] > 0, running_at_kill
+        assert held_at_kill[0] > 0, held_at_kill
         assert moved.get("scheduler/moved", 0) + retries.get("down", 0) >= 1, (moved, retries)
         remember()
         cluster.stop(drain_timeout=2)
@@ -148,6 +148,19 @@ def _check_every_request_served(results: list[dict]) -> list[str]:
     short = [r for r in results if r["usage"]["completion_tokens"] != r["max_tokens"]]
     assert not short, short
     return failed
+
+
+def _busier(cluster: Cluster, until: float) -> tuple[int, int]:
+    """(index, requests held) of the scheduler holding the most requests, waiting or running, once
+    one holds any: a single reading can find both between requests (streams still open at the
+    gateway, the next not yet sent)."""
+    while True:
+        loads = _loads(cluster)
+        held = [x.waiting + x.running for x in loads]
+        busiest = max(range(len(held)), key=held.__getitem__)
+        if held[busiest] > 0 or time.monotonic() > until:
+            return busiest, held[busiest]
+        time.sleep(0.05)
 
 
 def _wait_up(cluster: Cluster, peers: list[Service], timeout: float) -> None:
