@@ -28,12 +28,14 @@ from pathlib import Path
 
 import httpx
 
+from radixserve.common import zygote
 from radixserve.common.config import ConfigError, RaisingParser, load, parse_args, service_parser
 from radixserve.common.health import is_serving
 from radixserve.common.ports import check_listen, free_ports
 from radixserve.common.ports import free_port as free_port  # re-exported: tests and benchmarks
 from radixserve.common.service_config import DetokenizerConfig, GatewayConfig, SchedulerPodConfig
 from radixserve.common.tls import TLS, tls_from_env
+from radixserve.common.zygote import ChildProcess
 
 ServiceConfig = SchedulerPodConfig | GatewayConfig | DetokenizerConfig
 # Each service module's config, and whether it takes --served-model-name: a service's command line
@@ -84,13 +86,13 @@ class Service:
     http_url: str | None = None  # checked with GET /health
     metrics_url: str | None = None  # Prometheus /metrics
     env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
+    proc: ChildProcess | None = None
     started_at: float = 0.0
     restarts: int = 0
     fast_crashes: int = 0  # exits in a row, each soon after its start
     restart_at: float | None = None  # exited; to be started again then
     tail: bytearray = field(default_factory=bytearray)  # the end of its stderr since its last start
-    started: list[subprocess.Popen[bytes]] = field(default_factory=list)  # every process, restarts too
+    started: list[ChildProcess] = field(default_factory=list)  # every process, restarts too
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -98,12 +100,9 @@ class Service:
         # radixserve.common.child sets their death signal before it runs the service.
         env = {**os.environ, **self.env, "RADIXSERVE_PARENT_PID": str(os.getpid())}
         self.tail = bytearray()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "radixserve.common.child", *self.argv],
-            env=env,
-            stderr=subprocess.PIPE,  # passed on as it comes (``_relay``); its end says why it exited
-            start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the children in order
-        )
+        # Its own session: Ctrl-C reaches the launcher only, which stops the children in order.
+        # Its stderr is passed on as it comes (``_relay``); its end says why it exited.
+        self.proc = zygote.spawn(self.argv, env, stderr_pipe=True, zygote=zygote.shared())
         self.started.append(self.proc)
         assert self.proc.stderr is not None
         threading.Thread(
@@ -160,7 +159,7 @@ class Service:
                 _kill_group(p)
 
 
-def _kill_group(p: subprocess.Popen[bytes]) -> None:
+def _kill_group(p: ChildProcess) -> None:
     # Each child leads its own session (start_new_session): its group is it and what it started.
     # Only while it is not yet waited for: its pid (the group's id) cannot have been reused.
     with contextlib.suppress(ProcessLookupError, PermissionError):

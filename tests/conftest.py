@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from radixserve.common import zygote
 from radixserve.common.demo_model import make_demo_model
 
 TESTS = Path(__file__).resolve().parent
@@ -26,6 +27,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = path.relative_to(TESTS).parts[0]
         if folder in SLOW_FOLDERS or path.name.endswith("_e2e.py"):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def zygote_for_the_slow_tests(request: pytest.FixtureRequest) -> None:
+    """A session with slow tests starts its zygote at once (radixserve.common.zygote: it imports
+    torch and transformers while the first tests run): every cluster it starts, and the
+    tensor-parallel ranks of the engines it builds, are forked from it, not imported afresh."""
+    if any(item.get_closest_marker("slow") for item in request.session.items):
+        zygote.shared()
 
 
 @pytest.fixture(scope="session")

@@ -26,12 +26,18 @@ def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGTERM) -> No
         os.kill(os.getpid(), sig)
 
 
-def main() -> None:
+def run(argv: list[str]) -> None:
+    """Run ``python -m argv[0] argv[1:]`` in this process, dying with the parent the launcher
+    named (``RADIXSERVE_PARENT_PID``: itself, or its zygote, radixserve.common.zygote)."""
     parent = os.environ.pop("RADIXSERVE_PARENT_PID", None)
     if parent is not None:
         die_with_parent(int(parent))
-    module, sys.argv = sys.argv[1], sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    sys.argv = list(argv)
+    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+def main() -> None:
+    run(sys.argv[1:])
 
 
 if __name__ == "__main__":

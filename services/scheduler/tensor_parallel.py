@@ -57,8 +57,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from radixserve.common import zygote
 from radixserve.common.child import die_with_parent
 from radixserve.common.ports import free_port
+from radixserve.common.zygote import ChildProcess
 from radixserve.scheduler.memory.allocator import kv_capacity
 from radixserve.scheduler.memory.disk_follower import DiskFollower
 from radixserve.scheduler.memory.disk_tier import DiskTier, RankDiskOps
@@ -172,9 +174,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
 class TPFollowers:
     """Rank 0's handle on ranks 1..N-1: their pipes and processes."""
 
-    def __init__(self, procs: list[subprocess.Popen[bytes]], conns: list[Connection]) -> None:
+    def __init__(self, procs: list[ChildProcess], conns: list[Connection]) -> None:
         self.procs, self.conns = procs, conns
-        self.sentinels = [os.pidfd_open(p.pid) for p in procs]  # readable once the process exits
+        self.sentinels = [_exit_sentinel(p) for p in procs]  # readable once the process exits
         self.closing = False
         self.disk: DiskTier | None = None  # rank 0's disk tier: its step ops go to the followers
         self._watcher: threading.Thread | None = None
@@ -279,6 +281,16 @@ class TPFollowers:
             dist.destroy_process_group()
 
 
+def _exit_sentinel(proc: ChildProcess) -> int:
+    """An fd readable once ``proc`` has exited (its pidfd; a forked one may be gone already)."""
+    try:
+        return os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        r, w = os.pipe()
+        os.close(w)  # at EOF: readable
+        return r
+
+
 def start_followers(
     model_path: str,
     model_config: ModelConfig,
@@ -293,20 +305,25 @@ def start_followers(
     """Spawn ranks 1..size-1 and join the group as rank 0; returns the followers and rank 0's group."""
     rank_device(profile, size - 1, size)  # enough devices for every rank, before starting any
     port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[ChildProcess] = []
     conns: list[Connection] = []
     for rank in range(1, size):
         ours, theirs = mp.Pipe(duplex=True)
+        fd = theirs.fileno()
+        # Forked by this process's zygote when it has one (a process that starts many engines:
+        # the tests); else its own interpreter, in our process group (a scheduler's ranks go with it).
+        proc = zygote.spawn(
+            ["radixserve.scheduler.tensor_parallel", str(fd)], os.environ, pass_fds=(fd,),
+            new_session=False, zygote=zygote.running(),
+        )  # fmt: skip
+        theirs.close()
         spec = FollowerSpec(
             rank=rank, size=size, port=port, model_path=model_path, model_config=model_config,
             profile=replace(profile, device=rank_device(profile, rank, size)), max_positions=max_positions,
             mem_fraction=mem_fraction, page_size=page_size, timeout_s=timeout_s,
-            torch_threads=torch.get_num_threads(), parent_pid=os.getpid(),
+            torch_threads=torch.get_num_threads(), parent_pid=zygote.parent_pid(proc),
         )  # fmt: skip
-        fd = theirs.fileno()
-        cmd = [sys.executable, "-m", "radixserve.scheduler.tensor_parallel", str(fd)]
-        procs.append(subprocess.Popen(cmd, pass_fds=(fd,)))
-        theirs.close()
+        procs.append(proc)
         ours.send(spec)
         conns.append(ours)
     followers = TPFollowers(procs, conns)

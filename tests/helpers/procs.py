@@ -45,6 +45,17 @@ def cmdline(p: Proc) -> list[str]:
         return []
 
 
+def service_names(p: Proc) -> set[str]:
+    """A process's names for itself without ``radixserve.``: its command line's words (a service
+    started with exec names its module there) and /proc's comm (a service the zygote forked has
+    the zygote's command line, and the zygote named it by its module's last part)."""
+    try:
+        comm = Path(f"/proc/{p[0]}/comm").read_text().strip()
+    except OSError:
+        comm = ""
+    return {x.removeprefix("radixserve.") for x in [*cmdline(p), comm]}
+
+
 def running(p: Proc) -> bool:
     """Still there and not a zombie (a zombie has ended; only its exit status waits to be read)."""
     st = _stat(p[0])

@@ -14,6 +14,7 @@ import pytest
 
 from radixserve.launcher import counter_by
 from tests.helpers.cluster import MODEL_NAME, read_stream, start_cluster, wait_not_admitting
+from tests.helpers.procs import descendants, running, service_names
 
 LONG = {
     "model": MODEL_NAME,
@@ -241,28 +242,23 @@ def test_a_full_waiting_queue_answers_429_and_the_server_keeps_serving(model_dir
 
 
 def test_the_services_die_with_a_launcher_killed_outright(model_dir):
-    import os
 
     port, proc = _radixserve_serve(model_dir)
     try:
         assert f"http://127.0.0.1:{port}/v1" in proc.stdout.readline()  # up: every service started
-        children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
-        assert len(children) == 3  # detokenizer, scheduler, gateway
+        # detokenizer, scheduler, gateway, each by its service module's argument; and the zygote
+        # that forked them (radixserve.common.zygote), if the launcher used one
+        procs = descendants(proc.pid)
+        services = [p for p in procs if {"scheduler", "tokenizer", "detokenizer"} & service_names(p)]
+        assert len(services) == 3, [service_names(p) for p in procs]
         proc.send_signal(signal.SIGKILL)  # no handler runs: only their death signal stops them
         proc.wait()
         deadline = time.monotonic() + 30
-        while any(os.path.exists(f"/proc/{c}") and "Z" not in _state(c) for c in children):
-            assert time.monotonic() < deadline, "a service outlived its launcher"
+        while left := [p for p in procs if running(p)]:
+            assert time.monotonic() < deadline, f"outlived their launcher: {[service_names(p) for p in left]}"
             time.sleep(0.2)
     finally:
         proc.kill()
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
 
 
 def _radixserve_serve(model_dir):

@@ -10,7 +10,7 @@ import sys
 import time
 
 from radixserve.launcher import free_port
-from tests.helpers.procs import Proc, children, cmdline, descendants, running
+from tests.helpers.procs import Proc, descendants, running, service_names
 
 
 def _wait_for(what: str, check, timeout: float = 60.0) -> None:
@@ -31,9 +31,9 @@ def test_a_stop_after_restarts_leaves_no_process_of_the_server(model_dir) -> Non
         assert proc.stdout.readline().startswith("radixserve: serving ")
         first = descendants(proc.pid)
         seen |= first
-        services = {p: cmdline(p) for p in children(proc.pid)}
-        detokenizers = [p for p, c in services.items() if "radixserve.detokenizer" in c]
-        schedulers = [p for p, c in services.items() if "radixserve.scheduler" in c]
+        services = {p: service_names(p) for p in first}  # the zygote's children, if it forked them
+        detokenizers = [p for p, c in services.items() if "detokenizer" in c]
+        schedulers = [p for p, c in services.items() if "scheduler" in c]
         assert len(detokenizers) == 2 and len(schedulers) == 1, services
         # a detokenizer and the scheduler killed outright: the supervisor starts them again
         for victim in (detokenizers[0], schedulers[0]):

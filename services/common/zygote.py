@@ -1,0 +1,390 @@
+"""Start Python services by forking a process that has already imported torch and transformers.
+
+Every radixserve process imports torch and transformers before it can do anything: seconds of CPU
+on each start (docs/development.md has the figures). ``radixserve serve``'s launcher starts its
+services, and restarts them, many times over its life; so it keeps one *zygote*, a process that has
+done those imports once and forks a child for each service. The child sets itself up as
+``subprocess.Popen`` would have (its own session, its stdin/stdout/stderr and passed fds, working
+directory and environment, every other fd closed), then runs the service module as
+``python -m radixserve.common.child MODULE`` does.
+
+A fork copies what the imports left behind, so a child is forked only when it would have imported
+them the same way: the zygote has no thread, has touched no GPU and opened no gRPC channel, and
+the child's environment agrees with the zygote's on every variable those imports read (``PYTHON*``,
+``HF_*``, ``TORCH*``, ``OMP_*``...; ``IMPORT_TIME_ENV``). Otherwise, or with ``RADIXSERVE_ZYGOTE=0``,
+or when the zygote is gone, ``spawn`` starts the child with ``subprocess.Popen`` as before.
+
+The zygote is the parent of what it forks: it reaps them and tells the launcher each exit status.
+It exits when the launcher does (its end of the socket closes), and its children then get the death
+signal the launcher's own children get (``child.die_with_parent``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import IO, Protocol
+
+log = logging.getLogger(__name__)
+
+PRELOAD = (
+    "torch", "numpy", "safetensors", "transformers.utils.type_validators", "transformers.activations",
+    "transformers.models.auto.configuration_auto", "transformers.models.auto.tokenization_auto",
+    "transformers.generation.configuration_utils", "transformers.tokenization_utils_tokenizers",
+    "radixserve.scheduler.engine",
+)  # fmt: skip
+# Read by the interpreter or by the preloaded modules when they are imported: a child whose value
+# differs from the zygote's must import them itself.
+IMPORT_TIME_ENV = (
+    "PYTHON", "LD_", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTORCH", "OMP_",
+    "MKL_", "KMP_", "OPENBLAS", "CUDA", "NVIDIA", "NCCL", "GLOO", "XDG_CACHE",
+)  # fmt: skip
+_MAX_MESSAGE = 1 << 20
+_MAX_FDS = 16
+_REAP_EVERY_S = 0.05
+
+
+class ChildProcess(Protocol):
+    """What the launcher needs of a started service: ``subprocess.Popen``'s own subset."""
+
+    pid: int
+    stderr: IO[bytes] | None
+
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
+def _import_time_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
+
+
+class ForkedProcess:
+    """A child the zygote forked: Popen's interface, its exit status told by the zygote."""
+
+    def __init__(self, pid: int, zygote_pid: int, args: list[str], stderr: IO[bytes] | None) -> None:
+        self.pid, self.zygote_pid, self.args, self.stderr = pid, zygote_pid, args, stderr
+        self._code: int | None = None
+        self._exited = threading.Event()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._code
+
+    def exited(self, code: int) -> None:
+        self._code = code
+        self._exited.set()
+
+    def poll(self) -> int | None:
+        return self._code
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._exited.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        assert self._code is not None
+        return self._code
+
+    def send_signal(self, sig: int) -> None:
+        # The zygote reaps it; until it says so the pid is this child's (it reports within 50 ms).
+        if self._code is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The launcher's end: start the zygote, ask it for children, learn their exit statuses."""
+
+    def __init__(self, preload: Sequence[str] = PRELOAD) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.env = dict(os.environ)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "radixserve.common.zygote", str(theirs.fileno()), *preload],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # the terminal's Ctrl-C is the launcher's to handle
+            env={k: v for k, v in self.env.items() if k != "RADIXSERVE_PARENT_PID"},
+        )
+        theirs.close()
+        self.pid = self.proc.pid
+        self._sock = ours
+        self._lock = threading.Lock()  # one request at a time: a reply follows its request
+        self._replies: list[dict[str, object]] = []
+        self._reply = threading.Condition()
+        self._children: dict[int, ForkedProcess] = {}
+        self.alive = True
+        threading.Thread(target=self._read, name="zygote", daemon=True).start()
+
+    def usable_for(self, env: Mapping[str, str]) -> bool:
+        return self.alive and _import_time_env(env) == _import_time_env(self.env)
+
+    def spawn(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        fds: Mapping[int, int],
+    ) -> ForkedProcess:
+        """``python -m radixserve.common.child *argv`` as a fork; ``fds``: the child's fd -> ours
+        (0, 1 and 2 among them), closed here by the caller afterwards. OSError if the zygote is gone."""
+        env = {**env, "RADIXSERVE_PARENT_PID": str(self.pid)}  # its parent: it dies with us
+        message = json.dumps({"argv": list(argv), "env": env, "cwd": os.getcwd(), "fds": list(fds)})
+        with self._lock:
+            try:
+                socket.send_fds(self._sock, [message.encode()], list(fds.values()))
+            except OSError:
+                self.alive = False
+                raise
+            with self._reply:
+                # The first request waits for the zygote's imports.
+                self._reply.wait_for(lambda: bool(self._replies) or not self.alive, timeout=300)
+                if not self._replies:
+                    self.alive = False
+                    raise OSError("the zygote did not answer")
+                reply = self._replies.pop(0)
+        if "error" in reply:
+            raise OSError(str(reply["error"]))
+        pid = int(str(reply["pid"]))
+        child = ForkedProcess(pid, self.pid, [sys.executable, "-m", "radixserve.common.child", *argv], None)
+        with self._reply:
+            early = self._children.pop(pid, None)  # it exited before we got here
+            if early is None:
+                self._children[pid] = child
+        if early is not None and early.returncode is not None:
+            child.exited(early.returncode)
+        return child
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(_MAX_MESSAGE)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = json.loads(data)
+            with self._reply:
+                if "exit" in msg:
+                    pid, code = int(msg["exit"]), int(msg["code"])
+                    child = self._children.pop(pid, None)
+                    if child is None:  # its spawn reply is still on its way to ``spawn``
+                        child = self._children[pid] = ForkedProcess(pid, self.pid, [], None)
+                    child.exited(code)
+                else:
+                    self._replies.append(msg)
+                    self._reply.notify_all()
+        # Gone (killed, or a bug): its children got their death signal; make sure they end.
+        with self._reply:
+            self.alive = False
+            self._reply.notify_all()
+            orphans, self._children = list(self._children.values()), {}
+        for child in orphans:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.exited(-signal.SIGKILL)
+
+    def close(self) -> None:
+        """The zygote exits; children it forked get their death signal."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+
+_shared: Zygote | None = None
+_shared_lock = threading.Lock()
+
+
+def running() -> Zygote | None:
+    """This process's zygote if ``shared`` started one (and it is alive); never starts one."""
+    return _shared if _shared is not None and _shared.alive else None
+
+
+def parent_pid(child: ChildProcess) -> int:
+    """The pid of ``child``'s parent: its zygote's, or ours."""
+    return child.zygote_pid if isinstance(child, ForkedProcess) else os.getpid()
+
+
+def shared() -> Zygote | None:
+    """This process's zygote, started at the first call; None when ``RADIXSERVE_ZYGOTE=0``."""
+    global _shared
+    if os.environ.get("RADIXSERVE_ZYGOTE", "1") == "0":
+        return None
+    with _shared_lock:
+        if _shared is None or not _shared.alive:
+            _shared = Zygote()
+        return _shared
+
+
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    pass_fds: Sequence[int] = (),
+    stderr_pipe: bool = False,
+    new_session: bool = True,
+    zygote: Zygote | None = None,
+) -> ChildProcess:
+    """``python -m radixserve.common.child *argv``: forked by ``zygote`` when it can be (always in
+    its own session), else started with Popen (in its own session if ``new_session``).
+    ``stderr_pipe``: its stderr is a pipe, ``.stderr`` our end."""
+    if zygote is not None and zygote.usable_for(env) and _valid(0) and _valid(1):
+        r, w = os.pipe() if stderr_pipe else (-1, 2)
+        fds = {0: 0, 1: 1, 2: w, **{fd: fd for fd in pass_fds}}
+        try:
+            child = zygote.spawn(argv, env, fds)
+        except OSError as e:
+            log.warning("zygote: %s; starting %s without it", e, argv[0])
+            if stderr_pipe:
+                os.close(r)
+        else:
+            child.stderr = os.fdopen(r, "rb") if stderr_pipe else None
+            return child
+        finally:
+            if stderr_pipe:
+                os.close(w)
+    return subprocess.Popen(
+        [sys.executable, "-m", "radixserve.common.child", *argv],
+        env=dict(env),
+        pass_fds=tuple(pass_fds),
+        stderr=subprocess.PIPE if stderr_pipe else None,
+        start_new_session=new_session,
+    )
+
+
+def _valid(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------ the zygote itself
+def _serve(sock: socket.socket) -> list[str] | None:
+    """Fork a child for each request until the launcher goes; returns a child's argv in the child."""
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([sock], [], [], _REAP_EVERY_S)
+        _reap(sock, children)
+        if not ready:
+            continue
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, _MAX_FDS)
+        except OSError:
+            return None
+        if not data:
+            return None
+        try:
+            request = json.loads(data)
+            pid = os.fork()
+        except (OSError, ValueError) as e:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"error": f"{type(e).__name__}: {e}"})
+            continue
+        if pid == 0:
+            sock.close()
+            _become(request, fds)
+            return [str(x) for x in request["argv"]]
+        children.add(pid)
+        for fd in fds:
+            os.close(fd)
+        _send(sock, {"pid": pid})
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    for pid in list(children):
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done, status = pid, 0
+        if done:
+            children.discard(pid)
+            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _send(sock: socket.socket, msg: dict[str, object]) -> None:
+    with contextlib.suppress(OSError):  # the launcher is gone: the next receive ends the loop
+        sock.send(json.dumps(msg).encode())
+
+
+def _become(request: dict[str, object], fds: list[int]) -> None:
+    """In the forked child: what Popen(start_new_session=True, pass_fds=..., env=..., cwd=...) does."""
+    import fcntl
+
+    os.setsid()
+    _name_process(str(request["argv"][0]).rsplit(".", 1)[-1])  # type: ignore[index]
+    targets = [int(str(t)) for t in request["fds"]]  # type: ignore[attr-defined]
+    above = max([*targets, *fds])
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, above + 1) for fd in fds]  # out of the targets' way
+    for target, fd in zip(targets, high, strict=True):
+        os.dup2(fd, target)  # inheritable, as Popen leaves them
+    keep = set(targets)
+    for fd in _open_fds():
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    os.chdir(str(request["cwd"]))
+    env = request["env"]
+    assert isinstance(env, dict)
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    # As a fresh interpreter would set them up for these fds (the zygote's stdout was /dev/null).
+    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.reconfigure(line_buffering=fd == 2 or os.isatty(fd))  # type: ignore[union-attr]
+    if "numpy.random" in sys.modules:  # a fresh process seeds its global generator from the OS
+        sys.modules["numpy.random"].seed()
+
+
+def _name_process(name: str) -> None:
+    """What ``ps -o comm``, ``top`` and /proc/PID/comm show (its command line stays the zygote's)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15])  # PR_SET_NAME
+
+
+def _open_fds() -> list[int]:
+    try:
+        return [int(x) for x in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 1024))
+
+
+def main() -> None:
+    """``python -m radixserve.common.zygote FD MODULE...``: import MODULEs, then serve FD.
+
+    No death signal of its own (that fires when the launcher's *thread* that started it ends, and
+    any of the launcher's threads may be first to ask): it ends when the launcher's end of FD
+    closes, which only the launcher's exit or ``Zygote.close`` does."""
+    from radixserve.common.child import run
+
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    for name in sys.argv[2:]:
+        __import__(name)
+    argv = _serve(sock)
+    if argv is not None:
+        run(argv)  # in a forked child: its service, then this interpreter's normal exit
+
+
+if __name__ == "__main__":
+    main()
