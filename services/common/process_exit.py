@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from typing import NoReturn
 
 
@@ -19,3 +20,17 @@ def exit_now(code: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe: nothing more to say
             stream.flush()
     os._exit(code)
+
+
+def exit_if_still_running_after(seconds: float, what: str) -> None:
+    """Once a service has begun to stop: end the process with status 1 if it has not ended within
+    ``seconds``. A stop that waits on a library with no timeout of its own (gRPC's shutdown of a
+    server or channel whose peers died with it) must not leave a process behind."""
+
+    def expire() -> None:
+        logging.getLogger(__name__).error("%s still stopping after %.0f s; exiting", what, seconds)
+        exit_now(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()

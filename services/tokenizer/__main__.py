@@ -31,10 +31,11 @@ from radixserve.common.config import (
     service_parser,
 )
 from radixserve.common.ports import check_listen
-from radixserve.common.process_exit import exit_now
+from radixserve.common.process_exit import exit_if_still_running_after, exit_now
 from radixserve.common.service_config import GatewayConfig
 
 GRPC_GRACE_S = 2.0
+STOP_MARGIN_S = 10.0  # beyond the drain and gRPC's grace, before a stop that hangs is cut short
 
 
 def build_parser(parser_class: type[argparse.ArgumentParser] = OneLineParser) -> argparse.ArgumentParser:
@@ -96,6 +97,7 @@ async def run(args: argparse.Namespace) -> None:
         gw.model_name,
     )
     await asyncio.wait({serving, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    exit_if_still_running_after(cfg.drain_timeout + GRPC_GRACE_S + STOP_MARGIN_S, "the gateway")
     http.should_exit = True
     await serving
     # gRPC clients' requests still in flight get GRPC_GRACE_S. Not the stop's own grace: the
