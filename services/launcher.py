@@ -161,9 +161,7 @@ class Service:
 
 def _kill_group(p: ChildProcess) -> None:
     # Each child leads its own session (start_new_session): its group is it and what it started.
-    # Only while it is not yet waited for: its pid (the group's id) cannot have been reused.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(p.pid, signal.SIGKILL)
+    zygote.kill_group(p)
     p.wait()
 
 

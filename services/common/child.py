@@ -12,6 +12,7 @@ import os
 import runpy
 import signal
 import sys
+import warnings
 
 
 def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGTERM) -> None:
@@ -33,7 +34,9 @@ def run(argv: list[str]) -> None:
     if parent is not None:
         die_with_parent(int(parent))
     sys.argv = list(argv)
-    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+    with warnings.catch_warnings():  # forked by the zygote, the module may be imported already
+        warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+        runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 
 
 def main() -> None:

@@ -22,10 +22,11 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-def exit_if_still_running_after(seconds: float, what: str) -> None:
+def exit_if_still_running_after(seconds: float, what: str) -> threading.Timer:
     """Once a service has begun to stop: end the process with status 1 if it has not ended within
-    ``seconds``. A stop that waits on a library with no timeout of its own (gRPC's shutdown of a
-    server or channel whose peers died with it) must not leave a process behind."""
+    ``seconds`` (or the timer returned is cancelled first). A stop that waits on a library with no
+    timeout of its own (gRPC's shutdown of a server or channel whose peers died with it) must not
+    leave a process behind."""
 
     def expire() -> None:
         logging.getLogger(__name__).error("%s still stopping after %.0f s; exiting", what, seconds)
@@ -34,3 +35,4 @@ def exit_if_still_running_after(seconds: float, what: str) -> None:
     timer = threading.Timer(seconds, expire)
     timer.daemon = True
     timer.start()
+    return timer

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Protocol
 
@@ -45,12 +46,14 @@ PRELOAD = (
 # Read by the interpreter or by the preloaded modules when they are imported: a child whose value
 # differs from the zygote's must import them itself.
 IMPORT_TIME_ENV = (
-    "PYTHON", "LD_", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTORCH", "OMP_",
-    "MKL_", "KMP_", "OPENBLAS", "CUDA", "NVIDIA", "NCCL", "GLOO", "XDG_CACHE",
+    "PYTHON", "LD_", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "USE_", "TORCH", "PYTORCH",
+    "OMP_", "MKL_", "KMP_", "OPENBLAS", "CUDA", "NVIDIA", "NCCL", "GLOO", "TRITON", "XDG_CACHE", "HOME",
+    "LANG", "LC_", "TZ", "TMPDIR",
 )  # fmt: skip
 _MAX_MESSAGE = 1 << 20
 _MAX_FDS = 16
 _REAP_EVERY_S = 0.05
+ORPHAN_GRACE_S = 10.0  # a dead zygote's children: this long to end on their death signal
 
 
 class ChildProcess(Protocol):
@@ -72,10 +75,15 @@ def _import_time_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class ForkedProcess:
-    """A child the zygote forked: Popen's interface, its exit status told by the zygote."""
+    """A child the zygote forked: Popen's interface, its exit status told by the zygote. It is
+    signalled through a pidfd the zygote opened before it could be reaped, so a signal can never
+    reach another process that got its pid after the zygote reaped it."""
 
-    def __init__(self, pid: int, zygote_pid: int, args: list[str], stderr: IO[bytes] | None) -> None:
-        self.pid, self.zygote_pid, self.args, self.stderr = pid, zygote_pid, args, stderr
+    def __init__(self, pid: int, pidfd: int, zygote_pid: int, args: list[str]) -> None:
+        self.pid, self.zygote_pid, self.args = pid, zygote_pid, args
+        self.stderr: IO[bytes] | None = None
+        self._pidfd = pidfd
+        self._lock = threading.Lock()
         self._code: int | None = None
         self._exited = threading.Event()
 
@@ -84,7 +92,11 @@ class ForkedProcess:
         return self._code
 
     def exited(self, code: int) -> None:
-        self._code = code
+        with self._lock:
+            self._code = code
+            if self._pidfd >= 0:
+                os.close(self._pidfd)
+                self._pidfd = -1
         self._exited.set()
 
     def poll(self) -> int | None:
@@ -97,16 +109,43 @@ class ForkedProcess:
         return self._code
 
     def send_signal(self, sig: int) -> None:
-        # The zygote reaps it; until it says so the pid is this child's (it reports within 50 ms).
-        if self._code is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
+        with self._lock, contextlib.suppress(ProcessLookupError):
+            if self._pidfd >= 0:
+                signal.pidfd_send_signal(self._pidfd, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+    def kill_group(self) -> None:
+        """SIGKILL to its process group (it leads it) while it runs: the group id is its pid."""
+        with self._lock, contextlib.suppress(ProcessLookupError, PermissionError):
+            if self._pidfd >= 0 and not _readable(self._pidfd):  # not yet ended: the group is its
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def exit_fd(self) -> int:
+        """A new fd that is readable once it has ended (a duplicate of its pidfd)."""
+        with self._lock:
+            if self._pidfd >= 0:
+                return os.dup(self._pidfd)
+        r, w = os.pipe()
+        os.close(w)  # at EOF: readable
+        return r
+
+
+def _readable(fd: int, timeout: float = 0.0) -> bool:
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def kill_group(child: ChildProcess) -> None:
+    """SIGKILL to ``child``'s process group, as long as the group is still its own."""
+    if isinstance(child, ForkedProcess):
+        child.kill_group()
+    elif child.poll() is None:  # ours: not waited for, so its pid (the group's id) is not reused
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
 
 
 class Zygote:
@@ -147,22 +186,24 @@ class Zygote:
         env = {**env, "RADIXSERVE_PARENT_PID": str(self.pid)}  # its parent: it dies with us
         message = json.dumps({"argv": list(argv), "env": env, "cwd": os.getcwd(), "fds": list(fds)})
         with self._lock:
+            if not self.alive:
+                raise OSError("the zygote is gone")
             try:
                 socket.send_fds(self._sock, [message.encode()], list(fds.values()))
-            except OSError:
-                self.alive = False
-                raise
+            except OSError as e:
+                self._fail()
+                raise OSError(f"the zygote took no request: {e}") from e
             with self._reply:
                 # The first request waits for the zygote's imports.
                 self._reply.wait_for(lambda: bool(self._replies) or not self.alive, timeout=300)
-                if not self._replies:
-                    self.alive = False
-                    raise OSError("the zygote did not answer")
-                reply = self._replies.pop(0)
+                reply = self._replies.pop(0) if self._replies else None
+            if reply is None:
+                self._fail()  # no reply may come late: a service nobody would know of
+                raise OSError("the zygote did not answer")
         if "error" in reply:
             raise OSError(str(reply["error"]))
-        pid = int(str(reply["pid"]))
-        child = ForkedProcess(pid, self.pid, [sys.executable, "-m", "radixserve.common.child", *argv], None)
+        pid, pidfd = int(str(reply["pid"])), int(str(reply["pidfd"]))
+        child = ForkedProcess(pid, pidfd, self.pid, [sys.executable, "-m", "radixserve.common.child", *argv])
         with self._reply:
             early = self._children.pop(pid, None)  # it exited before we got here
             if early is None:
@@ -171,13 +212,22 @@ class Zygote:
             child.exited(early.returncode)
         return child
 
+    def _fail(self) -> None:
+        """Give this zygote up: it ends, and so do the children it forked (their death signal)."""
+        self.alive = False
+        self.proc.kill()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
     def _read(self) -> None:
         while True:
             try:
-                data = self._sock.recv(_MAX_MESSAGE)
+                data, fds, _flags, _addr = socket.recv_fds(self._sock, _MAX_MESSAGE, 1)
             except OSError:
-                data = b""
+                data, fds = b"", []
             if not data:
+                for fd in fds:
+                    os.close(fd)
                 break
             msg = json.loads(data)
             with self._reply:
@@ -185,20 +235,37 @@ class Zygote:
                     pid, code = int(msg["exit"]), int(msg["code"])
                     child = self._children.pop(pid, None)
                     if child is None:  # its spawn reply is still on its way to ``spawn``
-                        child = self._children[pid] = ForkedProcess(pid, self.pid, [], None)
+                        child = self._children[pid] = ForkedProcess(pid, -1, self.pid, [])
                     child.exited(code)
                 else:
+                    if fds:
+                        msg["pidfd"] = fds[0]
                     self._replies.append(msg)
                     self._reply.notify_all()
-        # Gone (killed, or a bug): its children got their death signal; make sure they end.
         with self._reply:
             self.alive = False
             self._reply.notify_all()
             orphans, self._children = list(self._children.values()), {}
+        self._end_orphans(orphans)
+        self.proc.wait()
+
+    @staticmethod
+    def _end_orphans(orphans: list[ForkedProcess]) -> None:
+        """The zygote is gone (killed, or a bug) and nobody can wait for its children: they got
+        their death signal (SIGTERM) and have ORPHAN_GRACE_S to end on it, then are killed.
+        Their exit status is unknown: -SIGTERM for one that ended on its own, else -SIGKILL."""
+        deadline = time.monotonic() + ORPHAN_GRACE_S
         for child in orphans:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.pid, signal.SIGKILL)
-            child.exited(-signal.SIGKILL)
+            fd = child.exit_fd()
+            try:
+                ended = _readable(fd, max(0.0, deadline - time.monotonic()))
+                if not ended:
+                    child.kill_group()
+                    child.kill()
+                    _readable(fd, 5.0)
+            finally:
+                os.close(fd)
+            child.exited(-signal.SIGTERM if ended else -signal.SIGKILL)
 
     def close(self) -> None:
         """The zygote exits; children it forked get their death signal."""
@@ -206,10 +273,21 @@ class Zygote:
             self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 _shared: Zygote | None = None
 _shared_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    global _shared, _shared_lock
+    _shared, _shared_lock = None, threading.Lock()  # the parent's: its socket and reader are not ours
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def running() -> Zygote | None:
@@ -294,6 +372,8 @@ def _serve(sock: socket.socket) -> list[str] | None:
             return None
         try:
             request = json.loads(data)
+            for stream in (sys.stdout, sys.stderr):  # nothing of ours reaches the child's stdio
+                stream.flush()
             pid = os.fork()
         except (OSError, ValueError) as e:
             for fd in fds:
@@ -307,7 +387,12 @@ def _serve(sock: socket.socket) -> list[str] | None:
         children.add(pid)
         for fd in fds:
             os.close(fd)
-        _send(sock, {"pid": pid})
+        pidfd = os.pidfd_open(pid)  # before it can be reaped: the launcher signals through it
+        try:
+            with contextlib.suppress(OSError):
+                socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
+        finally:
+            os.close(pidfd)
 
 
 def _reap(sock: socket.socket, children: set[int]) -> None:

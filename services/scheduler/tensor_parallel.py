@@ -60,7 +60,7 @@ import torch.distributed as dist
 from radixserve.common import zygote
 from radixserve.common.child import die_with_parent
 from radixserve.common.ports import free_port
-from radixserve.common.zygote import ChildProcess
+from radixserve.common.zygote import ChildProcess, ForkedProcess
 from radixserve.scheduler.memory.allocator import kv_capacity
 from radixserve.scheduler.memory.disk_follower import DiskFollower
 from radixserve.scheduler.memory.disk_tier import DiskTier, RankDiskOps
@@ -282,13 +282,10 @@ class TPFollowers:
 
 
 def _exit_sentinel(proc: ChildProcess) -> int:
-    """An fd readable once ``proc`` has exited (its pidfd; a forked one may be gone already)."""
-    try:
-        return os.pidfd_open(proc.pid)
-    except ProcessLookupError:
-        r, w = os.pipe()
-        os.close(w)  # at EOF: readable
-        return r
+    """An fd readable once ``proc`` has exited: its pidfd (ours, or the zygote's for a fork)."""
+    if isinstance(proc, ForkedProcess):
+        return proc.exit_fd()
+    return os.pidfd_open(proc.pid)  # our child, not waited for yet: its pid is still its own
 
 
 def start_followers(

@@ -97,7 +97,10 @@ async def run(args: argparse.Namespace) -> None:
         gw.model_name,
     )
     await asyncio.wait({serving, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
-    exit_if_still_running_after(cfg.drain_timeout + GRPC_GRACE_S + STOP_MARGIN_S, "the gateway")
+    # Cancelled once the servers and the gateway are closed: telemetry's flush has its own timeout.
+    deadline_timer = exit_if_still_running_after(
+        cfg.drain_timeout + GRPC_GRACE_S + STOP_MARGIN_S, "the gateway"
+    )
     http.should_exit = True
     await serving
     # gRPC clients' requests still in flight get GRPC_GRACE_S. Not the stop's own grace: the
@@ -107,6 +110,7 @@ async def run(args: argparse.Namespace) -> None:
         await asyncio.sleep(0.05)
     await server.stop(grace=0.2)  # their last responses on the way out
     await gw.close()
+    deadline_timer.cancel()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
