@@ -14,14 +14,23 @@ import signal
 import sys
 import warnings
 
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
 
-def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGTERM) -> None:
-    """``sig`` to this process when its parent (the thread that started it) ends; Linux only."""
+
+def prctl(option: int, arg: int | bytes) -> bool:
+    """Linux's prctl(2) through libc; False where there is none."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg)
     except (OSError, AttributeError):
+        return False
+    return True
+
+
+def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGTERM) -> None:
+    """``sig`` to this process when its parent (the thread that started it) ends; Linux only."""
+    if not prctl(PR_SET_PDEATHSIG, sig):
         return
     if os.getppid() != parent_pid:  # it ended before the line above: nobody would signal us
         os.kill(os.getpid(), sig)

@@ -33,7 +33,10 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import IO, Protocol
+
+from radixserve.common.child import PR_SET_NAME, prctl, run
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,29 @@ class ChildProcess(Protocol):
     def kill(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class SpawnRequest:
+    """The launcher's request to the zygote (JSON; the fds travel beside it, in ``fds``' order)."""
+
+    argv: list[str]  # the module, then its arguments
+    env: dict[str, str]
+    cwd: str
+    fds: list[int]  # the child's fd numbers for the fds passed
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> SpawnRequest:
+        raw = json.loads(data)
+        return cls(
+            [str(x) for x in raw["argv"]],
+            {str(k): str(v) for k, v in raw["env"].items()},
+            str(raw["cwd"]),
+            [int(x) for x in raw["fds"]],
+        )
+
+
 def _import_time_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
 
@@ -79,9 +105,10 @@ class ForkedProcess:
     signalled through a pidfd the zygote opened before it could be reaped, so a signal can never
     reach another process that got its pid after the zygote reaped it."""
 
-    def __init__(self, pid: int, pidfd: int, zygote_pid: int, args: list[str]) -> None:
-        self.pid, self.zygote_pid, self.args = pid, zygote_pid, args
-        self.stderr: IO[bytes] | None = None
+    def __init__(
+        self, pid: int, pidfd: int, zygote_pid: int, args: list[str], stderr: IO[bytes] | None = None
+    ) -> None:
+        self.pid, self.zygote_pid, self.args, self.stderr = pid, zygote_pid, args, stderr
         self._pidfd = pidfd
         self._lock = threading.Lock()
         self._code: int | None = None
@@ -112,9 +139,6 @@ class ForkedProcess:
         with self._lock, contextlib.suppress(ProcessLookupError):
             if self._pidfd >= 0:
                 signal.pidfd_send_signal(self._pidfd, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -180,16 +204,19 @@ class Zygote:
         argv: Sequence[str],
         env: Mapping[str, str],
         fds: Mapping[int, int],
+        stderr: int = -1,
     ) -> ForkedProcess:
         """``python -m radixserve.common.child *argv`` as a fork; ``fds``: the child's fd -> ours
-        (0, 1 and 2 among them), closed here by the caller afterwards. OSError if the zygote is gone."""
+        (0, 1 and 2 among them), closed here by the caller afterwards; ``stderr``: our end of its
+        stderr pipe, the child's ``.stderr`` once it started (the caller's to close if not).
+        OSError if the zygote is gone."""
         env = {**env, "RADIXSERVE_PARENT_PID": str(self.pid)}  # its parent: it dies with us
-        message = json.dumps({"argv": list(argv), "env": env, "cwd": os.getcwd(), "fds": list(fds)})
+        request = SpawnRequest(list(argv), env, os.getcwd(), list(fds))
         with self._lock:
             if not self.alive:
                 raise OSError("the zygote is gone")
             try:
-                socket.send_fds(self._sock, [message.encode()], list(fds.values()))
+                socket.send_fds(self._sock, [request.encode()], list(fds.values()))
             except OSError as e:
                 self._fail()
                 raise OSError(f"the zygote took no request: {e}") from e
@@ -203,7 +230,8 @@ class Zygote:
         if "error" in reply:
             raise OSError(str(reply["error"]))
         pid, pidfd = int(str(reply["pid"])), int(str(reply["pidfd"]))
-        child = ForkedProcess(pid, pidfd, self.pid, [sys.executable, "-m", "radixserve.common.child", *argv])
+        args = [sys.executable, "-m", "radixserve.common.child", *argv]
+        child = ForkedProcess(pid, pidfd, self.pid, args, os.fdopen(stderr, "rb") if stderr >= 0 else None)
         with self._reply:
             early = self._children.pop(pid, None)  # it exited before we got here
             if early is None:
@@ -327,14 +355,11 @@ def spawn(
         r, w = os.pipe() if stderr_pipe else (-1, 2)
         fds = {0: 0, 1: 1, 2: w, **{fd: fd for fd in pass_fds}}
         try:
-            child = zygote.spawn(argv, env, fds)
+            return zygote.spawn(argv, env, fds, r)
         except OSError as e:
             log.warning("zygote: %s; starting %s without it", e, argv[0])
             if stderr_pipe:
                 os.close(r)
-        else:
-            child.stderr = os.fdopen(r, "rb") if stderr_pipe else None
-            return child
         finally:
             if stderr_pipe:
                 os.close(w)
@@ -371,11 +396,11 @@ def _serve(sock: socket.socket) -> list[str] | None:
         if not data:
             return None
         try:
-            request = json.loads(data)
+            request = SpawnRequest.decode(data)
             for stream in (sys.stdout, sys.stderr):  # nothing of ours reaches the child's stdio
                 stream.flush()
             pid = os.fork()
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             for fd in fds:
                 os.close(fd)
             _send(sock, {"error": f"{type(e).__name__}: {e}"})
@@ -383,7 +408,7 @@ def _serve(sock: socket.socket) -> list[str] | None:
         if pid == 0:
             sock.close()
             _become(request, fds)
-            return [str(x) for x in request["argv"]]
+            return request.argv
         children.add(pid)
         for fd in fds:
             os.close(fd)
@@ -411,13 +436,14 @@ def _send(sock: socket.socket, msg: dict[str, object]) -> None:
         sock.send(json.dumps(msg).encode())
 
 
-def _become(request: dict[str, object], fds: list[int]) -> None:
+def _become(request: SpawnRequest, fds: list[int]) -> None:
     """In the forked child: what Popen(start_new_session=True, pass_fds=..., env=..., cwd=...) does."""
     import fcntl
 
     os.setsid()
-    _name_process(str(request["argv"][0]).rsplit(".", 1)[-1])  # type: ignore[index]
-    targets = [int(str(t)) for t in request["fds"]]  # type: ignore[attr-defined]
+    # What ``ps -o comm``, ``top`` and /proc/PID/comm show (its command line stays the zygote's).
+    prctl(PR_SET_NAME, request.argv[0].rsplit(".", 1)[-1].encode()[:15])
+    targets = request.fds
     above = max([*targets, *fds])
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, above + 1) for fd in fds]  # out of the targets' way
     for target, fd in zip(targets, high, strict=True):
@@ -427,25 +453,15 @@ def _become(request: dict[str, object], fds: list[int]) -> None:
         if fd not in keep:
             with contextlib.suppress(OSError):
                 os.close(fd)
-    os.chdir(str(request["cwd"]))
-    env = request["env"]
-    assert isinstance(env, dict)
+    os.chdir(request.cwd)
     os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in env.items()})
+    os.environ.update(request.env)
     # As a fresh interpreter would set them up for these fds (the zygote's stdout was /dev/null).
     for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
         with contextlib.suppress(AttributeError, ValueError, OSError):
             stream.reconfigure(line_buffering=fd == 2 or os.isatty(fd))  # type: ignore[union-attr]
     if "numpy.random" in sys.modules:  # a fresh process seeds its global generator from the OS
         sys.modules["numpy.random"].seed()
-
-
-def _name_process(name: str) -> None:
-    """What ``ps -o comm``, ``top`` and /proc/PID/comm show (its command line stays the zygote's)."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15])  # PR_SET_NAME
 
 
 def _open_fds() -> list[int]:
@@ -461,8 +477,6 @@ def main() -> None:
     No death signal of its own (that fires when the launcher's *thread* that started it ends, and
     any of the launcher's threads may be first to ask): it ends when the launcher's end of FD
     closes, which only the launcher's exit or ``Zygote.close`` does."""
-    from radixserve.common.child import run
-
     sock = socket.socket(fileno=int(sys.argv[1]))
     for name in sys.argv[2:]:
         __import__(name)
