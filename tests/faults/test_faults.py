@@ -394,10 +394,13 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
         assert all(r.json()["usage"]["completion_tokens"] == 8 for r in queued)
         # sent as it died: routed around it, or re-sent
         assert [r.status_code for r in right_after] == [200] * 8, [r.text for r in right_after]
+        # Re-sent once the victim was found down ("down"), or, when the victim had taken one
+        # but its Submit's reply had not reached the gateway yet (a loaded machine), as a failed
+        # Submit ("submit": routed again at once, so its span names no target).
         retries = _retries(cluster)
-        assert retries.get("down", 0) >= 2, retries
+        assert retries.get("down", 0) + retries.get("submit", 0) >= 2, retries
 
-        # each moved request's trace shows the move: from the victim to the survivor
+        # each moved request's trace shows the move: from the victim (to the survivor)
         def moves() -> list[dict]:
             spans = [s for t in trace_ids for _, s in receiver.trace(bytes.fromhex(t))]
             return [attrs(s) for s in spans if s.name == "retry"]
@@ -405,7 +408,7 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
         _wait("the retries' spans", lambda: len(moves()) >= 2, 10)
         for a in moves():
             assert a["radixserve.retry.from"] == victim.grpc_address
-            assert a["radixserve.retry.to"] == survivor.grpc_address
+            assert a.get("radixserve.retry.to", survivor.grpc_address) == survivor.grpc_address
         # the streaming one's trace shows its failover: from the victim to the survivor, mid-stream
         _check_failover_span(receiver, "f" * 32, victim.grpc_address, survivor.grpc_address, 1950)
     finally:
