@@ -363,9 +363,8 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
                     )
                     for i in range(4)
                 ]
-                # Two wait on the victim behind its running one. (A fixed sleep was too short on a
-                # loaded machine: they met the dead pod at Submit, a "submit" retry. The survivor's
-                # shorter one may be done by then, and its queue with it.)
+                # Two wait on the victim behind its running one (polled: a fixed sleep was too short
+                # on a loaded machine; the survivor's queue may be done by then).
                 for _ in range(300):
                     load = await asyncio.to_thread(_load, victim)
                     if load.waiting >= 2:
@@ -394,9 +393,7 @@ def test_requests_without_a_token_yet_move_to_the_other_scheduler(model_dir):
         assert all(r.json()["usage"]["completion_tokens"] == 8 for r in queued)
         # sent as it died: routed around it, or re-sent
         assert [r.status_code for r in right_after] == [200] * 8, [r.text for r in right_after]
-        # Re-sent once the victim was found down ("down"), or, when the victim had taken one
-        # but its Submit's reply had not reached the gateway yet (a loaded machine), as a failed
-        # Submit ("submit": routed again at once, so its span names no target).
+        # "down" re-sends, or "submit" ones (taken by the victim, its reply not yet at the gateway)
         retries = _retries(cluster)
         assert retries.get("down", 0) + retries.get("submit", 0) >= 2, retries
 
